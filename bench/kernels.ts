@@ -1,0 +1,118 @@
+/**
+ * CPU kernel benchmark: runs native/build/redwing-bench-kernels (REDWING_NATIVE_BUILD overrides
+ * the build directory), prints a table of quantized matrix-vector throughput at Gemma 4
+ * 26B-A4B shapes next to the machine's measured memory bandwidth, and writes the raw JSON to
+ * bench/results/kernels.json.
+ *
+ *   node --import tsx bench/kernels.ts [--quick] [--threads 1,2] [--runs N]
+ */
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { z } from "zod";
+
+const root = fileURLToPath(new URL("..", import.meta.url));
+
+const Result = z.object({
+  shape: z.tuple([z.number(), z.number()]),
+  bits: z.number(),
+  group_size: z.number(),
+  threads: z.number(),
+  isa: z.string(),
+  ms: z.number(),
+  gbps: z.number(),
+  fraction_of_bandwidth: z.number(),
+});
+
+export const KernelBenchReport = z.object({
+  cpu_features: z.string(),
+  active_isa: z.string(),
+  bandwidth_gbps: z.number(),
+  bandwidth_gbps_by_threads: z.record(z.string(), z.number()),
+  results: z.array(Result),
+});
+export type KernelBenchReport = z.infer<typeof KernelBenchReport>;
+
+/** The benchmark binary: $REDWING_NATIVE_BUILD/redwing-bench-kernels, else native/build's. */
+export function kernelBenchBinary(): string {
+  const dir = process.env.REDWING_NATIVE_BUILD
+    ? resolve(process.env.REDWING_NATIVE_BUILD)
+    : join(root, "native", "build");
+  return join(dir, "redwing-bench-kernels");
+}
+
+function runBinary(binary: string, args: string[]): Promise<string> {
+  return new Promise((resolvePromise, reject) => {
+    // Progress lines go straight to our stderr; the JSON report comes on stdout.
+    const child = spawn(binary, args, { stdio: ["ignore", "pipe", "inherit"] });
+    const chunks: Buffer[] = [];
+    child.stdout.on("data", (chunk: Buffer) => chunks.push(chunk));
+    child.on("error", reject);
+    child.on("close", (code) => {
+      if (code === 0) resolvePromise(Buffer.concat(chunks).toString("utf8"));
+      else reject(new Error(`${binary} exited with status ${code}`));
+    });
+  });
+}
+
+/** A readable table: one line per shape, thread count and ISA. */
+export function formatKernelTable(report: KernelBenchReport): string {
+  const bw = Object.entries(report.bandwidth_gbps_by_threads)
+    .map(([t, v]) => `${t} thread${t === "1" ? "" : "s"}: ${v.toFixed(1)} GB/s`)
+    .join(", ");
+  const header = ["shape", "bits", "threads", "isa", "ms", "GB/s", "of bandwidth"];
+  const rows = report.results.map((r) => [
+    `${r.shape[0]} x ${r.shape[1]}`,
+    String(r.bits),
+    String(r.threads),
+    r.isa,
+    r.ms.toFixed(3),
+    r.gbps.toFixed(1),
+    `${(r.fraction_of_bandwidth * 100).toFixed(0)}%`,
+  ]);
+  const widths = header.map((h, i) =>
+    Math.max(h.length, ...rows.map((row) => row[i]?.length ?? 0)),
+  );
+  const line = (cells: string[]): string =>
+    cells.map((c, i) => (i < 2 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join("  ");
+  return [
+    `CPU: ${report.cpu_features} (kernels: ${report.active_isa})`,
+    `Memory read bandwidth: ${bw}`,
+    "",
+    line(header),
+    ...rows.map(line),
+  ].join("\n");
+}
+
+/** Runs the kernel benchmark, prints the table and writes bench/results/kernels.json. */
+export async function runKernelBench(
+  args: string[] = process.argv.slice(2).filter((a, i, all) => {
+    // Pass through the binary's own options (with their values) from our command line.
+    const own = ["--quick", "--threads", "--runs", "--only"];
+    return own.includes(a) || own.includes(all[i - 1] ?? "");
+  }),
+): Promise<KernelBenchReport> {
+  const binary = kernelBenchBinary();
+  if (!existsSync(binary)) {
+    throw new Error(
+      `${binary} not found: build the native engine first (npm run build:native), ` +
+        "or point REDWING_NATIVE_BUILD at a build directory",
+    );
+  }
+  const stdout = await runBinary(binary, args);
+  const report = KernelBenchReport.parse(JSON.parse(stdout));
+  console.log(formatKernelTable(report));
+  const outDir = join(root, "bench", "results");
+  await mkdir(outDir, { recursive: true });
+  await writeFile(join(outDir, "kernels.json"), JSON.stringify(report, null, 2) + "\n");
+  return report;
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  runKernelBench().catch((err: unknown) => {
+    console.error(err instanceof Error ? err.message : err);
+    process.exit(1);
+  });
+}

@@ -1,0 +1,52 @@
+/**
+ * Text configs of real models, as their Hugging Face `config.json` gives them, for synthetic
+ * random-weight models with the real shapes (benchmarks, memory tests). The values are those of
+ * the published checkpoints (see ../shared/research/gemma-arch.md, section 1).
+ */
+export const SYNTH_PRESETS = {
+  "gemma-4-26b-a4b": {
+    model_type: "gemma4_text",
+    vocab_size: 262144,
+    hidden_size: 2816,
+    intermediate_size: 2112,
+    num_hidden_layers: 30,
+    num_attention_heads: 16,
+    num_key_value_heads: 8,
+    num_global_key_value_heads: 2,
+    head_dim: 256,
+    global_head_dim: 512,
+    attention_k_eq_v: true,
+    sliding_window: 1024,
+    layer_types: Array.from({ length: 30 }, (_, i) =>
+      i % 6 === 5 ? "full_attention" : "sliding_attention",
+    ),
+    rope_parameters: {
+      sliding_attention: { rope_type: "default", rope_theta: 10000 },
+      full_attention: {
+        rope_type: "proportional",
+        rope_theta: 1000000,
+        partial_rotary_factor: 0.25,
+      },
+    },
+    rms_norm_eps: 1e-6,
+    final_logit_softcapping: 30,
+    hidden_activation: "gelu_pytorch_tanh",
+    tie_word_embeddings: true,
+    max_position_embeddings: 262144,
+    hidden_size_per_layer_input: 0,
+    num_kv_shared_layers: 0,
+    enable_moe_block: true,
+    num_experts: 128,
+    top_k_experts: 8,
+    moe_intermediate_size: 704,
+    pad_token_id: 0,
+    bos_token_id: 2,
+    eos_token_id: [1, 106, 50],
+  },
+} as const;
+
+export type SynthPresetName = keyof typeof SYNTH_PRESETS;
+
+export function isSynthPreset(name: string): name is SynthPresetName {
+  return Object.hasOwn(SYNTH_PRESETS, name);
+}

@@ -1,0 +1,154 @@
+// The compute backend interface: everything the model code asks of a device.
+//
+// Activations live in backend-owned buffers (Buffer) and are addressed through Mat views;
+// weights are imported once from host memory (QWeight). The model code never dereferences a
+// buffer: a CPU backend keeps them in RAM, a GPU backend in device memory, and only upload(),
+// download() and route() move data between the host and the backend. Activations and
+// accumulations are float32 throughout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "format/host_tensor.h"
+
+namespace redwing {
+
+// Backend memory. Opaque to the model code.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual size_t size_bytes() const = 0;
+};
+
+// A quantized weight matrix [rows, cols] imported into a backend.
+class QWeight {
+ public:
+  virtual ~QWeight() = default;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// A float32 matrix view: `rows` rows of `cols` values, row r starting at element
+// offset + r * stride of `buf`.
+struct Mat {
+  Buffer* buf = nullptr;
+  int64_t offset = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;
+
+  Mat row(int64_t r) const { return {buf, offset + r * stride, 1, cols, stride}; }
+  Mat row_range(int64_t r0, int64_t n) const { return {buf, offset + r0 * stride, n, cols, stride}; }
+  Mat col_range(int64_t c0, int64_t n) const { return {buf, offset + c0, rows, n, stride}; }
+  // A contiguous [rows, k*m] view seen as [rows*k, m] (per-head operations).
+  Mat split_rows(int64_t m) const { return {buf, offset, rows * (cols / m), m, m}; }
+  bool contiguous() const { return stride == cols; }
+};
+
+// RoPE of one layer (docs/format.md): half-split pairs (j, j + head_dim/2); for
+// j < rotary_pairs inv_freq[j] = 1 / theta^(2j / freq_dim) / scale (float32, as transformers),
+// angle = position * inv_freq[j]; pairs at or past rotary_pairs do not rotate.
+struct RopeParams {
+  double theta = 10000.0;
+  int rotary_pairs = 0;
+  int freq_dim = 0;
+  double scale = 1.0;
+};
+
+enum class KvDType : uint8_t { f16, f32 };
+
+// Whether key position k is visible to query position q: causal, and within the sliding window
+// of W keys (the current one included) when window > 0. Every attention implementation must
+// follow exactly this rule.
+inline bool kv_visible(int64_t q, int64_t k, int64_t window) {
+  return k <= q && (window <= 0 || q - k < window);
+}
+
+// The keys and values of one layer as an attention op sees them. K and V are
+// [capacity, num_kv_heads, head_dim] in `dtype`. Position p sits in row p (linear) or
+// p % capacity (ring: sliding layers keep only the last `capacity` positions).
+struct KvLayerView {
+  Buffer* k = nullptr;
+  Buffer* v = nullptr;
+  int64_t capacity = 0;
+  bool ring = false;
+  int64_t window = 0;  // 0 = full attention
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  KvDType dtype = KvDType::f32;
+
+  int64_t slot(int64_t pos) const { return ring ? pos % capacity : pos; }
+  // The oldest key position query position q can see.
+  int64_t first_visible(int64_t q) const { return window > 0 && q >= window ? q - window + 1 : 0; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // A short description for diagnostics (e.g. "cpu avx2 fma f16c, 8 threads").
+  virtual std::string describe() const = 0;
+
+  // ---- memory ----
+  // Zero-initialized backend memory.
+  virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
+  virtual void upload(Buffer& dst, size_t dst_offset_bytes, const void* src, size_t bytes) = 0;
+  virtual void download(const Buffer& src, size_t src_offset_bytes, void* dst, size_t bytes) = 0;
+  // Imports a quantized matrix from host memory. The backend may keep referring to the host
+  // memory (the CPU backend does), so it must outlive the returned weight.
+  virtual std::unique_ptr<QWeight> import_qweight(const HostQuantMatrix& m) = 0;
+
+  // ---- element-wise and per-row ops (x and y may be the same view unless stated) ----
+  virtual void fill_zero(Mat x) = 0;
+  virtual void copy(Mat src, Mat dst) = 0;
+  // out = a + b
+  virtual void add(Mat a, Mat b, Mat out) = 0;
+  // x *= s
+  virtual void scale(Mat x, float s) = 0;
+  // x[r, c] = (x[r, c] * v[c]) * s, v a float32 buffer of x.cols values.
+  virtual void mul_cols(Mat x, const Buffer& v, float s) = 0;
+  // Per row: y = x * (mean(x^2) + eps)^-1/2 * (weight_offset + weight); weight is a float32
+  // buffer of x.cols values, or null for a weightless norm.
+  virtual void rms_norm(Mat x, const Buffer* weight, float weight_offset, float eps, Mat y) = 0;
+  // out = gelu_tanh(gate) * up
+  virtual void gelu_tanh_mul(Mat gate, Mat up, Mat out) = 0;
+  // x = cap * tanh(x / cap)
+  virtual void softcap(Mat x, float cap) = 0;
+  // Rotates each row of x (n_heads vectors of head_dim values) for positions pos0 + row.
+  virtual void rope(Mat x, int n_heads, int head_dim, const RopeParams& p, int64_t pos0) = 0;
+
+  // ---- products ----
+  // y[t] = W x[t] for every row t of x (x.cols == W.cols, y.cols == W.rows).
+  virtual void qmatmul(const QWeight& w, Mat x, Mat y) = 0;
+  // out[i] = scale * row ids[i] of `table` (dequantized).
+  virtual void embed(const QWeight& table, std::span<const int32_t> ids, float scale, Mat out) = 0;
+  // dst[i] = src[rows[i]]
+  virtual void gather_rows(Mat src, std::span<const int32_t> rows, Mat dst) = 0;
+  // dst[rows[i]] += weights[i] * src[i], in order of i.
+  virtual void scatter_add_rows(Mat src, std::span<const int32_t> rows,
+                                std::span<const float> weights, Mat dst) = 0;
+
+  // ---- attention ----
+  // Stores the keys and values of positions pos0 .. pos0 + k.rows - 1 (rows of k and v are
+  // num_kv_heads * head_dim values), converting to the cache's dtype.
+  virtual void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) = 0;
+  // For each row t of q (n_heads * head_dim values, query position pos0 + t) and head h:
+  // softmax over visible keys (kv_visible) of scale * q_h . k, in float32, times V; head h
+  // reads KV head h / (n_heads / num_kv_heads). Writes out[t] (n_heads * head_dim values).
+  // All visible positions must already be stored.
+  virtual void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
+                         Mat out) = 0;
+
+  // ---- mixture-of-experts routing (result returned to the host) ----
+  // For each row t of `logits` (one score per expert): p = softmax(row); the top_k experts by
+  // p (ties: lower index); weights = p_top / sum(p_top) * per_expert_scale[expert].
+  // Writes idx[t * top_k + j] and weights[t * top_k + j] in descending p order.
+  virtual void route(Mat logits, int top_k, const Buffer& per_expert_scale, int32_t* idx,
+                     float* weights) = 0;
+};
+
+}  // namespace redwing

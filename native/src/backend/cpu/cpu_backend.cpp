@@ -1,0 +1,384 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "platform/file.h"
+#include "runtime/thread_pool.h"
+
+namespace redwing {
+namespace {
+
+class CpuBuffer final : public Buffer {
+ public:
+  explicit CpuBuffer(size_t bytes) : bytes_(bytes), data_(platform::allocate_aligned(bytes, 64)) {
+    std::memset(data_.get(), 0, bytes);
+  }
+  size_t size_bytes() const override { return bytes_; }
+  std::byte* data() const { return data_.get(); }
+
+ private:
+  size_t bytes_;
+  platform::AlignedBytes data_;
+};
+
+class CpuQWeight final : public QWeight {
+ public:
+  cpu::QuantMatrix m;
+};
+
+cpu::ScaleType scale_type(DType t) {
+  switch (t) {
+    case DType::bf16:
+      return cpu::ScaleType::bf16;
+    case DType::f16:
+      return cpu::ScaleType::f16;
+    case DType::f32:
+      return cpu::ScaleType::f32;
+  }
+  throw std::logic_error("bad scale dtype");
+}
+
+std::byte* bytes_of(const Buffer& b) { return static_cast<const CpuBuffer&>(b).data(); }
+
+// Checks that a view lies inside its buffer (a bug in the caller otherwise).
+float* f32(const Mat& m) {
+  if (m.buf == nullptr) throw std::logic_error("Mat without a buffer");
+  if (m.rows > 0) {
+    const int64_t last = m.offset + (m.rows - 1) * m.stride + m.cols;
+    if (m.offset < 0 || m.cols > m.stride ||
+        static_cast<size_t>(last) * sizeof(float) > m.buf->size_bytes())
+      throw std::logic_error("Mat view outside its buffer");
+  }
+  return reinterpret_cast<float*>(bytes_of(*m.buf)) + m.offset;
+}
+
+void check_same_shape(const Mat& a, const Mat& b, const char* op) {
+  if (a.rows != b.rows || a.cols != b.cols)
+    throw std::logic_error(std::string(op) + ": shape mismatch");
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads) {}
+
+  std::string name() const override { return "cpu"; }
+  std::string describe() const override {
+    return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + " (" + cpu::cpu_features() +
+           "), " + std::to_string(pool_.size()) + " threads";
+  }
+
+  std::unique_ptr<Buffer> alloc(size_t bytes) override {
+    return std::make_unique<CpuBuffer>(bytes);
+  }
+
+  void upload(Buffer& dst, size_t off, const void* src, size_t bytes) override {
+    if (off + bytes > dst.size_bytes()) throw std::logic_error("upload outside the buffer");
+    std::memcpy(bytes_of(dst) + off, src, bytes);
+  }
+
+  void download(const Buffer& src, size_t off, void* dst, size_t bytes) override {
+    if (off + bytes > src.size_bytes()) throw std::logic_error("download outside the buffer");
+    std::memcpy(dst, bytes_of(src) + off, bytes);
+  }
+
+  std::unique_ptr<QWeight> import_qweight(const HostQuantMatrix& h) override {
+    auto w = std::make_unique<CpuQWeight>();
+    w->rows = h.rows;
+    w->cols = h.cols;
+    w->m.packed = h.packed;
+    w->m.scales = h.scales;
+    w->m.biases = h.biases;
+    w->m.scale_type = scale_type(h.scale_dtype);
+    w->m.bits = h.bits;
+    w->m.group_size = h.group_size;
+    w->m.rows = h.rows;
+    w->m.cols = h.cols;
+    return w;
+  }
+
+  // ---- element-wise ----
+
+  // Runs fn(row) for every row, split over the pool when the work is large enough.
+  template <typename F>
+  void for_rows(int64_t rows, int64_t cols, F&& fn) {
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+    pool_.parallel_for(rows, grain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) fn(r);
+    });
+  }
+
+  void fill_zero(Mat x) override {
+    float* p = f32(x);
+    for (int64_t r = 0; r < x.rows; ++r) std::fill_n(p + r * x.stride, x.cols, 0.0f);
+  }
+
+  void copy(Mat src, Mat dst) override {
+    check_same_shape(src, dst, "copy");
+    const float* s = f32(src);
+    float* d = f32(dst);
+    for (int64_t r = 0; r < src.rows; ++r)
+      std::memmove(d + r * dst.stride, s + r * src.stride, sizeof(float) * src.cols);
+  }
+
+  void add(Mat a, Mat b, Mat out) override {
+    check_same_shape(a, b, "add");
+    check_same_shape(a, out, "add");
+    const float* pa = f32(a);
+    const float* pb = f32(b);
+    float* po = f32(out);
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t c = 0; c < a.cols; ++c)
+        po[r * out.stride + c] = pa[r * a.stride + c] + pb[r * b.stride + c];
+  }
+
+  void scale(Mat x, float s) override {
+    float* p = f32(x);
+    for (int64_t r = 0; r < x.rows; ++r)
+      for (int64_t c = 0; c < x.cols; ++c) p[r * x.stride + c] *= s;
+  }
+
+  void mul_cols(Mat x, const Buffer& v, float s) override {
+    if (v.size_bytes() < sizeof(float) * x.cols)
+      throw std::logic_error("mul_cols: vector too short");
+    const float* pv = reinterpret_cast<const float*>(bytes_of(v));
+    float* p = f32(x);
+    for (int64_t r = 0; r < x.rows; ++r)
+      for (int64_t c = 0; c < x.cols; ++c) p[r * x.stride + c] = (p[r * x.stride + c] * pv[c]) * s;
+  }
+
+  void rms_norm(Mat x, const Buffer* weight, float offset, float eps, Mat y) override {
+    check_same_shape(x, y, "rms_norm");
+    if (weight && weight->size_bytes() < sizeof(float) * x.cols)
+      throw std::logic_error("rms_norm: weight too short");
+    const float* w = weight ? reinterpret_cast<const float*>(bytes_of(*weight)) : nullptr;
+    const float* px = f32(x);
+    float* py = f32(y);
+    for_rows(x.rows, x.cols, [&](int64_t r) {
+      cpu::rms_norm(px + r * x.stride, w, offset, eps, x.cols, py + r * y.stride);
+    });
+  }
+
+  void gelu_tanh_mul(Mat gate, Mat up, Mat out) override {
+    check_same_shape(gate, up, "gelu_tanh_mul");
+    check_same_shape(gate, out, "gelu_tanh_mul");
+    const float* pg = f32(gate);
+    const float* pu = f32(up);
+    float* po = f32(out);
+    for_rows(gate.rows, gate.cols, [&](int64_t r) {
+      cpu::gelu_tanh_mul(pg + r * gate.stride, pu + r * up.stride, gate.cols, po + r * out.stride);
+    });
+  }
+
+  void softcap(Mat x, float cap) override {
+    float* p = f32(x);
+    for_rows(x.rows, x.cols, [&](int64_t r) { cpu::softcap(p + r * x.stride, x.cols, cap); });
+  }
+
+  void rope(Mat x, int n_heads, int head_dim, const RopeParams& rp, int64_t pos0) override {
+    if (x.cols != static_cast<int64_t>(n_heads) * head_dim)
+      throw std::logic_error("rope: bad width");
+    const int half = head_dim / 2;
+    // inv_freq exactly as transformers computes it, in float32:
+    // 1 / (theta ** (arange(0, 2 * pairs, 2) / freq_dim)) / scale.
+    std::vector<float> inv_freq(static_cast<size_t>(half), 0.0f);
+    const float theta = static_cast<float>(rp.theta);
+    for (int j = 0; j < std::min(rp.rotary_pairs, half); ++j) {
+      const float exponent = static_cast<float>(2 * j) / static_cast<float>(rp.freq_dim);
+      inv_freq[static_cast<size_t>(j)] =
+          (1.0f / std::pow(theta, exponent)) / static_cast<float>(rp.scale);
+    }
+    float* p = f32(x);
+    for_rows(x.rows, x.cols, [&](int64_t r) {
+      thread_local std::vector<float> cs;
+      cs.resize(2 * static_cast<size_t>(half));
+      float* c = cs.data();
+      float* s = c + half;
+      // angle = position * inv_freq in float32 (transformers: inv_freq @ position_ids).
+      const float pos = static_cast<float>(pos0 + r);
+      for (int j = 0; j < half; ++j) {
+        const float angle = pos * inv_freq[static_cast<size_t>(j)];
+        c[j] = std::cos(angle);
+        s[j] = std::sin(angle);
+      }
+      cpu::rope_neox(p + r * x.stride, n_heads, head_dim, c, s);
+    });
+  }
+
+  // ---- products ----
+
+  void qmatmul(const QWeight& wq, Mat x, Mat y) override {
+    const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(wq).m;
+    if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
+      throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
+                             std::to_string(x.cols) + " by " + std::to_string(w.rows) + "x" +
+                             std::to_string(w.cols) + ")");
+    const float* px = f32(x);
+    float* py = f32(y);
+    const int64_t grain = std::max<int64_t>(4, 65536 / std::max<int64_t>(w.cols, 1));
+    if (x.rows == 1) {
+      pool_.parallel_for(w.rows, grain,
+                         [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
+    } else {
+      pool_.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
+        cpu::qmatmul(w, px, x.rows, x.stride, py, y.stride, b, e);
+      });
+    }
+  }
+
+  void embed(const QWeight& tq, std::span<const int32_t> ids, float s, Mat out) override {
+    const cpu::QuantMatrix& t = static_cast<const CpuQWeight&>(tq).m;
+    if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != t.cols)
+      throw std::logic_error("embed: shape mismatch");
+    for (int32_t id : ids)
+      if (id < 0 || id >= t.rows)
+        throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
+                                std::to_string(t.rows) + " entries)");
+    float* p = f32(out);
+    for_rows(out.rows, out.cols, [&](int64_t r) {
+      float* row = p + r * out.stride;
+      cpu::qdequant_row(t, ids[static_cast<size_t>(r)], row);
+      for (int64_t c = 0; c < out.cols; ++c) row[c] *= s;
+    });
+  }
+
+  void gather_rows(Mat src, std::span<const int32_t> rows, Mat dst) override {
+    if (dst.rows != static_cast<int64_t>(rows.size()) || dst.cols != src.cols)
+      throw std::logic_error("gather_rows: shape mismatch");
+    const float* s = f32(src);
+    float* d = f32(dst);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < 0 || rows[i] >= src.rows)
+        throw std::logic_error("gather_rows: row out of range");
+      std::memcpy(d + static_cast<int64_t>(i) * dst.stride, s + rows[i] * src.stride,
+                  sizeof(float) * src.cols);
+    }
+  }
+
+  void scatter_add_rows(Mat src, std::span<const int32_t> rows, std::span<const float> weights,
+                        Mat dst) override {
+    if (src.rows != static_cast<int64_t>(rows.size()) || rows.size() != weights.size() ||
+        dst.cols != src.cols)
+      throw std::logic_error("scatter_add_rows: shape mismatch");
+    const float* s = f32(src);
+    float* d = f32(dst);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < 0 || rows[i] >= dst.rows)
+        throw std::logic_error("scatter_add_rows: row out of range");
+      cpu::axpy_f32(weights[i], s + static_cast<int64_t>(i) * src.stride, d + rows[i] * dst.stride,
+                    src.cols);
+    }
+  }
+
+  // ---- attention ----
+
+  void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) override {
+    const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
+    if (k.cols != width || v.cols != width || k.rows != v.rows)
+      throw std::logic_error("kv_store: shape mismatch");
+    if (!kv.ring && pos0 + k.rows > kv.capacity) throw std::logic_error("kv_store: past the cache");
+    if (kv.ring && k.rows > kv.capacity)
+      throw std::logic_error("kv_store: chunk larger than the ring");
+    const float* pk = f32(k);
+    const float* pv = f32(v);
+    std::byte* kb = bytes_of(*kv.k);
+    std::byte* vb = bytes_of(*kv.v);
+    for (int64_t t = 0; t < k.rows; ++t) {
+      const int64_t slot = kv.slot(pos0 + t);
+      if (kv.dtype == KvDType::f32) {
+        std::memcpy(reinterpret_cast<float*>(kb) + slot * width, pk + t * k.stride, 4 * width);
+        std::memcpy(reinterpret_cast<float*>(vb) + slot * width, pv + t * v.stride, 4 * width);
+      } else {
+        cpu::f32_to_f16(pk + t * k.stride, reinterpret_cast<uint16_t*>(kb) + slot * width, width);
+        cpu::f32_to_f16(pv + t * v.stride, reinterpret_cast<uint16_t*>(vb) + slot * width, width);
+      }
+    }
+  }
+
+  void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
+                 Mat out) override {
+    const int d = kv.head_dim;
+    if (q.cols != static_cast<int64_t>(n_heads) * d || out.cols != q.cols || out.rows != q.rows)
+      throw std::logic_error("attention: shape mismatch");
+    if (n_heads % kv.num_kv_heads != 0) throw std::logic_error("attention: bad GQA grouping");
+    const int group = n_heads / kv.num_kv_heads;
+    const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * d;
+    const float* pq = f32(q);
+    float* po = f32(out);
+    const std::byte* kb = bytes_of(*kv.k);
+    const std::byte* vb = bytes_of(*kv.v);
+    const int64_t tasks = q.rows * n_heads;
+    pool_.parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> scores;
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t t = task / n_heads;
+        const int h = static_cast<int>(task % n_heads);
+        const int g = h / group;
+        const int64_t pos = pos0 + t;
+        const int64_t first = kv.first_visible(pos);
+        const int64_t n = pos - first + 1;
+        if (kv.ring && n > kv.capacity)
+          throw std::logic_error("attention: window exceeds the ring");
+        const float* qh = pq + t * q.stride + static_cast<int64_t>(h) * d;
+        float* oh = po + t * out.stride + static_cast<int64_t>(h) * d;
+        scores.resize(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t off = kv.slot(first + i) * width + static_cast<int64_t>(g) * d;
+          const float dot = kv.dtype == KvDType::f32
+                                ? cpu::dot_f32(qh, reinterpret_cast<const float*>(kb) + off, d)
+                                : cpu::dot_f16(qh, reinterpret_cast<const uint16_t*>(kb) + off, d);
+          scores[static_cast<size_t>(i)] = dot * scale;
+        }
+        cpu::softmax(scores.data(), n);
+        std::fill_n(oh, d, 0.0f);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t off = kv.slot(first + i) * width + static_cast<int64_t>(g) * d;
+          const float p = scores[static_cast<size_t>(i)];
+          if (kv.dtype == KvDType::f32)
+            cpu::axpy_f32(p, reinterpret_cast<const float*>(vb) + off, oh, d);
+          else
+            cpu::axpy_f16(p, reinterpret_cast<const uint16_t*>(vb) + off, oh, d);
+        }
+      }
+    });
+  }
+
+  // ---- routing ----
+
+  void route(Mat logits, int top_k, const Buffer& per_expert_scale, int32_t* idx,
+             float* weights) override {
+    const int64_t n = logits.cols;
+    if (top_k <= 0 || top_k > n) throw std::logic_error("route: bad top_k");
+    if (per_expert_scale.size_bytes() < sizeof(float) * n)
+      throw std::logic_error("route: per_expert_scale too short");
+    const float* pes = reinterpret_cast<const float*>(bytes_of(per_expert_scale));
+    const float* pl = f32(logits);
+    std::vector<float> p(static_cast<size_t>(n));
+    for (int64_t t = 0; t < logits.rows; ++t) {
+      std::copy_n(pl + t * logits.stride, n, p.data());
+      cpu::softmax(p.data(), n);
+      int32_t* ti = idx + t * top_k;
+      float* tw = weights + t * top_k;
+      cpu::top_k(p.data(), n, top_k, ti);
+      float sum = 0.0f;
+      for (int j = 0; j < top_k; ++j) sum += p[static_cast<size_t>(ti[j])];
+      for (int j = 0; j < top_k; ++j) tw[j] = (p[static_cast<size_t>(ti[j])] / sum) * pes[ti[j]];
+    }
+  }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace redwing

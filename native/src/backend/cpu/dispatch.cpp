@@ -1,0 +1,290 @@
+// Chooses the kernel implementation at run time (CPU features, REDWING_ISA) and forwards the
+// public kernel API (kernels.h) to it. Also holds the kernels that have a single implementation.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kernels_impl.h"
+
+namespace redwing::cpu {
+namespace {
+
+bool cpu_has_avx2_fma_f16c() {
+#if defined(REDWING_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512() {
+#if defined(REDWING_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return cpu_has_avx2_fma_f16c() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::scalar:
+      return true;
+    case Isa::avx2:
+      return cpu_has_avx2_fma_f16c();
+    case Isa::avx512:
+      return cpu_has_avx512();
+    case Isa::neon:
+#if defined(REDWING_HAVE_NEON)
+      return true;  // Advanced SIMD is mandatory on AArch64
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+const KernelTable& table_for(Isa isa) {
+  switch (isa) {
+#if defined(REDWING_HAVE_AVX2)
+    case Isa::avx2:
+      return avx2_kernels();
+    case Isa::avx512:
+      return avx512_kernels();
+#endif
+#if defined(REDWING_HAVE_NEON)
+    case Isa::neon:
+      return neon_kernels();
+#endif
+    default:
+      return scalar_kernels();
+  }
+}
+
+// The ISA at start-up: REDWING_ISA if set and supported, otherwise the best one detected.
+Isa initial_isa() {
+  const Isa detected = detect_isa();
+  const char* env = std::getenv("REDWING_ISA");
+  if (env == nullptr || *env == '\0') return detected;
+  const std::string want(env);
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon}) {
+    if (want != isa_name(isa)) continue;
+    if (isa_supported(isa)) return isa;
+    std::fprintf(stderr, "redwing: REDWING_ISA=%s is not supported by this CPU/build; using %s\n",
+                 env, isa_name(detected));
+    return detected;
+  }
+  std::fprintf(
+      stderr, "redwing: unknown REDWING_ISA=%s (expected scalar, avx2, avx512 or neon); using %s\n",
+      env, isa_name(detected));
+  return detected;
+}
+
+struct ActiveState {
+  std::atomic<Isa> isa;
+  std::atomic<const KernelTable*> table;
+  ActiveState() {
+    const Isa start = initial_isa();
+    isa.store(start);
+    table.store(&table_for(start));
+  }
+};
+
+ActiveState& state() {
+  static ActiveState s;
+  return s;
+}
+
+const KernelTable& kernels() { return *state().table.load(std::memory_order_relaxed); }
+
+void check_quant_matrix(const QuantMatrix& w, const char* kernel) {
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(std::string("redwing::cpu::") + kernel + ": " + what);
+  };
+  if (w.bits != 4 && w.bits != 8) fail("bits must be 4 or 8, got " + std::to_string(w.bits));
+  if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) {
+    fail("group_size must be 32, 64 or 128, got " + std::to_string(w.group_size));
+  }
+  if (w.rows < 0 || w.cols <= 0 || w.cols % w.group_size != 0) {
+    fail("shape [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) +
+         "] does not have whole groups of " + std::to_string(w.group_size));
+  }
+  if (w.packed == nullptr || w.scales == nullptr || w.biases == nullptr) {
+    fail("null packed, scales or biases pointer");
+  }
+}
+
+void check_row_range(const QuantMatrix& w, int64_t row_begin, int64_t row_end, const char* kernel) {
+  if (row_begin < 0 || row_end > w.rows || row_begin > row_end) {
+    throw std::invalid_argument(std::string("redwing::cpu::") + kernel + ": row range [" +
+                                std::to_string(row_begin) + ", " + std::to_string(row_end) +
+                                ") outside [0, " + std::to_string(w.rows) + ")");
+  }
+}
+
+}  // namespace
+
+Isa detect_isa() {
+  if (isa_supported(Isa::avx512)) return Isa::avx512;
+  if (isa_supported(Isa::avx2)) return Isa::avx2;
+  if (isa_supported(Isa::neon)) return Isa::neon;
+  return Isa::scalar;
+}
+
+Isa active_isa() { return state().isa.load(); }
+
+bool set_active_isa(Isa isa) {
+  if (!isa_supported(isa)) return false;
+  state().table.store(&table_for(isa));
+  state().isa.store(isa);
+  return true;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar:
+      return "scalar";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::neon:
+      return "neon";
+    case Isa::avx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+const char* cpu_features() {
+  static const std::string features = [] {
+    std::string out;
+    auto add = [&](const char* name) {
+      if (!out.empty()) out += ' ';
+      out += name;
+    };
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2")) add("sse4.2");
+    if (__builtin_cpu_supports("avx")) add("avx");
+    if (__builtin_cpu_supports("avx2")) add("avx2");
+    if (__builtin_cpu_supports("fma")) add("fma");
+    if (__builtin_cpu_supports("f16c")) add("f16c");
+    if (__builtin_cpu_supports("avx512f")) add("avx512f");
+    if (__builtin_cpu_supports("avx512bw")) add("avx512bw");
+    if (__builtin_cpu_supports("avx512dq")) add("avx512dq");
+    if (__builtin_cpu_supports("avx512vl")) add("avx512vl");
+#elif defined(__aarch64__)
+    add("neon");
+#endif
+    return out;
+  }();
+  return features.c_str();
+}
+
+// ---- forwarding --------------------------------------------------------------------------
+
+void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, int64_t row_end) {
+  check_quant_matrix(w, "qmatvec");
+  check_row_range(w, row_begin, row_end, "qmatvec");
+  if (row_begin == row_end) return;
+  kernels().qmatvec(w, x, y, row_begin, row_end);
+}
+
+void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride, float* y,
+             int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  check_quant_matrix(w, "qmatmul");
+  check_row_range(w, row_begin, row_end, "qmatmul");
+  if (n_rows_x < 0 || (n_rows_x > 1 && (x_stride < w.cols || y_stride < row_end))) {
+    throw std::invalid_argument("redwing::cpu::qmatmul: bad n_rows_x or strides");
+  }
+  if (row_begin == row_end || n_rows_x == 0) return;
+  kernels().qmatmul(w, x, n_rows_x, x_stride, y, y_stride, row_begin, row_end);
+}
+
+void qdequant_row(const QuantMatrix& w, int64_t row, float* out) {
+  check_quant_matrix(w, "qdequant_row");
+  if (row < 0 || row >= w.rows) {
+    throw std::out_of_range("redwing::cpu::qdequant_row: row " + std::to_string(row) +
+                            " outside [0, " + std::to_string(w.rows) + ")");
+  }
+  kernels().qdequant_row(w, row, out);
+}
+
+void rms_norm(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
+              float* y) {
+  if (n <= 0) return;
+  kernels().rms_norm(x, weight, weight_offset, eps, n, y);
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
+  kernels().gelu_tanh_mul(gate, up, n, out);
+}
+
+void softcap(float* x, int64_t n, float cap) { kernels().softcap(x, n, cap); }
+
+void rope_neox(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin) {
+  kernels().rope_neox(x, n_heads, head_dim, cos, sin);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) { return kernels().dot_f32(a, b, n); }
+float dot_f16(const float* a, const uint16_t* b, int64_t n) { return kernels().dot_f16(a, b, n); }
+void axpy_f32(float a, const float* x, float* y, int64_t n) { kernels().axpy_f32(a, x, y, n); }
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) { kernels().axpy_f16(a, x, y, n); }
+
+void f32_to_f16(const float* x, uint16_t* y, int64_t n) { kernels().f32_to_f16(x, y, n); }
+void f16_to_f32(const uint16_t* x, float* y, int64_t n) { kernels().f16_to_f32(x, y, n); }
+void bf16_to_f32(const uint16_t* x, float* y, int64_t n) { kernels().bf16_to_f32(x, y, n); }
+float bf16_to_f32(uint16_t x) { return bf16_bits_to_f32(x); }
+uint16_t f32_to_bf16(float x) { return f32_to_bf16_bits(x); }
+float f16_to_f32(uint16_t x) { return f16_bits_to_f32(x); }
+uint16_t f32_to_f16(float x) { return f32_to_f16_bits(x); }
+
+void softmax(float* x, int64_t n) { kernels().softmax(x, n); }
+
+void top_k(const float* scores, int64_t n, int k, int32_t* indices) {
+  if (k < 0 || k > n) {
+    throw std::invalid_argument("redwing::cpu::top_k: k = " + std::to_string(k) + " not in [0, " +
+                                std::to_string(n) + "]");
+  }
+  if (k == 0) return;
+  // a before b when its score is larger, or equal with a lower index. NaN ranks below every
+  // number so that the order stays strict and weak (std algorithms require it).
+  auto before = [scores](int32_t a, int32_t b) {
+    const float sa = scores[a];
+    const float sb = scores[b];
+    const bool na = std::isnan(sa);
+    const bool nb = std::isnan(sb);
+    if (na != nb) return nb;
+    if (!na && sa != sb) return sa > sb;
+    return a < b;
+  };
+  if (k <= 32) {
+    // Small k (expert routing: 8 of 128): keep a sorted list, insert only what beats its tail.
+    int count = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t idx = static_cast<int32_t>(i);
+      if (count == k && !before(idx, indices[k - 1])) continue;
+      int pos = count < k ? count++ : k - 1;
+      while (pos > 0 && before(idx, indices[pos - 1])) {
+        indices[pos] = indices[pos - 1];
+        --pos;
+      }
+      indices[pos] = idx;
+    }
+    return;
+  }
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  std::copy(order.begin(), order.begin() + k, indices);
+}
+
+}  // namespace redwing::cpu

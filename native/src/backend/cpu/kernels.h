@@ -1,0 +1,102 @@
+// CPU kernels: the contract between the CPU backend and its implementations.
+//
+// Every kernel has a scalar reference implementation (kernels_scalar.cpp) and, where it matters
+// for speed, SIMD versions (kernels_avx2.cpp, kernels_neon.cpp). The implementation is chosen at
+// run time from the CPU's features (dispatch.cpp); tests force each one and compare it with the
+// scalar reference. Activations and accumulation are float32.
+//
+// Kernels work on row ranges so that the caller's thread pool can split the work: each call
+// writes only the rows in [row_begin, row_end) and reads nothing another thread writes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace redwing::cpu {
+
+enum class ScaleType : uint8_t { bf16, f16, f32 };
+
+// An MLX affine-quantized matrix [rows, cols] (docs/format.md): element (r, c) is
+// s[r, c / group_size] * q[r, c] + b[r, c / group_size], with q packed low bits first into
+// little-endian uint32 words. bits is 4 or 8; group_size 32, 64 or 128; cols % group_size == 0.
+struct QuantMatrix {
+  const uint32_t* packed = nullptr;  // [rows, cols * bits / 32]
+  const void* scales = nullptr;      // [rows, cols / group_size], scale_type
+  const void* biases = nullptr;      // [rows, cols / group_size], scale_type
+  ScaleType scale_type = ScaleType::bf16;
+  int bits = 4;
+  int group_size = 64;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// avx512 is the AVX2 set with the quantized products widened to 512 bits (needs AVX-512 F, BW,
+// DQ and VL besides AVX2, FMA and F16C); the other kernels are the AVX2 ones.
+enum class Isa : uint8_t { scalar, avx2, neon, avx512 };
+
+// The best implementation this CPU supports (AVX2 needs FMA and F16C too).
+Isa detect_isa();
+// The implementation in use; defaults to detect_isa(). Overridable with
+// REDWING_ISA=scalar|avx2|avx512|neon.
+Isa active_isa();
+// Tests and benchmarks switch implementations; returns false if the CPU lacks it.
+bool set_active_isa(Isa isa);
+const char* isa_name(Isa isa);
+// The CPU features found, e.g. "avx2 fma f16c" (for diagnostics and the service's hello).
+const char* cpu_features();
+
+// ---- quantized products --------------------------------------------------------------------
+
+// y[r] = sum_c W[r, c] * x[c] for r in [row_begin, row_end). y is indexed by absolute row.
+void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, int64_t row_end);
+
+// Y[t * y_stride + r] = sum_c W[r, c] * X[t * x_stride + c] for t in [0, n_rows_x),
+// r in [row_begin, row_end). Reads each weight block once for all rows of X.
+void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride, float* y,
+             int64_t y_stride, int64_t row_begin, int64_t row_end);
+
+// out[c] = W[row, c] for every column (embedding lookup).
+void qdequant_row(const QuantMatrix& w, int64_t row, float* out);
+
+// ---- element-wise and reductions -----------------------------------------------------------
+
+// y = x * rsqrt(mean(x^2) + eps) * (weight_offset + weight); weight may be null (no weight).
+// x and y may alias.
+void rms_norm(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
+              float* y);
+
+// out[i] = gelu_tanh(gate[i]) * up[i]; gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715
+// x^3)))
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] = cap * tanh(x[i] / cap)
+void softcap(float* x, int64_t n, float cap);
+
+// Half-split (NeoX) rotation of n_heads vectors of head_dim floats, laid out contiguously:
+// for j < head_dim / 2: (x[j], x[j + half]) <- (x[j] c - x[j + half] s, x[j + half] c + x[j] s)
+// with c = cos[j], s = sin[j].
+void rope_neox(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin);
+
+float dot_f32(const float* a, const float* b, int64_t n);
+// a · b with b stored as IEEE half (uint16 bits).
+float dot_f16(const float* a, const uint16_t* b, int64_t n);
+// y += a * x
+void axpy_f32(float a, const float* x, float* y, int64_t n);
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n);
+
+// Conversions (round to nearest even).
+void f32_to_f16(const float* x, uint16_t* y, int64_t n);
+void f16_to_f32(const uint16_t* x, float* y, int64_t n);
+void bf16_to_f32(const uint16_t* x, float* y, int64_t n);
+float bf16_to_f32(uint16_t x);
+uint16_t f32_to_bf16(float x);
+float f16_to_f32(uint16_t x);
+uint16_t f32_to_f16(float x);
+
+// In-place softmax over n values (max-subtracted, float32).
+void softmax(float* x, int64_t n);
+
+// The k largest of n scores: indices in descending score order (ties: lower index first).
+void top_k(const float* scores, int64_t n, int k, int32_t* indices);
+
+}  // namespace redwing::cpu

@@ -1,0 +1,637 @@
+// AVX2 + FMA + F16C kernels. Compiled with -mavx2 -mfma -mf16c (see CMakeLists.txt) and only
+// called after dispatch.cpp has checked the CPU for all three.
+//
+// Quantized matrix-vector product (the decode hot path, memory bound). Each 32-byte block of a
+// packed row holds 8 words; with kBits-bit values a word holds kPerWord = 32 / kBits elements, so
+// lane i of the block holds elements i * kPerWord ... i * kPerWord + kPerWord - 1. For every step
+// k < kPerWord, masking the
+// block with (2^kBits - 1) << (kBits * k) leaves element (i * kPerWord + k) of the block in lane i,
+// scaled by 2^(kBits * k). Converting that integer to float is exact (at most 8 significant
+// bits), so multiplying it with x[i * kPerWord + k] * 2^(-kBits * k) (prepared once per call, a
+// power-of-two scaling, exact) gives exactly x * q: no shifts and no shuffles in the inner loop.
+// The last step uses a logical shift instead of a mask so the value stays below 2^31. Per group
+// the kernel accumulates sum(x * q) in 8 lanes and adds s * that to the row's accumulator; the
+// bias term b * sum(x) uses group sums of x computed once per call.
+#include <immintrin.h>
+
+#include <math.h>
+
+#include "backend/cpu/kernels_impl.h"
+
+namespace redwing::cpu {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Eight scales or biases starting at index i, as float32.
+inline __m256 load_scales8(const void* p, ScaleType type, int64_t i) {
+  switch (type) {
+    case ScaleType::bf16:
+      return load_bf16x8(static_cast<const uint16_t*>(p) + i);
+    case ScaleType::f16:
+      return load_f16x8(static_cast<const uint16_t*>(p) + i);
+    case ScaleType::f32:
+      break;
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+void scales_to_f32(const void* p, ScaleType type, int64_t offset, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_scales8(p, type, offset + i));
+  for (; i < n; ++i) out[i] = load_scale(p, type, offset + i);
+}
+
+// sum_g biases[offset + g] * sx[g]: the bias part of one row of a product.
+float bias_dot(const void* p, ScaleType type, int64_t offset, int64_t n, const float* sx) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    acc = _mm256_fmadd_ps(load_scales8(p, type, offset + i), _mm256_loadu_ps(sx + i), acc);
+  }
+  float total = hsum(acc);
+  for (; i < n; ++i) total += load_scale(p, type, offset + i) * sx[i];
+  return total;
+}
+
+// ---- qmatvec ---------------------------------------------------------------------------------
+
+// How many row groups ahead qmv_rows prefetches.
+constexpr int kPrefetchGroups = 2;
+
+// Scales and biases are small separate streams that the hardware prefetcher tends to miss
+// (each row group touches a few dozen bytes of each): fetch those of a later row group.
+inline void prefetch_scales(const QuantMatrix& w, int64_t first_group, int64_t n_groups) {
+  const int64_t esize = w.scale_type == ScaleType::f32 ? 4 : 2;
+  const char* s = static_cast<const char*>(w.scales) + first_group * esize;
+  const char* b = static_cast<const char*>(w.biases) + first_group * esize;
+  for (int64_t off = 0; off < n_groups * esize + 63; off += 64) {  // + 63: an unaligned start
+    _mm_prefetch(s + off, _MM_HINT_T0);
+    _mm_prefetch(b + off, _MM_HINT_T0);
+  }
+}
+
+template <int kBits>
+struct Layout {
+  static constexpr int kPerWord = 32 / kBits;  // elements per uint32 word
+  static constexpr int kBlock = 8 * kPerWord;  // elements per 32-byte block
+  static constexpr uint32_t kMask = (1u << kBits) - 1u;
+};
+
+// One block of prepare_x: out[8k + i] = x[i * kPerWord + k] * scale[k], by register transposes.
+template <int kBits>
+inline void transpose_block(const float* x, float* out, const float* scale) {
+  if constexpr (kBits == 4) {
+    // out row k, lane i = x[8i + k]: a plain 8 x 8 transpose. Written out without arrays: GCC
+    // 12 turned an array version into 128-bit loads and stack round trips that stalled.
+    const __m256 r0 = _mm256_loadu_ps(x), r1 = _mm256_loadu_ps(x + 8);
+    const __m256 r2 = _mm256_loadu_ps(x + 16), r3 = _mm256_loadu_ps(x + 24);
+    const __m256 r4 = _mm256_loadu_ps(x + 32), r5 = _mm256_loadu_ps(x + 40);
+    const __m256 r6 = _mm256_loadu_ps(x + 48), r7 = _mm256_loadu_ps(x + 56);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    auto put = [&](int k, __m256 v) {
+      _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(v, _mm256_set1_ps(scale[k])));
+    };
+    put(0, _mm256_permute2f128_ps(s0, s4, 0x20));
+    put(1, _mm256_permute2f128_ps(s1, s5, 0x20));
+    put(2, _mm256_permute2f128_ps(s2, s6, 0x20));
+    put(3, _mm256_permute2f128_ps(s3, s7, 0x20));
+    put(4, _mm256_permute2f128_ps(s0, s4, 0x31));
+    put(5, _mm256_permute2f128_ps(s1, s5, 0x31));
+    put(6, _mm256_permute2f128_ps(s2, s6, 0x31));
+    put(7, _mm256_permute2f128_ps(s3, s7, 0x31));
+  } else {
+    // Register j holds x[8j, 8j + 8); after the lane permute, 64-bit pair k is
+    // (x[8j + k], x[8j + 4 + k]) = lanes (2j, 2j + 1) of out row k; a 4 x 4 transpose of pairs.
+    const __m256i pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256d c[4];
+    for (int j = 0; j < 4; ++j) {
+      c[j] = _mm256_castps_pd(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 8 * j), pairs));
+    }
+    const __m256d t0 = _mm256_unpacklo_pd(c[0], c[1]);
+    const __m256d t1 = _mm256_unpackhi_pd(c[0], c[1]);
+    const __m256d t2 = _mm256_unpacklo_pd(c[2], c[3]);
+    const __m256d t3 = _mm256_unpackhi_pd(c[2], c[3]);
+    const __m256d o[4] = {
+        _mm256_permute2f128_pd(t0, t2, 0x20), _mm256_permute2f128_pd(t1, t3, 0x20),
+        _mm256_permute2f128_pd(t0, t2, 0x31), _mm256_permute2f128_pd(t1, t3, 0x31)};
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_ps(out + 8 * k,
+                       _mm256_mul_ps(_mm256_castpd_ps(o[k]), _mm256_set1_ps(scale[k])));
+    }
+  }
+}
+
+// xt[block + 8k + i] = x[block + i * kPerWord + k] * 2^(-kBits * k) (the last k unscaled, see
+// the top of the file); sx[g] = sum of group g of x.
+template <int kBits>
+void prepare_x(const float* x, int64_t cols, int group_size, float* xt, float* sx) {
+  using L = Layout<kBits>;
+  float step_scale[L::kPerWord];
+  for (int k = 0; k < L::kPerWord; ++k) {
+    step_scale[k] = k == L::kPerWord - 1 ? 1.0f : 1.0f / static_cast<float>(1u << (kBits * k));
+  }
+  // Whole blocks only: with 4 bits and groups of 32, a row may end in half a block (see qmv_rows).
+  for (int64_t b0 = 0; b0 + L::kBlock <= cols; b0 += L::kBlock) {
+    transpose_block<kBits>(x + b0, xt + b0, step_scale);
+  }
+  for (int64_t g = 0; g * group_size < cols; ++g) {
+    const float* xg = x + g * group_size;
+    __m256 a0 = _mm256_loadu_ps(xg);
+    __m256 a1 = _mm256_loadu_ps(xg + 8);
+    __m256 a2 = _mm256_loadu_ps(xg + 16);
+    __m256 a3 = _mm256_loadu_ps(xg + 24);
+    for (int j = 32; j < group_size; j += 32) {
+      a0 = _mm256_add_ps(a0, _mm256_loadu_ps(xg + j));
+      a1 = _mm256_add_ps(a1, _mm256_loadu_ps(xg + j + 8));
+      a2 = _mm256_add_ps(a2, _mm256_loadu_ps(xg + j + 16));
+      a3 = _mm256_add_ps(a3, _mm256_loadu_ps(xg + j + 24));
+    }
+    sx[g] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+}
+
+// For kRows rows, out[i] (+)= the 8 lane partial sums of x * q over block blk.
+template <int kBits, int kRows>
+inline void block_dot(const uint32_t* const* rows, int64_t blk, const float* xtb, __m256* out,
+                      bool init, const char* prefetch) {
+  using L = Layout<kBits>;
+  // Rows are read kRows at a time, which hardware prefetchers follow poorly (several short
+  // streams); prefetching a later row group sequentially, one line per row every other 32-byte
+  // block, keeps the loads streaming. Prefetches past the matrix end never fault.
+  if ((blk & 1) == 0) {
+    for (int i = 0; i < kRows; ++i)
+      _mm_prefetch(prefetch + (blk / 2 * kRows + i) * 64, _MM_HINT_T0);
+  }
+  __m256i wv[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + blk * 8));
+  }
+  for (int k = 0; k < L::kPerWord; ++k) {
+    const __m256 xk = _mm256_loadu_ps(xtb + 8 * k);
+    for (int i = 0; i < kRows; ++i) {
+      __m256i q;
+      if (k == L::kPerWord - 1) {
+        q = _mm256_srli_epi32(wv[i], 32 - kBits);
+      } else {
+        q = _mm256_and_si256(wv[i], _mm256_set1_epi32(static_cast<int>(L::kMask << (kBits * k))));
+      }
+      const __m256 qf = _mm256_cvtepi32_ps(q);
+      out[i] = (k == 0 && init) ? _mm256_mul_ps(qf, xk) : _mm256_fmadd_ps(qf, xk, out[i]);
+    }
+  }
+}
+
+template <int kBits, int kGroup, int kRows>
+void qmv_rows(const QuantMatrix& w, const float* x, const float* xt, const float* sx, int64_t r0,
+              float* y, float* sbuf) {
+  using L = Layout<kBits>;
+  const int64_t wpr = w.cols / L::kPerWord;
+  const int64_t gpr = w.cols / kGroup;
+  float bias_part[kRows];
+  const uint32_t* rows[kRows];
+  prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
+  for (int i = 0; i < kRows; ++i) {
+    scales_to_f32(w.scales, w.scale_type, (r0 + i) * gpr, gpr, sbuf + i * gpr);
+    bias_part[i] = bias_dot(w.biases, w.scale_type, (r0 + i) * gpr, gpr, sx);
+    rows[i] = w.packed + (r0 + i) * wpr;
+  }
+  __m256 acc[kRows];
+  for (int i = 0; i < kRows; ++i) acc[i] = _mm256_setzero_ps();
+  const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
+  if constexpr (kGroup >= L::kBlock) {
+    constexpr int kBlocksPerGroup = kGroup / L::kBlock;
+    for (int64_t g = 0; g < gpr; ++g) {
+      __m256 gacc[kRows];
+      for (int bb = 0; bb < kBlocksPerGroup; ++bb) {
+        const int64_t blk = g * kBlocksPerGroup + bb;
+        block_dot<kBits, kRows>(rows, blk, xt + blk * L::kBlock, gacc, bb == 0, pf);
+      }
+      for (int i = 0; i < kRows; ++i) {
+        acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(sbuf + i * gpr + g), gacc[i], acc[i]);
+      }
+    }
+  } else {
+    // 4-bit with groups of 32: lanes 0-3 of a block belong to group 2 blk, lanes 4-7 to the next.
+    static_assert(L::kBlock == 2 * kGroup);
+    const int64_t nblk = w.cols / L::kBlock;
+    for (int64_t blk = 0; blk < nblk; ++blk) {
+      __m256 bacc[kRows];
+      block_dot<kBits, kRows>(rows, blk, xt + blk * L::kBlock, bacc, true, pf);
+      for (int i = 0; i < kRows; ++i) {
+        const float* s = sbuf + i * gpr + 2 * blk;
+        const __m256 sv = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(s)),
+                                               _mm_broadcast_ss(s + 1), 1);
+        acc[i] = _mm256_fmadd_ps(sv, bacc[i], acc[i]);
+      }
+    }
+    if (w.cols % L::kBlock != 0) {
+      // An odd number of groups: the last group is half a block, done one element at a time.
+      const int64_t c0 = nblk * L::kBlock;
+      for (int i = 0; i < kRows; ++i) {
+        float sxq = 0.0f;
+        for (int64_t c = c0; c < w.cols; ++c) {
+          sxq += x[c] * static_cast<float>(quant_at(rows[i], kBits, c));
+        }
+        bias_part[i] += sbuf[i * gpr + gpr - 1] * sxq;
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i) y[r0 + i] = hsum(acc[i]) + bias_part[i];
+}
+
+template <int kBits, int kGroup>
+void qmv_range(const QuantMatrix& w, const float* x, const float* xt, const float* sx, float* y,
+               int64_t rb, int64_t re, float* sbuf) {
+  constexpr int kRows = 4;  // rows sharing each load of x: 4 keeps 16 ymm registers busy
+  int64_t r = rb;
+  for (; r + kRows <= re; r += kRows) qmv_rows<kBits, kGroup, kRows>(w, x, xt, sx, r, y, sbuf);
+  for (; r < re; ++r) qmv_rows<kBits, kGroup, 1>(w, x, xt, sx, r, y, sbuf);
+}
+
+template <int kBits>
+void qmatvec_bits(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
+  thread_local Scratch xt_buf, sx_buf, s_buf;
+  const int64_t gpr = groups_per_row(w);
+  float* xt = xt_buf.floats(static_cast<size_t>(w.cols));
+  float* sx = sx_buf.floats(static_cast<size_t>(gpr));
+  float* sbuf = s_buf.floats(static_cast<size_t>(4 * gpr));
+  prepare_x<kBits>(x, w.cols, w.group_size, xt, sx);
+  switch (w.group_size) {
+    case 32:
+      return qmv_range<kBits, 32>(w, x, xt, sx, y, rb, re, sbuf);
+    case 64:
+      return qmv_range<kBits, 64>(w, x, xt, sx, y, rb, re, sbuf);
+    default:
+      return qmv_range<kBits, 128>(w, x, xt, sx, y, rb, re, sbuf);
+  }
+}
+
+void qmatvec_avx2(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
+  if (w.bits == 4) {
+    qmatvec_bits<4>(w, x, y, rb, re);
+  } else {
+    qmatvec_bits<8>(w, x, y, rb, re);
+  }
+}
+
+// ---- dequantization and qmatmul --------------------------------------------------------------
+
+void qdequant_row_avx2(const QuantMatrix& w, int64_t row, float* out) {
+  const int64_t gpr = groups_per_row(w);
+  const uint32_t* packed = w.packed + row * words_per_row(w);
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i mask4 = _mm256_set1_epi32(0xf);
+  for (int64_t g = 0; g < gpr; ++g) {
+    const __m256 s = _mm256_set1_ps(load_scale(w.scales, w.scale_type, row * gpr + g));
+    const __m256 b = _mm256_set1_ps(load_scale(w.biases, w.scale_type, row * gpr + g));
+    const int64_t c0 = g * w.group_size;
+    for (int64_t c = c0; c < c0 + w.group_size; c += 8) {
+      __m256i q;
+      if (w.bits == 4) {
+        // One word holds these 8 elements; shift each lane to its nibble.
+        const __m256i word = _mm256_set1_epi32(static_cast<int>(packed[c / 8]));
+        q = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), mask4);
+      } else {
+        q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + c / 4)));
+      }
+      _mm256_storeu_ps(out + c, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q), b));
+    }
+  }
+}
+
+// kRows x kCols dot products of dequantized rows w (row stride ws) with rows of x (stride xs),
+// over n columns (a multiple of 8); results to y[t * ys + i].
+template <int kRows, int kCols>
+void micro_kernel(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y,
+                  int64_t ys) {
+  __m256 acc[kRows][kCols];
+  for (int i = 0; i < kRows; ++i) {
+    for (int t = 0; t < kCols; ++t) acc[i][t] = _mm256_setzero_ps();
+  }
+  for (int64_t c = 0; c < n; c += 8) {
+    __m256 xv[kCols];
+    for (int t = 0; t < kCols; ++t) xv[t] = _mm256_loadu_ps(x + t * xs + c);
+    for (int i = 0; i < kRows; ++i) {
+      const __m256 wv = _mm256_loadu_ps(w + i * ws + c);
+      for (int t = 0; t < kCols; ++t) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+    }
+  }
+  for (int i = 0; i < kRows; ++i) {
+    for (int t = 0; t < kCols; ++t) y[t * ys + i] = hsum(acc[i][t]);
+  }
+}
+
+template <int kRows>
+void micro_rows(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y,
+                int64_t ys, int n_cols) {
+  switch (n_cols) {
+    case 3:
+      return micro_kernel<kRows, 3>(w, ws, x, xs, n, y, ys);
+    case 2:
+      return micro_kernel<kRows, 2>(w, ws, x, xs, n, y, ys);
+    default:
+      return micro_kernel<kRows, 1>(w, ws, x, xs, n, y, ys);
+  }
+}
+
+// Dequantizes a panel of up to kPanel weight rows (kept in L2) and multiplies it with every row
+// of X, 4 weight rows by 3 X rows at a time: each X tile is loaded once per panel and stays in
+// L1 while the panel's rows pass over it.
+void qmatmul_avx2(const QuantMatrix& w, const float* x, int64_t n_x, int64_t xs, float* y,
+                  int64_t ys, int64_t rb, int64_t re) {
+  constexpr int64_t kPanel = 16;
+  const int64_t cols = w.cols;
+  thread_local Scratch panel_buf;
+  float* panel = panel_buf.floats(static_cast<size_t>(kPanel * cols));
+  for (int64_t p0 = rb; p0 < re; p0 += kPanel) {
+    const int64_t np = re - p0 < kPanel ? re - p0 : kPanel;
+    for (int64_t i = 0; i < np; ++i) qdequant_row_avx2(w, p0 + i, panel + i * cols);
+    for (int64_t t0 = 0; t0 < n_x; t0 += 3) {
+      const int nt = static_cast<int>(n_x - t0 < 3 ? n_x - t0 : 3);
+      const float* xt = x + t0 * xs;
+      float* yt = y + t0 * ys + p0;
+      int64_t i = 0;
+      for (; i + 4 <= np; i += 4)
+        micro_rows<4>(panel + i * cols, cols, xt, xs, cols, yt + i, ys, nt);
+      for (; i < np; ++i) micro_rows<1>(panel + i * cols, cols, xt, xs, cols, yt + i, ys, nt);
+    }
+  }
+}
+
+// ---- element-wise --------------------------------------------------------------------------
+
+// exp(x) for x in float range: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 7
+// (Taylor; truncation error below 1e-8 relative), so about 1-2 ulp overall.
+inline __m256 exp_ps(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)),
+                    _mm256_set1_ps(-87.3365447505531f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 split hi + lo
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // 2^n, built in two halves so that n = 128 (x near the top of the range) does not overflow
+  // the exponent field.
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256 f1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  const __m256 f2 = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+// tanh(v): an odd Taylor polynomial for |v| < 0.3 (where 1 - 2 / (e^2v + 1) would cancel),
+// otherwise 1 - 2 / (e^(2|v|) + 1) with v's sign.
+inline __m256 tanh_ps(__m256 v) {
+  const __m256 sign = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)));
+  const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)), v);
+  const __m256 e = exp_ps(_mm256_mul_ps(a, _mm256_set1_ps(2.0f)));
+  const __m256 large =
+      _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                    _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  const __m256 a2 = _mm256_mul_ps(a, a);
+  __m256 p = _mm256_set1_ps(21844.0f / 6081075.0f);
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1382.0f / 155925.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(62.0f / 2835.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-17.0f / 315.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(2.0f / 15.0f));
+  p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3.0f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, a2), a, a);
+  const __m256 is_small = _mm256_cmp_ps(a, _mm256_set1_ps(0.3f), _CMP_LT_OQ);
+  return _mm256_or_ps(_mm256_blendv_ps(large, small, is_small), sign);
+}
+
+void gelu_tanh_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
+  // 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)): no cancellation for negative u.
+  const __m256 k2 = _mm256_set1_ps(-2.0f * 0.7978845608028654f);
+  const __m256 kc = _mm256_set1_ps(0.044715f);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 u = _mm256_fmadd_ps(kc, g3, g);
+    const __m256 e = exp_ps(_mm256_mul_ps(k2, u));
+    const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) scalar_kernels().gelu_tanh_mul(gate + i, up + i, n - i, out + i);
+}
+
+void softcap_avx2(float* x, int64_t n, float cap) {
+  const __m256 c = _mm256_set1_ps(cap);
+  const __m256 inv = _mm256_set1_ps(1.0f / cap);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(c, tanh_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv))));
+  }
+  if (i < n) scalar_kernels().softcap(x + i, n - i, cap);
+}
+
+void softmax_avx2(float* x, int64_t n) {
+  if (n <= 0) return;
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float m = _mm_cvtss_f32(m4);
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  const __m256 mb = _mm256_set1_ps(m);
+  __m256 sv = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), mb));
+    _mm256_storeu_ps(x + i, e);
+    sv = _mm256_add_ps(sv, e);
+  }
+  float sum = hsum(sv);
+  for (; i < n; ++i) {
+    x[i] = expf(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+  for (; i < n; ++i) x[i] *= inv;
+}
+
+void rms_norm_avx2(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
+                   float* y) {
+  __m256 a0 = _mm256_setzero_ps();
+  __m256 a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 v0 = _mm256_loadu_ps(x + i);
+    const __m256 v1 = _mm256_loadu_ps(x + i + 8);
+    a0 = _mm256_fmadd_ps(v0, v0, a0);
+    a1 = _mm256_fmadd_ps(v1, v1, a1);
+  }
+  float ss = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  const __m256 iv = _mm256_set1_ps(inv);
+  const __m256 off = _mm256_set1_ps(weight_offset);
+  for (i = 0; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), iv);
+    if (weight) v = _mm256_mul_ps(v, _mm256_add_ps(off, _mm256_loadu_ps(weight + i)));
+    _mm256_storeu_ps(y + i, v);
+  }
+  for (; i < n; ++i) y[i] = x[i] * inv * (weight ? weight_offset + weight[i] : 1.0f);
+}
+
+void rope_neox_avx2(float* x, int64_t n_heads, int64_t head_dim, const float* cos,
+                    const float* sin) {
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    int64_t j = 0;
+    for (; j + 8 <= half; j += 8) {
+      const __m256 a = _mm256_loadu_ps(v + j);
+      const __m256 b = _mm256_loadu_ps(v + j + half);
+      const __m256 c = _mm256_loadu_ps(cos + j);
+      const __m256 s = _mm256_loadu_ps(sin + j);
+      _mm256_storeu_ps(v + j, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)));
+      _mm256_storeu_ps(v + j + half, _mm256_fmadd_ps(b, c, _mm256_mul_ps(a, s)));
+    }
+    for (; j < half; ++j) {
+      const float a = v[j];
+      const float b = v[j + half];
+      v[j] = a * cos[j] - b * sin[j];
+      v[j + half] = b * cos[j] + a * sin[j];
+    }
+  }
+}
+
+// ---- dot, axpy, conversions ------------------------------------------------------------------
+
+float dot_f32_avx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8)
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float total = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+float dot_f16_avx2(const float* a, const uint16_t* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16x8(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_f16x8(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16x8(b + i), s0);
+  float total = hsum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) total += a[i] * f16_bits_to_f32(b[i]);
+  return total;
+}
+
+void axpy_f32_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+void axpy_f16_avx2(float a, const uint16_t* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load_f16x8(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * f16_bits_to_f32(x[i]);
+}
+
+void f32_to_f16_avx2(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) y[i] = f32_to_f16_bits(x[i]);
+}
+
+void f16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16x8(x + i));
+  for (; i < n; ++i) y[i] = f16_bits_to_f32(x[i]);
+}
+
+void bf16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_bf16x8(x + i));
+  for (; i < n; ++i) y[i] = bf16_bits_to_f32(x[i]);
+}
+
+}  // namespace
+
+const KernelTable& avx2_kernels() {
+  static const KernelTable table = [] {
+    KernelTable t = scalar_kernels();
+    t.qmatvec = qmatvec_avx2;
+    t.qmatmul = qmatmul_avx2;
+    t.qdequant_row = qdequant_row_avx2;
+    t.rms_norm = rms_norm_avx2;
+    t.gelu_tanh_mul = gelu_tanh_mul_avx2;
+    t.softcap = softcap_avx2;
+    t.rope_neox = rope_neox_avx2;
+    t.dot_f32 = dot_f32_avx2;
+    t.dot_f16 = dot_f16_avx2;
+    t.axpy_f32 = axpy_f32_avx2;
+    t.axpy_f16 = axpy_f16_avx2;
+    t.f32_to_f16 = f32_to_f16_avx2;
+    t.f16_to_f32 = f16_to_f32_avx2;
+    t.bf16_to_f32 = bf16_to_f32_avx2;
+    t.softmax = softmax_avx2;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace redwing::cpu

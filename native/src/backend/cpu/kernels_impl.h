@@ -1,0 +1,159 @@
+// Internal to the CPU backend: the table of kernel implementations that dispatch.cpp switches
+// between, and small scalar helpers shared by every implementation.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "backend/cpu/kernels.h"
+
+namespace redwing::cpu {
+
+// One entry per dispatched kernel. Implementations that do not provide a kernel copy the
+// scalar entry, so every pointer is always valid.
+struct KernelTable {
+  void (*qmatvec)(const QuantMatrix& w, const float* x, float* y, int64_t row_begin,
+                  int64_t row_end);
+  void (*qmatmul)(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride,
+                  float* y, int64_t y_stride, int64_t row_begin, int64_t row_end);
+  void (*qdequant_row)(const QuantMatrix& w, int64_t row, float* out);
+  void (*rms_norm)(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
+                   float* y);
+  void (*gelu_tanh_mul)(const float* gate, const float* up, int64_t n, float* out);
+  void (*softcap)(float* x, int64_t n, float cap);
+  void (*rope_neox)(float* x, int64_t n_heads, int64_t head_dim, const float* cos,
+                    const float* sin);
+  float (*dot_f32)(const float* a, const float* b, int64_t n);
+  float (*dot_f16)(const float* a, const uint16_t* b, int64_t n);
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
+  void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t n);
+  void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
+  void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*bf16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*softmax)(float* x, int64_t n);
+};
+
+const KernelTable& scalar_kernels();
+#if defined(REDWING_HAVE_AVX2)
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();  // kernels_avx512.cpp: the AVX2 table plus wider kernels
+#endif
+#if defined(REDWING_HAVE_NEON)
+const KernelTable& neon_kernels();
+#endif
+
+// Everything below has internal linkage on purpose. These helpers are compiled into files built
+// with -mavx2 (or an AVX-512 target pragma); an out-of-line copy of an ordinary inline function
+// from such a file is a weak symbol that the linker may keep for the whole program, which would
+// then run AVX instructions on CPUs without them. Each file gets its own copy instead.
+namespace {
+
+// ---- scalar conversions, inline so every implementation can use them for tails ----------
+// (__builtin_bit_cast rather than std::bit_cast: the latter is a function template, which an
+// unoptimized build emits as a weak symbol.)
+
+inline float bf16_bits_to_f32(uint16_t h) { return __builtin_bit_cast(float, uint32_t{h} << 16); }
+
+inline uint16_t f32_to_bf16_bits(float x) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    // NaN: keep the sign and the top of the payload, and force it quiet so it stays a NaN.
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
+  const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+inline float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in float32.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 31) return __builtin_bit_cast(float, sign | 0x7f800000u | (mantissa << 13));
+  return __builtin_bit_cast(float, sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+inline uint16_t f32_to_f16_bits(float x) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u) {
+    if (magnitude == 0x7f800000u) return sign | 0x7c00u;                          // inf
+    return static_cast<uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));  // quiet NaN
+  }
+  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to infinity
+  if (magnitude < 0x38800000u) {
+    // Below the smallest normal half (2^-14): a subnormal count of 2^-24 units.
+    const uint32_t exponent = magnitude >> 23;
+    const uint32_t shift = 126u - exponent;  // value = mantissa * 2^-shift units
+    if (shift > 24u) return sign;            // less than half a unit (or a float subnormal)
+    const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    uint32_t q = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t h = (magnitude >> 13) - (112u << 10);
+  const uint32_t rest = magnitude & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+
+// Scale or bias i of a quantized matrix, as float32.
+inline float load_scale(const void* p, ScaleType type, int64_t i) {
+  switch (type) {
+    case ScaleType::bf16:
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case ScaleType::f16:
+      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case ScaleType::f32:
+      return static_cast<const float*>(p)[i];
+  }
+  return 0.0f;
+}
+
+// Unsigned `bits`-wide element c of a packed row (low bits first in little-endian words).
+inline uint32_t quant_at(const uint32_t* row, int bits, int64_t c) {
+  const int64_t bit = c * bits;
+  return (row[bit >> 5] >> (bit & 31)) & ((1u << bits) - 1u);
+}
+
+inline int64_t words_per_row(const QuantMatrix& w) { return w.cols * w.bits / 32; }
+inline int64_t groups_per_row(const QuantMatrix& w) { return w.cols / w.group_size; }
+
+// Growable, 64-byte aligned per-thread scratch memory for the SIMD files (instead of
+// std::vector<float>, whose instantiations there would be weak symbols, see above).
+class Scratch {
+ public:
+  // At least n floats; contents are unspecified after growth.
+  float* floats(size_t n) {
+    if (n > capacity_) {
+      const size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+      data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      if (!data_) throw std::bad_alloc();
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  size_t capacity_ = 0;
+};
+
+}  // namespace
+
+}  // namespace redwing::cpu

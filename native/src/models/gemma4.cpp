@@ -1,0 +1,203 @@
+// Gemma 4 text decoder (transformers' Gemma4ForCausalLM; dense and mixture-of-experts), read
+// top to bottom:
+//
+//   x = embed_tokens[ids] * embed_scale                      (embed_scale bf16-rounded sqrt(H))
+//   per layer:
+//     x = x + post_attention_layernorm(attention(input_layernorm(x)))       (gemma_common)
+//     r = x
+//     m = mlp(pre_feedforward_layernorm(r))                                 dense GeGLU
+//     MoE layers:
+//       h1 = post_feedforward_layernorm_1(m)
+//       z = rmsnorm_noweight(r) * router.scale * H^-1/2;  p = softmax(router.proj z)
+//       top-k of p, renormalized, times per_expert_scale[expert]
+//       h2 = post_feedforward_layernorm_2(sum_k w_k expert_k(pre_feedforward_layernorm_2(r)))
+//       m = h1 + h2
+//     x = (r + post_feedforward_layernorm(m)) * layer_scalar
+//   logits = softcap(embed_tokens . norm(x))
+//
+// RMSNorm multiplies by the weight itself (norm_weight_offset 0); v_norm and the router norm
+// have no weight; the attention scale is 1.
+#include "models/gemma4.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "models/gemma_common.h"
+
+namespace redwing {
+namespace {
+
+using gemma::Scratch;
+
+enum Gemma4Slot : int {
+  kFfnOut = gemma::kFirstFamilySlot,  // [T, hidden] dense branch, then h1 + h2
+  kRouterIn,                          // [T, hidden]
+  kRouterLogits,                      // [T, experts]
+  kExpertIn,                          // [T, hidden] pre_feedforward_layernorm_2(r)
+  kExpertSum,                         // [T, hidden] sum_k w_k expert_k
+  kExpertRows,                        // [n, hidden] the rows routed to one expert
+  kExpertGate,                        // [n, moe_intermediate]
+  kExpertUp,                          // [n, moe_intermediate]
+  kExpertOut,                         // [n, hidden]
+};
+
+class Gemma4 final : public Model {
+ public:
+  Gemma4(const ModelDir& dir, Backend& backend, ExpertSource* experts)
+      : arch_(dir.arch()), backend_(backend), experts_(experts), scratch_(backend) {
+    const int64_t hidden = arch_.hidden_size;
+    embed_ = gemma::load_matrix(backend, dir, "embed_tokens", arch_.vocab_size, hidden);
+    norm_ = gemma::load_vector(backend, dir, "norm", hidden);
+    for (int i = 0; i < arch_.num_layers; ++i) {
+      const LayerConfig& lc = arch_.layers[static_cast<size_t>(i)];
+      const std::string p = "layers." + std::to_string(i) + ".";
+      Layer l;
+      l.attn = gemma::load_attention(backend, dir, i);
+      l.pre_ffn_norm = gemma::load_vector(backend, dir, p + "pre_feedforward_layernorm", hidden);
+      l.post_ffn_norm = gemma::load_vector(backend, dir, p + "post_feedforward_layernorm", hidden);
+      l.mlp = gemma::load_mlp(backend, dir, p + "mlp", hidden, arch_.intermediate_size);
+      if (dir.has_tensor(p + "layer_scalar")) l.layer_scalar = dir.load_f32(p + "layer_scalar", 1)[0];
+      if (lc.moe) {
+        const MoeConfig& moe = *arch_.moe;
+        if (experts_ == nullptr) throw std::logic_error("an MoE model needs an expert source");
+        l.post_ffn_norm_1 = gemma::load_vector(backend, dir, p + "post_feedforward_layernorm_1", hidden);
+        l.pre_ffn_norm_2 = gemma::load_vector(backend, dir, p + "pre_feedforward_layernorm_2", hidden);
+        l.post_ffn_norm_2 = gemma::load_vector(backend, dir, p + "post_feedforward_layernorm_2", hidden);
+        l.router_proj = gemma::load_matrix(backend, dir, p + "router.proj", moe.num_experts, hidden);
+        l.router_scale = gemma::load_vector(backend, dir, p + "router.scale", hidden);
+        l.per_expert_scale =
+            gemma::load_vector(backend, dir, p + "router.per_expert_scale", moe.num_experts);
+      }
+      layers_.push_back(std::move(l));
+    }
+  }
+
+  const Architecture& arch() const override { return arch_; }
+
+  void forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
+               std::vector<float>& logits) override {
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    if (T == 0) return;
+    cache.check_room(T);
+    const int64_t pos0 = cache.length();
+    const float off = arch_.norm_weight_offset;
+    const float eps = arch_.rms_norm_eps;
+    const int64_t hidden = arch_.hidden_size;
+
+    Mat x = scratch_.get(gemma::kResidual, T, hidden);
+    backend_.embed(*embed_, tokens, arch_.embed_scale, x);
+
+    for (int i = 0; i < arch_.num_layers; ++i) {
+      const Layer& l = layers_[static_cast<size_t>(i)];
+      gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_);
+
+      // Feed-forward: x is the residual r from here on.
+      Mat h = scratch_.get(gemma::kNormed, T, hidden);
+      Mat m = scratch_.get(kFfnOut, T, hidden);
+      backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
+      gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
+      if (arch_.layers[static_cast<size_t>(i)].moe) {
+        backend_.rms_norm(m, l.post_ffn_norm_1.get(), off, eps, m);  // h1
+        Mat h2 = moe_branch(i, l, x);
+        backend_.add(m, h2, m);
+      }
+      backend_.rms_norm(m, l.post_ffn_norm.get(), off, eps, m);
+      backend_.add(x, m, x);
+      if (l.layer_scalar != 1.0f) backend_.scale(x, l.layer_scalar);
+    }
+    cache.advance(T);
+
+    if (which == LogitsFor::all)
+      gemma::output_logits(backend_, arch_, *norm_, *embed_, x, 0, T, scratch_, logits);
+    else if (which == LogitsFor::last)
+      gemma::output_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_, logits);
+  }
+
+ private:
+  struct Layer {
+    gemma::AttentionWeights attn;
+    std::unique_ptr<Buffer> pre_ffn_norm, post_ffn_norm;
+    gemma::MlpWeights mlp;
+    float layer_scalar = 1.0f;
+    // MoE layers only.
+    std::unique_ptr<Buffer> post_ffn_norm_1, pre_ffn_norm_2, post_ffn_norm_2;
+    std::unique_ptr<QWeight> router_proj;
+    std::unique_ptr<Buffer> router_scale, per_expert_scale;
+  };
+
+  // h2 = post_feedforward_layernorm_2(sum_k w_k expert_k(pre_feedforward_layernorm_2(r))) for
+  // the residual r [T, hidden]. Each chosen expert runs once over all the rows that picked it.
+  Mat moe_branch(int layer, const Layer& l, Mat r) {
+    const MoeConfig& moe = *arch_.moe;
+    const int64_t T = r.rows;
+    const int64_t hidden = arch_.hidden_size;
+    const float eps = arch_.rms_norm_eps;
+    const float off = arch_.norm_weight_offset;
+
+    // Router, on the un-normed residual.
+    Mat z = scratch_.get(kRouterIn, T, hidden);
+    backend_.rms_norm(r, nullptr, 0.0f, eps, z);
+    backend_.mul_cols(z, *l.router_scale, static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)));
+    Mat rl = scratch_.get(kRouterLogits, T, moe.num_experts);
+    backend_.qmatmul(*l.router_proj, z, rl);
+    std::vector<int32_t> idx(static_cast<size_t>(T * moe.top_k));
+    std::vector<float> wts(idx.size());
+    backend_.route(rl, moe.top_k, *l.per_expert_scale, idx.data(), wts.data());
+
+    // Rows per expert, experts in ascending id (transformers' order of accumulation).
+    std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>> groups;
+    for (int64_t t = 0; t < T; ++t)
+      for (int j = 0; j < moe.top_k; ++j) {
+        auto& g = groups[idx[static_cast<size_t>(t * moe.top_k + j)]];
+        g.first.push_back(static_cast<int32_t>(t));
+        g.second.push_back(wts[static_cast<size_t>(t * moe.top_k + j)]);
+      }
+    std::vector<int32_t> ids;
+    for (const auto& [e, g] : groups) ids.push_back(e);
+
+    Mat e_in = scratch_.get(kExpertIn, T, hidden);
+    backend_.rms_norm(r, l.pre_ffn_norm_2.get(), off, eps, e_in);
+    Mat sum = scratch_.get(kExpertSum, T, hidden);
+    backend_.fill_zero(sum);
+
+    std::vector<ExpertMatrices> mats = experts_->acquire(layer, ids);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const auto& [rows, weights] = groups[ids[k]];
+      const int64_t n = static_cast<int64_t>(rows.size());
+      auto gate = backend_.import_qweight(mats[k].gate);
+      auto up = backend_.import_qweight(mats[k].up);
+      auto down = backend_.import_qweight(mats[k].down);
+      Mat in = scratch_.get(kExpertRows, n, hidden);
+      backend_.gather_rows(e_in, rows, in);
+      Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
+      Mat u = scratch_.get(kExpertUp, n, moe.intermediate_size);
+      backend_.qmatmul(*gate, in, g);
+      backend_.qmatmul(*up, in, u);
+      backend_.gelu_tanh_mul(g, u, g);
+      Mat y = scratch_.get(kExpertOut, n, hidden);
+      backend_.qmatmul(*down, g, y);
+      backend_.scatter_add_rows(y, rows, weights, sum);
+    }
+    experts_->release(layer);
+
+    backend_.rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, sum);
+    return sum;
+  }
+
+  Architecture arch_;
+  Backend& backend_;
+  ExpertSource* experts_;
+  Scratch scratch_;
+  std::unique_ptr<QWeight> embed_;
+  std::unique_ptr<Buffer> norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gemma4(const ModelDir& dir, Backend& backend, ExpertSource* experts) {
+  return std::make_unique<Gemma4>(dir, backend, experts);
+}
+
+}  // namespace redwing

@@ -1,0 +1,126 @@
+#include "models/gemma_common.h"
+
+namespace redwing::gemma {
+
+Mat Scratch::get(int id, int64_t rows, int64_t cols) {
+  if (id < 0) throw std::logic_error("bad scratch slot");
+  if (slots_.size() <= static_cast<size_t>(id)) slots_.resize(static_cast<size_t>(id) + 1);
+  auto& buf = slots_[static_cast<size_t>(id)];
+  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
+  if (!buf || buf->size_bytes() < bytes) buf = backend_.alloc(bytes);
+  return Mat{buf.get(), 0, rows, cols, cols};
+}
+
+std::unique_ptr<Buffer> load_vector(Backend& backend, const ModelDir& dir, const std::string& name,
+                                    int64_t n) {
+  std::vector<float> v = dir.load_f32(name, n);
+  auto buf = backend.alloc(v.size() * sizeof(float));
+  backend.upload(*buf, 0, v.data(), v.size() * sizeof(float));
+  return buf;
+}
+
+std::unique_ptr<QWeight> load_matrix(Backend& backend, const ModelDir& dir, const std::string& name,
+                                     int64_t rows, int64_t cols) {
+  return backend.import_qweight(dir.quant(name, rows, cols));
+}
+
+AttentionWeights load_attention(Backend& backend, const ModelDir& dir, int layer) {
+  const Architecture& arch = dir.arch();
+  const LayerConfig& lc = arch.layers[static_cast<size_t>(layer)];
+  const std::string p = "layers." + std::to_string(layer) + ".";
+  const int64_t hidden = arch.hidden_size;
+  const int64_t q_width = static_cast<int64_t>(arch.num_attention_heads) * lc.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(lc.num_kv_heads) * lc.head_dim;
+  AttentionWeights w;
+  w.input_norm = load_vector(backend, dir, p + "input_layernorm", hidden);
+  w.post_norm = load_vector(backend, dir, p + "post_attention_layernorm", hidden);
+  w.q_norm = load_vector(backend, dir, p + "self_attn.q_norm", lc.head_dim);
+  w.k_norm = load_vector(backend, dir, p + "self_attn.k_norm", lc.head_dim);
+  w.q_proj = load_matrix(backend, dir, p + "self_attn.q_proj", q_width, hidden);
+  w.k_proj = load_matrix(backend, dir, p + "self_attn.k_proj", kv_width, hidden);
+  if (lc.k_eq_v) {
+    if (dir.has_tensor(p + "self_attn.v_proj"))
+      throw FormatError(dir.path() + "/manifest.json: layer " + std::to_string(layer) +
+                        " is k_eq_v but has a v_proj tensor");
+  } else {
+    w.v_proj = load_matrix(backend, dir, p + "self_attn.v_proj", kv_width, hidden);
+  }
+  w.o_proj = load_matrix(backend, dir, p + "self_attn.o_proj", hidden, q_width);
+  return w;
+}
+
+MlpWeights load_mlp(Backend& backend, const ModelDir& dir, const std::string& prefix,
+                    int64_t hidden, int64_t inter) {
+  MlpWeights w;
+  w.gate = load_matrix(backend, dir, prefix + ".gate_proj", inter, hidden);
+  w.up = load_matrix(backend, dir, prefix + ".up_proj", inter, hidden);
+  w.down = load_matrix(backend, dir, prefix + ".down_proj", hidden, inter);
+  return w;
+}
+
+void attention_block(Backend& backend, const Architecture& arch, int layer,
+                     const AttentionWeights& w, const KvLayerView& kv, Mat x, int64_t pos0,
+                     Scratch& scratch) {
+  const LayerConfig& lc = arch.layers[static_cast<size_t>(layer)];
+  const int64_t T = x.rows;
+  const int heads = arch.num_attention_heads;
+  const int d = lc.head_dim;
+  const float off = arch.norm_weight_offset;
+  const float eps = arch.rms_norm_eps;
+  const RopeParams rope{lc.rope.theta, lc.rope.rotary_pairs, lc.rope.freq_dim, lc.rope.scale};
+
+  Mat h = scratch.get(kNormed, T, arch.hidden_size);
+  backend.rms_norm(x, w.input_norm.get(), off, eps, h);
+
+  Mat q = scratch.get(kQuery, T, static_cast<int64_t>(heads) * d);
+  backend.qmatmul(*w.q_proj, h, q);
+  backend.rms_norm(q.split_rows(d), w.q_norm.get(), off, eps, q.split_rows(d));
+  backend.rope(q, heads, d, rope, pos0);
+
+  Mat k = scratch.get(kKey, T, static_cast<int64_t>(lc.num_kv_heads) * d);
+  Mat v = scratch.get(kValue, T, static_cast<int64_t>(lc.num_kv_heads) * d);
+  backend.qmatmul(*w.k_proj, h, k);
+  if (lc.k_eq_v) {
+    backend.copy(k, v);  // the raw projection, before k_norm and RoPE
+  } else {
+    backend.qmatmul(*w.v_proj, h, v);
+  }
+  backend.rms_norm(k.split_rows(d), w.k_norm.get(), off, eps, k.split_rows(d));
+  backend.rope(k, lc.num_kv_heads, d, rope, pos0);
+  if (arch.v_norm) backend.rms_norm(v.split_rows(d), nullptr, 0.0f, eps, v.split_rows(d));
+
+  backend.kv_store(kv, k, v, pos0);
+  Mat a = scratch.get(kAttnOut, T, static_cast<int64_t>(heads) * d);
+  backend.attention(q, kv, pos0, heads, arch.attention_scale, a);
+
+  Mat o = scratch.get(kBranch, T, arch.hidden_size);
+  backend.qmatmul(*w.o_proj, a, o);
+  backend.rms_norm(o, w.post_norm.get(), off, eps, o);
+  backend.add(x, o, x);
+}
+
+void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& scratch) {
+  const int64_t inter = w.gate->rows;
+  Mat g = scratch.get(kGate, in.rows, inter);
+  Mat u = scratch.get(kUp, in.rows, inter);
+  backend.qmatmul(*w.gate, in, g);
+  backend.qmatmul(*w.up, in, u);
+  backend.gelu_tanh_mul(g, u, g);
+  backend.qmatmul(*w.down, g, out);
+}
+
+void output_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
+                   const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch,
+                   std::vector<float>& logits) {
+  if (n <= 0) return;
+  Mat h = scratch.get(kHeadIn, n, arch.hidden_size);
+  backend.rms_norm(x.row_range(r0, n), &final_norm, arch.norm_weight_offset, arch.rms_norm_eps, h);
+  Mat l = scratch.get(kLogits, n, arch.vocab_size);
+  backend.qmatmul(embed_tokens, h, l);  // tied head: the quantized embedding as output matrix
+  if (arch.final_logit_softcap) backend.softcap(l, *arch.final_logit_softcap);
+  const size_t old = logits.size();
+  logits.resize(old + static_cast<size_t>(n * arch.vocab_size));
+  backend.download(*l.buf, 0, logits.data() + old, static_cast<size_t>(n * arch.vocab_size) * sizeof(float));
+}
+
+}  // namespace redwing::gemma

@@ -1,0 +1,15 @@
+#include "models/model.h"
+
+#include "models/gemma3.h"
+#include "models/gemma4.h"
+
+namespace redwing {
+
+std::unique_ptr<Model> load_model(const ModelDir& dir, Backend& backend, ExpertSource* experts) {
+  const std::string& family = dir.arch().family;
+  if (family == "gemma4") return make_gemma4(dir, backend, experts);
+  if (family == "gemma3") return make_gemma3(dir, backend);
+  throw FormatError(dir.path() + "/manifest.json: unsupported architecture family \"" + family + "\"");
+}
+
+}  // namespace redwing

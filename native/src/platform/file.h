@@ -1,0 +1,81 @@
+// Files: read-only memory maps, positioned reads and path checks.
+//
+// The implementation (file_posix.cpp) uses POSIX calls available on Linux and macOS. A Windows
+// port adds file_win32.cpp behind the same interface; nothing else in the engine touches the
+// operating system's file API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace redwing::platform {
+
+// An I/O failure; the message names the file.
+class FileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a path is, without following a final symbolic link.
+enum class PathKind { missing, regular, directory, symlink, other };
+PathKind path_kind(const std::string& path);
+// The size of a regular file in bytes; throws FileError if it cannot be read.
+uint64_t file_size(const std::string& path);
+
+// A whole file mapped read-only into memory. Move-only; unmapped on destruction.
+class MappedFile {
+ public:
+  static MappedFile open(const std::string& path);
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void reset() noexcept;
+  const std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::string path_;
+};
+
+// A file opened for positioned reads. Move-only; closed on destruction.
+class ReadFile {
+ public:
+  static ReadFile open(const std::string& path);
+  ReadFile() = default;
+  ReadFile(ReadFile&& other) noexcept;
+  ReadFile& operator=(ReadFile&& other) noexcept;
+  ReadFile(const ReadFile&) = delete;
+  ReadFile& operator=(const ReadFile&) = delete;
+  ~ReadFile();
+
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Reads exactly n bytes at offset; throws FileError (naming the file) on error or short read.
+  void read_exact(void* dst, uint64_t n, uint64_t offset) const;
+
+ private:
+  void reset() noexcept;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string path_;
+};
+
+// Heap memory with a given power-of-two alignment (direct I/O wants page or 4 KiB alignment).
+struct AlignedFree {
+  std::size_t alignment = 64;
+  void operator()(std::byte* p) const noexcept;
+};
+using AlignedBytes = std::unique_ptr<std::byte[], AlignedFree>;
+AlignedBytes allocate_aligned(std::size_t bytes, std::size_t alignment);
+
+}  // namespace redwing::platform

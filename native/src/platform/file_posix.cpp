@@ -1,0 +1,160 @@
+// POSIX implementation of platform/file.h (Linux, macOS).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "platform/file.h"
+
+namespace redwing::platform {
+namespace {
+
+[[noreturn]] void fail(const std::string& what, const std::string& path, int err) {
+  throw FileError(what + " " + path + ": " + std::strerror(err));
+}
+
+}  // namespace
+
+PathKind path_kind(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return PathKind::missing;
+  if (S_ISLNK(st.st_mode)) return PathKind::symlink;
+  if (S_ISREG(st.st_mode)) return PathKind::regular;
+  if (S_ISDIR(st.st_mode)) return PathKind::directory;
+  return PathKind::other;
+}
+
+uint64_t file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail("cannot stat", path, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// ---- MappedFile ------------------------------------------------------------------------------
+
+MappedFile MappedFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot stat", path, err);
+  }
+  MappedFile file;
+  file.path_ = path;
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  if (file.size_ > 0) {
+    void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      fail("cannot map", path, err);
+    }
+    file.data_ = static_cast<const std::byte*>(p);
+  }
+  ::close(fd);  // the mapping keeps its own reference to the file
+  return file;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(other.data_), size_(other.size_), path_(std::move(other.path_)) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = other.data_;
+    size_ = other.size_;
+    path_ = std::move(other.path_);
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() { reset(); }
+
+void MappedFile::reset() noexcept {
+  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+// ---- ReadFile --------------------------------------------------------------------------------
+
+ReadFile ReadFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot stat", path, err);
+  }
+  ReadFile file;
+  file.fd_ = fd;
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  file.path_ = path;
+  return file;
+}
+
+ReadFile::ReadFile(ReadFile&& other) noexcept
+    : fd_(other.fd_), size_(other.size_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+ReadFile& ReadFile::operator=(ReadFile&& other) noexcept {
+  if (this != &other) {
+    reset();
+    fd_ = other.fd_;
+    size_ = other.size_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+ReadFile::~ReadFile() { reset(); }
+
+void ReadFile::reset() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void ReadFile::read_exact(void* dst, uint64_t n, uint64_t offset) const {
+  auto* out = static_cast<std::byte*>(dst);
+  while (n > 0) {
+    // Some systems cap a single read at 2 GiB.
+    size_t want = static_cast<size_t>(n < (1ull << 30) ? n : (1ull << 30));
+    ssize_t got = ::pread(fd_, out, want, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot read", path_, errno);
+    }
+    if (got == 0) throw FileError("unexpected end of file in " + path_);
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<uint64_t>(got);
+  }
+}
+
+// ---- aligned memory --------------------------------------------------------------------------
+
+void AlignedFree::operator()(std::byte* p) const noexcept {
+  ::operator delete[](p, std::align_val_t(alignment));
+}
+
+AlignedBytes allocate_aligned(std::size_t bytes, std::size_t alignment) {
+  auto* p = static_cast<std::byte*>(::operator new[](bytes == 0 ? 1 : bytes,
+                                                     std::align_val_t(alignment)));
+  return AlignedBytes(p, AlignedFree{alignment});
+}
+
+}  // namespace redwing::platform

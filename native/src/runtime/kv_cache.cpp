@@ -1,0 +1,62 @@
+#include "runtime/kv_cache.h"
+
+#include <algorithm>
+#include <string>
+
+namespace redwing {
+
+int64_t kv_rows_needed(const LayerConfig& layer, const KvCacheOptions& options) {
+  if (layer.sliding) return std::min<int64_t>(options.context, layer.sliding_window + options.max_chunk);
+  return options.context;
+}
+
+KvDType parse_kv_dtype(const std::string& s) {
+  if (s == "f16") return KvDType::f16;
+  if (s == "f32") return KvDType::f32;
+  throw std::invalid_argument("unknown KV cache dtype \"" + s + "\" (f16 or f32)");
+}
+
+KvCache::KvCache(Backend& backend, const Architecture& arch, const KvCacheOptions& options)
+    : options_(options) {
+  if (options.context <= 0) throw std::invalid_argument("context size must be positive");
+  if (options.max_chunk <= 0) throw std::invalid_argument("chunk size must be positive");
+  if (options.context > arch.max_position_embeddings)
+    throw std::invalid_argument("context size " + std::to_string(options.context) +
+                                " exceeds the model's max_position_embeddings " +
+                                std::to_string(arch.max_position_embeddings));
+  const size_t elem = options.dtype == KvDType::f16 ? 2 : 4;
+  for (const LayerConfig& l : arch.layers) {
+    KvLayerView view;
+    view.capacity = kv_rows_needed(l, options);
+    view.ring = l.sliding && view.capacity < options.context;
+    view.window = l.sliding ? l.sliding_window : 0;
+    view.num_kv_heads = l.num_kv_heads;
+    view.head_dim = l.head_dim;
+    view.dtype = options.dtype;
+    const size_t bytes = static_cast<size_t>(view.capacity) * l.num_kv_heads * l.head_dim * elem;
+    buffers_.push_back(backend.alloc(bytes));
+    view.k = buffers_.back().get();
+    buffers_.push_back(backend.alloc(bytes));
+    view.v = buffers_.back().get();
+    bytes_ += 2 * bytes;
+    views_.push_back(view);
+  }
+}
+
+void KvCache::check_room(int64_t n) const {
+  if (n > options_.max_chunk)
+    throw std::invalid_argument("a forward call of " + std::to_string(n) +
+                                " tokens exceeds the KV cache's chunk size " +
+                                std::to_string(options_.max_chunk));
+  if (length_ + n > options_.context)
+    throw ContextOverflow("context overflow: " + std::to_string(length_) + " positions stored + " +
+                          std::to_string(n) + " new exceed the context size " +
+                          std::to_string(options_.context));
+}
+
+void KvCache::advance(int64_t n) {
+  check_room(n);
+  length_ += n;
+}
+
+}  // namespace redwing

@@ -1,0 +1,64 @@
+// The key/value cache of one sequence: per layer, K and V in f16 (default) or f32, kept in
+// backend buffers.
+//
+// Full-attention layers keep every position up to the context size. Sliding layers keep a ring
+// of window + max_chunk rows: a prefill chunk stores all its keys before attending, and its
+// first query still needs the window - 1 keys before it, so the ring must hold both at once.
+// Running past the context size is an error (ContextOverflow), never a silent truncation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "format/model_dir.h"
+
+namespace redwing {
+
+class ContextOverflow : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct KvCacheOptions {
+  int64_t context = 4096;  // the most positions the sequence may reach
+  int64_t max_chunk = 128; // the most positions one forward call may add
+  KvDType dtype = KvDType::f16;
+};
+
+// Rows a layer's cache needs: min(context, window + max_chunk) for sliding layers, context for
+// full ones.
+int64_t kv_rows_needed(const LayerConfig& layer, const KvCacheOptions& options);
+
+KvDType parse_kv_dtype(const std::string& s);  // "f16" | "f32"; throws std::invalid_argument
+
+class KvCache {
+ public:
+  KvCache(Backend& backend, const Architecture& arch, const KvCacheOptions& options);
+
+  const KvCacheOptions& options() const { return options_; }
+  // Positions stored so far; the next token sits at position length().
+  int64_t length() const { return length_; }
+  // Throws ContextOverflow if n more positions (in one call) do not fit.
+  void check_room(int64_t n) const;
+  // Marks n more positions as stored (after every layer has stored them).
+  void advance(int64_t n);
+  // Forgets every position (the buffers are reused).
+  void clear() { length_ = 0; }
+
+  const KvLayerView& layer(int i) const { return views_[static_cast<size_t>(i)]; }
+  // Bytes of backend memory held.
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  KvCacheOptions options_;
+  int64_t length_ = 0;
+  uint64_t bytes_ = 0;
+  std::vector<std::unique_ptr<Buffer>> buffers_;
+  std::vector<KvLayerView> views_;
+};
+
+}  // namespace redwing

@@ -1,0 +1,637 @@
+// Tests of the CPU kernels (backend/cpu/kernels.h). Every kernel runs under each implementation
+// this CPU supports (scalar, and AVX2 or NEON) and is checked against straightforward
+// double-precision math written here, independently of the kernels' own helpers (the packing is
+// built byte by byte, half floats are decoded with ldexp). Tolerances come from the float32
+// summation error bound: a sum of n terms computed in any order is within about n * 2^-24 * sum|t|
+// of the exact value, so each check states the number of additions it allows for.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+
+using namespace redwing::cpu;
+
+namespace {
+
+constexpr double kEps = 1.0 / (1 << 24);  // float32 unit roundoff
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  const Isa before = active_isa();
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon}) {
+    if (set_active_isa(isa)) out.push_back(isa);
+  }
+  set_active_isa(before);
+  return out;
+}
+
+// Switches the implementation for one scope.
+struct IsaScope {
+  Isa saved = active_isa();
+  explicit IsaScope(Isa isa) { REQUIRE(set_active_isa(isa)); }
+  ~IsaScope() { set_active_isa(saved); }
+};
+
+// ---- independent references for the 16-bit float formats -----------------------------------
+
+double half_to_double(uint16_t h) {
+  const int sign = (h & 0x8000) ? -1 : 1;
+  const int e = (h >> 10) & 0x1f;
+  const int m = h & 0x3ff;
+  if (e == 0) return sign * std::ldexp(static_cast<double>(m), -24);
+  if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : sign * HUGE_VAL;
+  return sign * std::ldexp(1024.0 + m, e - 25);
+}
+
+double bf16_to_double(uint16_t h) {
+  const uint32_t bits = uint32_t{h} << 16;
+  return static_cast<double>(std::bit_cast<float>(bits));
+}
+
+// The half nearest to v (ties to even), by searching the ordered encodings.
+uint16_t nearest_half(double v) {
+  if (std::isnan(v)) return 0x7e00;
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(v);
+  if (a >= 65520.0) return sign | 0x7c00;  // 65504 + half an ulp (16) and above: infinity
+  uint16_t lo = 0;
+  uint16_t hi = 0x7bff;
+  while (lo < hi) {  // largest encoding with value <= a
+    const uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
+    if (half_to_double(mid) <= a) {
+      lo = mid;
+    } else {
+      hi = static_cast<uint16_t>(mid - 1);
+    }
+  }
+  const double below = half_to_double(lo);
+  if (below == a || lo == 0x7bff) return sign | lo;
+  const double above = half_to_double(static_cast<uint16_t>(lo + 1));
+  const double d_lo = a - below;
+  const double d_hi = above - a;
+  if (d_lo < d_hi || (d_lo == d_hi && (lo & 1) == 0)) return sign | lo;
+  return sign | static_cast<uint16_t>(lo + 1);
+}
+
+uint16_t nearest_bf16(float v) {
+  // bf16 values are the float32 values with 16 zero low bits: pick the nearer of the two
+  // truncations around v (ties to an even bf16 mantissa).
+  const uint32_t bits = std::bit_cast<uint32_t>(v);
+  const uint16_t down = static_cast<uint16_t>(bits >> 16);
+  const uint16_t up = static_cast<uint16_t>(down + 1);
+  const double d_down = std::fabs(static_cast<double>(v) - bf16_to_double(down));
+  const double d_up = std::fabs(bf16_to_double(up) - static_cast<double>(v));
+  if (d_down < d_up || (d_down == d_up && (down & 1) == 0)) return down;
+  return up;
+}
+
+// ---- quantized matrices built by hand -------------------------------------------------------
+
+struct TestMatrix {
+  int bits;
+  int group_size;
+  int64_t rows;
+  int64_t cols;
+  ScaleType type;
+  std::vector<uint32_t> packed;
+  std::vector<uint16_t> scales16, biases16;
+  std::vector<float> scales32, biases32;
+  std::vector<uint8_t> q;    // [rows, cols]
+  std::vector<double> s, b;  // decoded scales and biases [rows, groups]
+  QuantMatrix view() const {
+    QuantMatrix m;
+    m.packed = packed.data();
+    m.scales = type == ScaleType::f32 ? static_cast<const void*>(scales32.data()) : scales16.data();
+    m.biases = type == ScaleType::f32 ? static_cast<const void*>(biases32.data()) : biases16.data();
+    m.scale_type = type;
+    m.bits = bits;
+    m.group_size = group_size;
+    m.rows = rows;
+    m.cols = cols;
+    return m;
+  }
+  double w(int64_t r, int64_t c) const {
+    const int64_t g = r * (cols / group_size) + c / group_size;
+    return s[g] * q[r * cols + c] + b[g];
+  }
+  // The float32 value s * q + b, as the format defines it.
+  float wf(int64_t r, int64_t c) const {
+    const int64_t g = r * (cols / group_size) + c / group_size;
+    return static_cast<float>(s[g]) * static_cast<float>(q[r * cols + c]) +
+           static_cast<float>(b[g]);
+  }
+};
+
+TestMatrix make_matrix(int bits, int group_size, int64_t rows, int64_t cols, ScaleType type,
+                       uint32_t seed) {
+  std::mt19937 rng(seed);
+  TestMatrix m{bits, group_size, rows, cols, type, {}, {}, {}, {}, {}, {}, {}, {}};
+  const int qmax = (1 << bits) - 1;
+  std::uniform_int_distribution<int> qdist(0, qmax);
+  m.q.resize(static_cast<size_t>(rows * cols));
+  for (auto& v : m.q) v = static_cast<uint8_t>(qdist(rng));
+  // Pack byte by byte: 4-bit puts element 2k in the low nibble of byte k, 8-bit element k in
+  // byte k; on a little-endian machine that is the low-bits-first uint32 layout.
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * cols * bits / 8), 0);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if (bits == 8) {
+      bytes[i] = m.q[i];
+    } else {
+      bytes[i / 2] |= static_cast<uint8_t>(m.q[i] << ((i % 2) * 4));
+    }
+  }
+  m.packed.resize(bytes.size() / 4);
+  std::memcpy(m.packed.data(), bytes.data(), bytes.size());
+
+  // Scales of both signs (MLX negates s when the group's extreme is negative) and biases of
+  // either sign, rounded to the scale type.
+  const int64_t n_groups = rows * (cols / group_size);
+  std::uniform_real_distribution<float> sdist(0.001f, 0.05f);
+  std::uniform_real_distribution<float> bdist(-0.4f, 0.4f);
+  for (int64_t i = 0; i < n_groups; ++i) {
+    float s = sdist(rng) * ((rng() & 1) ? -1.0f : 1.0f);
+    float b = bdist(rng);
+    switch (type) {
+      case ScaleType::bf16:
+        m.scales16.push_back(nearest_bf16(s));
+        m.biases16.push_back(nearest_bf16(b));
+        m.s.push_back(bf16_to_double(m.scales16.back()));
+        m.b.push_back(bf16_to_double(m.biases16.back()));
+        break;
+      case ScaleType::f16:
+        m.scales16.push_back(nearest_half(s));
+        m.biases16.push_back(nearest_half(b));
+        m.s.push_back(half_to_double(m.scales16.back()));
+        m.b.push_back(half_to_double(m.biases16.back()));
+        break;
+      case ScaleType::f32:
+        m.scales32.push_back(s);
+        m.biases32.push_back(b);
+        m.s.push_back(s);
+        m.b.push_back(b);
+        break;
+    }
+  }
+  return m;
+}
+
+std::vector<float> random_vector(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Error allowed for a float32 computation of sum_c w(r, c) x_c: every product and addition may
+// round once, and the sum has at most group_size + groups + 4 additions on any path to the
+// result, each adding at most eps times the magnitudes involved.
+double row_tolerance(const TestMatrix& m, int64_t r, const float* x) {
+  double mag = 0.0;
+  for (int64_t c = 0; c < m.cols; ++c) {
+    const int64_t g = r * (m.cols / m.group_size) + c / m.group_size;
+    mag += (std::fabs(m.s[g] * m.q[r * m.cols + c]) + std::fabs(m.b[g])) * std::fabs(x[c]);
+  }
+  const double steps = m.group_size + m.cols / m.group_size + 4;
+  return steps * kEps * mag + 1e-30;
+}
+
+const char* type_name(ScaleType t) {
+  return t == ScaleType::bf16 ? "bf16" : t == ScaleType::f16 ? "f16" : "f32";
+}
+
+}  // namespace
+
+TEST_CASE("isa selection") {
+  CHECK(set_active_isa(Isa::scalar));
+  CHECK(active_isa() == Isa::scalar);
+  CHECK(std::string(isa_name(Isa::scalar)) == "scalar");
+  CHECK(std::string(isa_name(Isa::avx2)) == "avx2");
+  CHECK(std::string(isa_name(Isa::neon)) == "neon");
+  CHECK(std::string(isa_name(Isa::avx512)) == "avx512");
+  CHECK(set_active_isa(detect_isa()));
+#if defined(__x86_64__)
+  CHECK_FALSE(set_active_isa(Isa::neon));
+  const std::string features = cpu_features();
+  const bool has_avx2 = features.find("avx2") != std::string::npos &&
+                        features.find("fma") != std::string::npos &&
+                        features.find("f16c") != std::string::npos;
+  const bool has_avx512 = has_avx2 && features.find("avx512bw") != std::string::npos &&
+                          features.find("avx512dq") != std::string::npos &&
+                          features.find("avx512vl") != std::string::npos;
+  CHECK(set_active_isa(Isa::avx2) == has_avx2);
+  CHECK(set_active_isa(Isa::avx512) == has_avx512);
+  CHECK(detect_isa() == (has_avx512 ? Isa::avx512 : has_avx2 ? Isa::avx2 : Isa::scalar));
+  CHECK(set_active_isa(detect_isa()));
+#endif
+#if defined(__aarch64__)
+  CHECK(detect_isa() == Isa::neon);
+  CHECK_FALSE(set_active_isa(Isa::avx2));
+  CHECK_FALSE(set_active_isa(Isa::avx512));
+#endif
+}
+
+TEST_CASE("scalar float conversions match independent rounding") {
+  SUBCASE("every half decodes exactly and round-trips") {
+    for (uint32_t h = 0; h < 65536; ++h) {
+      const auto bits = static_cast<uint16_t>(h);
+      const float f = f16_to_f32(bits);
+      const double want = half_to_double(bits);
+      if (std::isnan(want)) {
+        REQUIRE(std::isnan(f));
+        REQUIRE(std::isnan(f16_to_f32(f32_to_f16(f))));
+        continue;
+      }
+      REQUIRE(static_cast<double>(f) == want);
+      REQUIRE(f32_to_f16(f) == bits);
+      REQUIRE(bf16_to_f32(static_cast<uint16_t>(h)) == static_cast<float>(bf16_to_double(bits)));
+    }
+  }
+  SUBCASE("f32 to f16 and bf16 round to nearest even") {
+    std::vector<float> values = {0.0f,           -0.0f,          1.0f,          65504.0f,  65519.0f,
+                                 65520.0f,       -65520.0f,      1e9f,          5.96e-8f,  2.98e-8f,
+                                 2.9802322e-8f,  2.99e-8f,       6.1035156e-5f, 6.1e-5f,   1e-10f,
+                                 1.00048828125f, 1.00146484375f, HUGE_VALF,     -HUGE_VALF};
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<uint32_t> bitsdist;
+    for (int i = 0; i < 200000; ++i) {
+      // Random bit patterns cover every exponent, including halfway cases near subnormals.
+      float v = std::bit_cast<float>(bitsdist(rng));
+      if (std::isnan(v)) continue;
+      values.push_back(v);
+      values.push_back(std::ldexp(v, -std::ilogb(v) + static_cast<int>(rng() % 40) - 26));
+    }
+    for (float v : values) {
+      if (std::isnan(v) || std::isinf(v)) {
+        if (std::isinf(v)) REQUIRE(f32_to_f16(v) == (v > 0 ? 0x7c00 : 0xfc00));
+        continue;
+      }
+      INFO("v = " << v);
+      REQUIRE(f32_to_f16(v) == nearest_half(v));
+      if (std::fabs(v) < 3.38e38f) REQUIRE(f32_to_bf16(v) == nearest_bf16(v));
+    }
+    CHECK(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+    CHECK(std::isnan(f16_to_f32(f32_to_f16(std::numeric_limits<float>::quiet_NaN()))));
+  }
+}
+
+TEST_CASE("array conversions agree with the scalar ones under every ISA") {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<uint32_t> bitsdist;
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (int64_t n : {0, 1, 7, 8, 9, 31, 1000, 4099}) {
+      CAPTURE(std::string(isa_name(isa)));
+      CAPTURE(n);
+      std::vector<float> f(static_cast<size_t>(n));
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        float v = std::bit_cast<float>(bitsdist(rng));
+        if (std::isnan(v)) v = 1.5f;
+        f[i] = std::ldexp(v, -std::ilogb(v) + static_cast<int>(rng() % 50) - 30);
+        h[i] = static_cast<uint16_t>(rng());
+      }
+      std::vector<uint16_t> h_out(static_cast<size_t>(n));
+      f32_to_f16(f.data(), h_out.data(), n);
+      for (int64_t i = 0; i < n; ++i) REQUIRE(h_out[i] == f32_to_f16(f[i]));
+      std::vector<float> f_out(static_cast<size_t>(n));
+      f16_to_f32(h.data(), f_out.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = f16_to_f32(h[i]);
+        if (std::isnan(want)) {
+          REQUIRE(std::isnan(f_out[i]));
+        } else {
+          REQUIRE(f_out[i] == want);
+        }
+      }
+      bf16_to_f32(h.data(), f_out.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = bf16_to_f32(h[i]);
+        if (std::isnan(want)) {
+          REQUIRE(std::isnan(f_out[i]));
+        } else {
+          REQUIRE(f_out[i] == want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qdequant_row matches the hand-built packing") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (int bits : {4, 8}) {
+      for (int gs : {32, 64, 128}) {
+        for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32}) {
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(bits);
+          CAPTURE(gs);
+          CAPTURE(std::string(type_name(type)));
+          const TestMatrix m = make_matrix(bits, gs, 5, gs * 5, type, 100 + bits + gs);
+          std::vector<float> out(static_cast<size_t>(m.cols));
+          for (int64_t r = 0; r < m.rows; ++r) {
+            qdequant_row(m.view(), r, out.data());
+            for (int64_t c = 0; c < m.cols; ++c) {
+              // s * q + b with one or two roundings (FMA or not).
+              const double tol = 2 * kEps *
+                                 (std::fabs(m.s[r * (m.cols / gs) + c / gs] * m.q[r * m.cols + c]) +
+                                  std::fabs(m.w(r, c)));
+              REQUIRE(std::fabs(out[c] - m.w(r, c)) <= tol);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatvec matches double-precision math on odd row ranges") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (int bits : {4, 8}) {
+      for (int gs : {32, 64, 128}) {
+        for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32}) {
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(bits);
+          CAPTURE(gs);
+          CAPTURE(std::string(type_name(type)));
+          const int64_t rows = 37;
+          const int64_t cols = gs * 7;
+          const TestMatrix m = make_matrix(bits, gs, rows, cols, type, 1000 + bits * gs);
+          const std::vector<float> x = random_vector(cols, 5);
+          std::vector<float> y(static_cast<size_t>(rows), -12345.0f);
+          // Several ranges, so row blocks of any SIMD width start and end unaligned.
+          const std::pair<int64_t, int64_t> ranges[] = {{3, 4}, {5, 17}, {17, 17}, {18, 37}};
+          for (auto [b, e] : ranges) qmatvec(m.view(), x.data(), y.data(), b, e);
+          for (int64_t r = 0; r < rows; ++r) {
+            const bool written = (r >= 3 && r < 4) || (r >= 5 && r < 17) || r >= 18;
+            if (!written) {
+              REQUIRE(y[r] == -12345.0f);  // rows outside every range stay untouched
+              continue;
+            }
+            double want = 0.0;
+            for (int64_t c = 0; c < cols; ++c) want += m.w(r, c) * x[c];
+            CAPTURE(r);
+            REQUIRE(std::fabs(y[r] - want) <= row_tolerance(m, r, x.data()));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatvec SIMD agrees with scalar at a model shape") {
+  // A shape like Gemma 4's attention projections, large enough to use every unrolled path.
+  for (int bits : {4, 8}) {
+    const TestMatrix m = make_matrix(bits, 64, 203, 2816, ScaleType::bf16, 77 + bits);
+    const std::vector<float> x = random_vector(m.cols, 9, -3.0f, 3.0f);
+    std::vector<float> want(static_cast<size_t>(m.rows));
+    {
+      IsaScope scope(Isa::scalar);
+      qmatvec(m.view(), x.data(), want.data(), 0, m.rows);
+    }
+    for (Isa isa : available_isas()) {
+      IsaScope scope(isa);
+      std::vector<float> y(static_cast<size_t>(m.rows));
+      qmatvec(m.view(), x.data(), y.data(), 0, m.rows);
+      for (int64_t r = 0; r < m.rows; ++r) {
+        CAPTURE(std::string(isa_name(isa)));
+        CAPTURE(bits);
+        CAPTURE(r);
+        // Both are within the bound of the exact value, so within twice it of each other.
+        REQUIRE(std::fabs(y[r] - want[r]) <= 2 * row_tolerance(m, r, x.data()));
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatmul matches double-precision math for every row of X") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (int bits : {4, 8}) {
+      for (int gs : {32, 128}) {
+        for (int64_t n_x : {1, 3, 7, 20}) {
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(bits);
+          CAPTURE(gs);
+          CAPTURE(n_x);
+          const int64_t rows = 23;
+          const int64_t cols = gs * 5;
+          const TestMatrix m = make_matrix(bits, gs, rows, cols, ScaleType::f16, 31 + bits + gs);
+          const int64_t x_stride = cols + 3;
+          const int64_t y_stride = rows + 2;
+          const std::vector<float> x = random_vector(n_x * x_stride, 17);
+          std::vector<float> y(static_cast<size_t>(n_x * y_stride), -7.0f);
+          qmatmul(m.view(), x.data(), n_x, x_stride, y.data(), y_stride, 2, 21);
+          for (int64_t t = 0; t < n_x; ++t) {
+            for (int64_t r = 0; r < y_stride; ++r) {
+              const float got = y[t * y_stride + r];
+              if (r < 2 || r >= 21) {
+                REQUIRE(got == -7.0f);
+                continue;
+              }
+              const float* xt = x.data() + t * x_stride;
+              double want = 0.0;
+              double mag = 0.0;
+              for (int64_t c = 0; c < cols; ++c) {
+                // qmatmul dequantizes s * q + b in float32 first (like MLX's qmm), so the
+                // reference uses the float32 weights and the bound covers the dot product.
+                want += static_cast<double>(m.wf(r, c)) * xt[c];
+                mag += std::fabs(static_cast<double>(m.wf(r, c)) * xt[c]);
+              }
+              CAPTURE(t);
+              CAPTURE(r);
+              REQUIRE(std::fabs(got - want) <= (cols + 2) * kEps * mag + 1e-30);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("quantized kernels reject bad matrices and ranges") {
+  const TestMatrix m = make_matrix(4, 32, 4, 64, ScaleType::bf16, 3);
+  std::vector<float> x(64, 1.0f), y(4);
+  QuantMatrix bad = m.view();
+  bad.bits = 3;
+  CHECK_THROWS_AS(qmatvec(bad, x.data(), y.data(), 0, 4), std::invalid_argument);
+  bad = m.view();
+  bad.group_size = 48;
+  CHECK_THROWS_AS(qmatvec(bad, x.data(), y.data(), 0, 4), std::invalid_argument);
+  bad = m.view();
+  bad.cols = 80;
+  CHECK_THROWS_AS(qmatmul(bad, x.data(), 1, 80, y.data(), 4, 0, 4), std::invalid_argument);
+  CHECK_THROWS_AS(qmatvec(m.view(), x.data(), y.data(), 0, 5), std::invalid_argument);
+  CHECK_THROWS_AS(qmatvec(m.view(), x.data(), y.data(), 3, 2), std::invalid_argument);
+  CHECK_THROWS_AS(qdequant_row(m.view(), 4, x.data()), std::out_of_range);
+}
+
+TEST_CASE("dot and axpy, f32 and f16") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (int64_t n : {0, 1, 5, 8, 15, 16, 33, 257, 2816}) {
+      CAPTURE(std::string(isa_name(isa)));
+      CAPTURE(n);
+      const std::vector<float> a = random_vector(n, 1);
+      const std::vector<float> bf = random_vector(n, 2, -4.0f, 4.0f);
+      std::vector<uint16_t> bh(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) bh[i] = nearest_half(bf[i]);
+      double want32 = 0.0, want16 = 0.0, mag32 = 0.0, mag16 = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        want32 += static_cast<double>(a[i]) * bf[i];
+        mag32 += std::fabs(static_cast<double>(a[i]) * bf[i]);
+        want16 += a[i] * half_to_double(bh[i]);
+        mag16 += std::fabs(a[i] * half_to_double(bh[i]));
+      }
+      CHECK(std::fabs(dot_f32(a.data(), bf.data(), n) - want32) <= (n + 1) * kEps * mag32);
+      CHECK(std::fabs(dot_f16(a.data(), bh.data(), n) - want16) <= (n + 1) * kEps * mag16);
+
+      std::vector<float> y32 = random_vector(n, 3);
+      std::vector<float> y16 = y32;
+      const std::vector<float> y0 = y32;
+      axpy_f32(-0.75f, bf.data(), y32.data(), n);
+      axpy_f16(1.25f, bh.data(), y16.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double w32 = y0[i] - 0.75 * bf[i];
+        const double w16 = y0[i] + 1.25 * half_to_double(bh[i]);
+        REQUIRE(std::fabs(y32[i] - w32) <= 2 * kEps * (std::fabs(y0[i]) + 0.75 * std::fabs(bf[i])));
+        REQUIRE(std::fabs(y16[i] - w16) <=
+                2 * kEps * (std::fabs(y0[i]) + 1.25 * std::fabs(half_to_double(bh[i]))));
+      }
+    }
+  }
+}
+
+TEST_CASE("rms_norm with and without weights, in place") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (int64_t n : {1, 7, 256, 2816}) {
+      for (float offset : {0.0f, 1.0f}) {
+        for (bool with_weight : {true, false}) {
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(n);
+          CAPTURE(offset);
+          CAPTURE(with_weight);
+          const std::vector<float> x = random_vector(n, 4, -5.0f, 5.0f);
+          const std::vector<float> wt = random_vector(n, 6, -2.0f, 2.0f);
+          double ss = 0.0;
+          for (float v : x) ss += static_cast<double>(v) * v;
+          const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
+          std::vector<float> y = x;  // aliasing x and y is allowed
+          rms_norm(y.data(), with_weight ? wt.data() : nullptr, offset, 1e-6f, n, y.data());
+          for (int64_t i = 0; i < n; ++i) {
+            const double scale = with_weight ? offset + static_cast<double>(wt[i]) : 1.0;
+            const double want = x[i] * inv * scale;
+            // The sum of squares errs by up to n eps relative; halved by the square root, plus
+            // a few roundings for the multiplications.
+            REQUIRE(std::fabs(y[i] - want) <= (n / 2.0 + 6) * kEps * std::fabs(want) + 1e-30);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gelu_tanh_mul, softcap, softmax and rope") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    CAPTURE(std::string(isa_name(isa)));
+    const int64_t n = 1037;
+    std::vector<float> gate = random_vector(n, 8, -6.0f, 6.0f);
+    gate[0] = 0.0f;
+    gate[1] = -20.0f;
+    gate[2] = 20.0f;
+    const std::vector<float> up = random_vector(n, 9, -3.0f, 3.0f);
+    std::vector<float> out(static_cast<size_t>(n));
+    gelu_tanh_mul(gate.data(), up.data(), n, out.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = gate[i];
+      const double want =
+          0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * up[i];
+      // tanh approximations are allowed a few ulps; 1e-6 absolute covers cancellation near -x.
+      REQUIRE(std::fabs(out[i] - want) <= 16 * kEps * std::fabs(g * up[i]) + 1e-6);
+    }
+
+    std::vector<float> logits = random_vector(n, 10, -80.0f, 80.0f);
+    const std::vector<float> raw = logits;
+    softcap(logits.data(), n, 30.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = 30.0 * std::tanh(raw[i] / 30.0);
+      REQUIRE(std::fabs(logits[i] - want) <=
+              16 * kEps * 30.0 * std::fabs(std::tanh(raw[i] / 30.0)) + 1e-6);
+    }
+
+    for (int64_t len : {1, 8, 13, 128, 1037}) {
+      std::vector<float> p = random_vector(len, 12, -30.0f, 30.0f);
+      const std::vector<float> p0 = p;
+      softmax(p.data(), len);
+      const double m = *std::max_element(p0.begin(), p0.end());
+      double z = 0.0;
+      for (float v : p0) z += std::exp(v - m);
+      for (int64_t i = 0; i < len; ++i) {
+        const double want = std::exp(p0[i] - m) / z;
+        REQUIRE(std::fabs(p[i] - want) <= (len + 16) * kEps * want + 1e-12);
+      }
+    }
+
+    const int64_t heads = 3, head_dim = 512;
+    std::vector<float> v = random_vector(heads * head_dim, 13);
+    const std::vector<float> v0 = v;
+    std::vector<float> c(head_dim / 2), s(head_dim / 2);
+    for (int64_t j = 0; j < head_dim / 2; ++j) {
+      c[j] = static_cast<float>(std::cos(0.37 * j));
+      s[j] = static_cast<float>(std::sin(0.37 * j));
+    }
+    rope_neox(v.data(), heads, head_dim, c.data(), s.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < head_dim / 2; ++j) {
+        const double a = v0[h * head_dim + j], b = v0[h * head_dim + j + head_dim / 2];
+        const double w1 = a * c[j] - b * s[j];
+        const double w2 = b * c[j] + a * s[j];
+        const double tol = 3 * kEps * (std::fabs(a) + std::fabs(b));
+        REQUIRE(std::fabs(v[h * head_dim + j] - w1) <= tol);
+        REQUIRE(std::fabs(v[h * head_dim + j + head_dim / 2] - w2) <= tol);
+      }
+    }
+  }
+}
+
+TEST_CASE("top_k orders by score, ties by index, NaN last") {
+  std::mt19937 rng(21);
+  for (int64_t n : {1, 8, 128, 5000}) {
+    for (int k : {1, 4, 8, 40}) {
+      if (k > n) continue;
+      std::vector<float> scores(static_cast<size_t>(n));
+      // Few distinct values, so ties are common.
+      for (auto& v : scores) v = static_cast<float>(static_cast<int>(rng() % 50)) * 0.5f;
+      if (n > 3) scores[2] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<int32_t> order(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        const bool na = std::isnan(scores[a]), nb = std::isnan(scores[b]);
+        if (na || nb) return !na && nb;
+        return scores[a] > scores[b];
+      });
+      std::vector<int32_t> got(static_cast<size_t>(k));
+      top_k(scores.data(), n, k, got.data());
+      CAPTURE(n);
+      CAPTURE(k);
+      for (int i = 0; i < k; ++i) REQUIRE(got[i] == order[i]);
+    }
+  }
+  std::vector<float> s(4, 0.0f);
+  int32_t idx[8];
+  CHECK_THROWS_AS(top_k(s.data(), 4, 5, idx), std::invalid_argument);
+}

@@ -1,0 +1,123 @@
+// Tests of runtime/thread_pool.h: coverage of the index range, chunk alignment, exceptions,
+// nesting, repeated dispatch and shutdown.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "runtime/thread_pool.h"
+
+using redwing::ThreadPool;
+
+TEST_CASE("parallel_for covers every index exactly once, in grain-aligned chunks") {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    CHECK(pool.size() == threads);
+    for (int64_t n : {0, 1, 3, 64, 1000, 4097}) {
+      for (int64_t grain : {1, 4, 64, 5000}) {
+        CAPTURE(threads);
+        CAPTURE(n);
+        CAPTURE(grain);
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<bool> misaligned{false};
+        pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+          if (b % grain != 0 || b >= e || e > n) misaligned = true;
+          if (e != n && (e - b) % grain != 0) misaligned = true;
+          for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+        CHECK_FALSE(misaligned.load());
+        for (int64_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("parallel_for uses several threads") {
+  ThreadPool pool(2);
+  std::atomic<int> inside{0};
+  std::atomic<int> max_inside{0};
+  // Each chunk waits briefly for company, so both threads are seen inside at once unless the
+  // pool runs everything on one thread.
+  pool.parallel_for(8, 1, [&](int64_t, int64_t) {
+    const int now = inside.fetch_add(1) + 1;
+    int prev = max_inside.load();
+    while (now > prev && !max_inside.compare_exchange_weak(prev, now)) {
+    }
+    for (int i = 0; i < 2000 && max_inside.load() < 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    inside.fetch_sub(1);
+  });
+  CHECK(max_inside.load() == 2);
+}
+
+TEST_CASE("exceptions reach the caller and the pool stays usable") {
+  ThreadPool pool(3);
+  for (int round = 0; round < 20; ++round) {
+    CHECK_THROWS_WITH_AS(pool.parallel_for(100, 1,
+                                           [&](int64_t b, int64_t e) {
+                                             if ((b <= 37 && 37 < e) || (b <= 80 && 80 < e)) {
+                                               throw std::runtime_error("chunk failed");
+                                             }
+                                           }),
+                         "chunk failed", std::runtime_error);
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(100, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sum += i;
+    });
+    CHECK(sum.load() == 4950);
+  }
+}
+
+TEST_CASE("nested parallel_for runs inline") {
+  ThreadPool pool(2);
+  std::atomic<int64_t> total{0};
+  pool.parallel_for(4, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      pool.parallel_for(10, 1, [&](int64_t b2, int64_t e2) { total += e2 - b2; });
+    }
+  });
+  CHECK(total.load() == 40);
+}
+
+TEST_CASE("many short loops, with sleeping workers in between") {
+  ThreadPool pool(2);
+  pool.set_spin_us(0);  // workers block at once, so every loop exercises the wake-up path
+  std::vector<float> v(256, 1.0f);
+  for (int round = 0; round < 3000; ++round) {
+    std::atomic<int> done{0};
+    pool.parallel_for(256, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) v[i] += 1.0f;
+      done += static_cast<int>(e - b);
+    });
+    REQUIRE(done.load() == 256);
+    if (round % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (float x : v) REQUIRE(x == 3001.0f);
+}
+
+TEST_CASE("calls from several threads are serialized") {
+  ThreadPool pool(2);
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        pool.parallel_for(50, 1, [&](int64_t b, int64_t e) { total += e - b; });
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  CHECK(total.load() == 3 * 200 * 50);
+}
+
+TEST_CASE("pools start and stop cleanly") {
+  for (int i = 0; i < 50; ++i) {
+    ThreadPool pool(4);
+    if (i % 2) pool.parallel_for(10, 1, [](int64_t, int64_t) {});
+  }
+  CHECK(ThreadPool::default_thread_count() >= 1);
+}
