@@ -87,7 +87,12 @@ export function formatKernelTable(report: KernelBenchReport): string {
 }
 
 /** Runs the kernel benchmark, prints the table and writes bench/results/kernels.json. */
-export async function runKernelBench(
+export async function runKernelBench(args?: string[]): Promise<void> {
+  await measureKernels(args);
+}
+
+/** As runKernelBench, returning the parsed report. */
+export async function measureKernels(
   args: string[] = process.argv.slice(2).filter((a, i, all) => {
     // Pass through the binary's own options (with their values) from our command line.
     const own = ["--quick", "--threads", "--runs", "--only"];
@@ -111,7 +116,7 @@ export async function runKernelBench(
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  runKernelBench().catch((err: unknown) => {
+  measureKernels().catch((err: unknown) => {
     console.error(err instanceof Error ? err.message : err);
     process.exit(1);
   });

@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import { registerImportCommand } from "./import.ts";
+import { registerLogitsCommand } from "./logits.ts";
 import { registerVerifyCommand } from "./verify.ts";
 import { registerSynthCommand } from "./synth.ts";
 
@@ -9,4 +10,5 @@ export function registerCommands(program: Command): void {
   registerImportCommand(program);
   registerVerifyCommand(program);
   registerSynthCommand(program);
+  registerLogitsCommand(program);
 }

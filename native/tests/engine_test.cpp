@@ -3,10 +3,10 @@
 // caches, sliding windows shorter than the prompt (so the ring buffer wraps), greedy generation.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 
 #include "runtime/engine.h"
 #include "synthetic_model.h"

@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <numbers>
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <random>
 #include <string>
 #include <vector>
@@ -171,9 +171,7 @@ class Writer {
     return v;
   }
 
-  void add_plain(const std::string& name, const std::vector<double>& v) {
-    plain_[name] = v;
-  }
+  void add_plain(const std::string& name, const std::vector<double>& v) { plain_[name] = v; }
   void add_quant(const std::string& name, QMat m) { quant_[name] = std::move(m); }
 
   std::map<std::string, std::vector<double>> plain_;
@@ -236,8 +234,11 @@ class Writer {
       return json{{"offset", off}, {"nbytes", n}};
     };
     auto quant_json = [&](std::vector<uint8_t>& b, const QMat& m) {
-      json t = {{"dtype", "affine"}, {"bits", m.bits}, {"group_size", m.group},
-                {"scale_dtype", "bf16"}, {"shape", {m.rows, m.cols}}};
+      json t = {{"dtype", "affine"},
+                {"bits", m.bits},
+                {"group_size", m.group},
+                {"scale_dtype", "bf16"},
+                {"shape", {m.rows, m.cols}}};
       t["weight"] = put(b, m.packed.data(), m.packed.size() * 4);
       t["scales"] = put(b, m.scales.data(), m.scales.size() * 2);
       t["biases"] = put(b, m.biases.data(), m.biases.size() * 2);
@@ -248,14 +249,17 @@ class Writer {
       std::vector<uint16_t> h;
       for (double x : v) h.push_back(to_bf16(static_cast<float>(x)));
       json r = put(bin, h.data(), h.size() * 2);
-      tensors[name] = {{"dtype", "bf16"}, {"shape", {v.size()}}, {"offset", r["offset"]},
+      tensors[name] = {{"dtype", "bf16"},
+                       {"shape", {v.size()}},
+                       {"offset", r["offset"]},
                        {"nbytes", r["nbytes"]}};
     }
     for (const auto& [name, m] : quant_) tensors[name] = quant_json(bin, m);
     align(bin, 64);
     json files = json::array();
     write_file(dir / "weights.bin", bin);
-    files.push_back({{"path", "weights.bin"}, {"size", bin.size()}, {"sha256", std::string(64, '0')}});
+    files.push_back(
+        {{"path", "weights.bin"}, {"size", bin.size()}, {"sha256", std::string(64, '0')}});
 
     json experts = nullptr;
     if (!experts_.empty()) {
@@ -266,7 +270,8 @@ class Writer {
         std::vector<uint8_t> blob0;
         json parts;
         const char* names[3] = {"gate_proj", "up_proj", "down_proj"};
-        for (int k = 0; k < 3; ++k) parts[names[k]] = quant_json(blob0, list[0][static_cast<size_t>(k)]);
+        for (int k = 0; k < 3; ++k)
+          parts[names[k]] = quant_json(blob0, list[0][static_cast<size_t>(k)]);
         for (auto& [n, t] : parts.items()) t.erase("dtype");
         const size_t stride = (blob0.size() + 16383) / 16384 * 16384;
         std::vector<uint8_t> file;
@@ -293,8 +298,11 @@ class Writer {
                         {"num_kv_heads", l.kv_heads},
                         {"k_eq_v", l.k_eq_v},
                         {"moe", l.moe},
-                        {"rope", {{"theta", l.theta}, {"rotary_pairs", l.pairs},
-                                  {"freq_dim", l.freq_dim}, {"scale", l.scale}}}});
+                        {"rope",
+                         {{"theta", l.theta},
+                          {"rotary_pairs", l.pairs},
+                          {"freq_dim", l.freq_dim},
+                          {"scale", l.scale}}}});
     }
     json arch = {{"family", s.family},
                  {"vocab_size", s.vocab},
@@ -323,7 +331,11 @@ class Writer {
                      {"format_version", 1},
                      {"created_by", "redwing tests"},
                      {"architecture", arch},
-                     {"source", {{"kind", "mlx-affine"}, {"repo", nullptr}, {"revision", nullptr}, {"files", json::array()}}},
+                     {"source",
+                      {{"kind", "mlx-affine"},
+                       {"repo", nullptr},
+                       {"revision", nullptr},
+                       {"files", json::array()}}},
                      {"quantization", {{"group_size", s.group}, {"bits", 4}}},
                      {"tensors", tensors},
                      {"experts", experts},
@@ -333,7 +345,8 @@ class Writer {
 
   static void write_file(const fs::path& p, const std::vector<uint8_t>& bytes) {
     std::ofstream f(p, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   }
 
   // ---- the reference forward pass (double precision, whole sequence) ----
@@ -347,7 +360,8 @@ class Writer {
       Vec y(static_cast<size_t>(m.rows), 0.0);
       for (int r = 0; r < m.rows; ++r) {
         double acc = 0;
-        for (int c = 0; c < m.cols; ++c) acc += m.w[static_cast<size_t>(r) * m.cols + c] * x[static_cast<size_t>(c)];
+        for (int c = 0; c < m.cols; ++c)
+          acc += m.w[static_cast<size_t>(r) * m.cols + c] * x[static_cast<size_t>(c)];
         y[static_cast<size_t>(r)] = acc;
       }
       return y;
@@ -362,24 +376,28 @@ class Writer {
       return y;
     };
     auto gelu = [](double g) {
-      return 0.5 * g * (1 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+      return 0.5 * g *
+             (1 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
     };
     auto plain = [&](const std::string& n) -> const std::vector<double>& { return plain_.at(n); };
 
     std::vector<Vec> x(static_cast<size_t>(T));
     const QMat& emb = quant_.at("embed_tokens");
     for (int t = 0; t < T; ++t) {
-      x[static_cast<size_t>(t)].assign(emb.w.begin() + static_cast<long>(ids[static_cast<size_t>(t)]) * H,
-                                       emb.w.begin() + static_cast<long>(ids[static_cast<size_t>(t)] + 1) * H);
+      x[static_cast<size_t>(t)].assign(
+          emb.w.begin() + static_cast<long>(ids[static_cast<size_t>(t)]) * H,
+          emb.w.begin() + static_cast<long>(ids[static_cast<size_t>(t)] + 1) * H);
       for (double& v : x[static_cast<size_t>(t)]) v *= s.embed_scale;
     }
     for (size_t li = 0; li < s.layers.size(); ++li) {
       const LayerSpec& l = s.layers[li];
       const std::string p = "layers." + std::to_string(li) + ".";
       const int D = l.head_dim, half = D / 2;
-      std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
+      std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)),
+          v(static_cast<size_t>(T));
       for (int t = 0; t < T; ++t) {
-        Vec h = rms(x[static_cast<size_t>(t)], &plain(p + "input_layernorm"), 0, static_cast<size_t>(H));
+        Vec h = rms(x[static_cast<size_t>(t)], &plain(p + "input_layernorm"), 0,
+                    static_cast<size_t>(H));
         Vec qq = matvec(quant_.at(p + "self_attn.q_proj"), h);
         Vec kk = matvec(quant_.at(p + "self_attn.k_proj"), h);
         Vec vv = l.k_eq_v ? kk : matvec(quant_.at(p + "self_attn.v_proj"), h);
@@ -434,7 +452,8 @@ class Writer {
         }
         Vec o = matvec(quant_.at(p + "self_attn.o_proj"), att);
         o = rms(o, &plain(p + "post_attention_layernorm"), 0, static_cast<size_t>(H));
-        for (int i = 0; i < H; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
+        for (int i = 0; i < H; ++i)
+          x[static_cast<size_t>(t)][static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
       }
       for (int t = 0; t < T; ++t) {
         Vec& r = x[static_cast<size_t>(t)];
@@ -444,36 +463,45 @@ class Writer {
           return matvec(dw, gg);
         };
         Vec m = glu(quant_.at(p + "mlp.gate_proj"), quant_.at(p + "mlp.up_proj"),
-                    quant_.at(p + "mlp.down_proj"), rms(r, &plain(p + "pre_feedforward_layernorm"), 0, static_cast<size_t>(H)));
+                    quant_.at(p + "mlp.down_proj"),
+                    rms(r, &plain(p + "pre_feedforward_layernorm"), 0, static_cast<size_t>(H)));
         if (l.moe) {
           Vec h1 = rms(m, &plain(p + "post_feedforward_layernorm_1"), 0, static_cast<size_t>(H));
           Vec z = rms(r, nullptr, 0, static_cast<size_t>(H));
           const auto& rs = plain(p + "router.scale");
-          for (int i = 0; i < H; ++i) z[static_cast<size_t>(i)] *= rs[static_cast<size_t>(i)] / std::sqrt(double(H));
+          for (int i = 0; i < H; ++i)
+            z[static_cast<size_t>(i)] *= rs[static_cast<size_t>(i)] / std::sqrt(double(H));
           Vec lg = matvec(quant_.at(p + "router.proj"), z);
           double mx = *std::max_element(lg.begin(), lg.end()), zz = 0;
           for (double& e : lg) zz += (e = std::exp(e - mx));
           for (double& e : lg) e /= zz;
           std::vector<int> order(lg.size());
           for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-          std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return lg[static_cast<size_t>(a)] > lg[static_cast<size_t>(b)]; });
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+            return lg[static_cast<size_t>(a)] > lg[static_cast<size_t>(b)];
+          });
           double top = 0;
-          for (int j = 0; j < s.top_k; ++j) top += lg[static_cast<size_t>(order[static_cast<size_t>(j)])];
+          for (int j = 0; j < s.top_k; ++j)
+            top += lg[static_cast<size_t>(order[static_cast<size_t>(j)])];
           Vec ein = rms(r, &plain(p + "pre_feedforward_layernorm_2"), 0, static_cast<size_t>(H));
           Vec acc(static_cast<size_t>(H), 0.0);
           for (int j = 0; j < s.top_k; ++j) {
             const int e = order[static_cast<size_t>(j)];
-            const double w = lg[static_cast<size_t>(e)] / top * plain(p + "router.per_expert_scale")[static_cast<size_t>(e)];
+            const double w = lg[static_cast<size_t>(e)] / top *
+                             plain(p + "router.per_expert_scale")[static_cast<size_t>(e)];
             const auto& ex = experts_.at(static_cast<int>(li))[static_cast<size_t>(e)];
             Vec y = glu(ex[0], ex[1], ex[2], ein);
-            for (int i = 0; i < H; ++i) acc[static_cast<size_t>(i)] += w * y[static_cast<size_t>(i)];
+            for (int i = 0; i < H; ++i)
+              acc[static_cast<size_t>(i)] += w * y[static_cast<size_t>(i)];
           }
           Vec h2 = rms(acc, &plain(p + "post_feedforward_layernorm_2"), 0, static_cast<size_t>(H));
-          for (int i = 0; i < H; ++i) m[static_cast<size_t>(i)] = h1[static_cast<size_t>(i)] + h2[static_cast<size_t>(i)];
+          for (int i = 0; i < H; ++i)
+            m[static_cast<size_t>(i)] = h1[static_cast<size_t>(i)] + h2[static_cast<size_t>(i)];
         }
         Vec f = rms(m, &plain(p + "post_feedforward_layernorm"), 0, static_cast<size_t>(H));
         const double ls = s.layer_scalar ? plain(p + "layer_scalar")[0] : 1.0;
-        for (int i = 0; i < H; ++i) r[static_cast<size_t>(i)] = (r[static_cast<size_t>(i)] + f[static_cast<size_t>(i)]) * ls;
+        for (int i = 0; i < H; ++i)
+          r[static_cast<size_t>(i)] = (r[static_cast<size_t>(i)] + f[static_cast<size_t>(i)]) * ls;
       }
     }
     std::vector<Vec> out;

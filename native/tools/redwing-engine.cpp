@@ -11,6 +11,7 @@
 // Errors go to stderr; the exit status is 2 for bad usage, 1 for any other failure.
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -105,11 +106,17 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   return o;
 }
 
-// Writes the shortest decimal form that reads back as the same float.
-void put_float(std::string& out, float v) {
+// Writes the shortest decimal form that reads back as the same float. JSON has no NaN or
+// infinity: those become null (and count as an error, see cmd_logits).
+bool put_float(std::string& out, float v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return false;
+  }
   char buf[32];
   auto [p, ec] = std::to_chars(buf, buf + sizeof(buf), v);
   out.append(buf, p);
+  return true;
 }
 
 int cmd_logits(int argc, char** argv) {
@@ -122,17 +129,23 @@ int cmd_logits(int argc, char** argv) {
   const size_t vocab = static_cast<size_t>(engine.arch().vocab_size);
   std::string out;
   out.reserve(logits.size() * 12 + 64);
+  size_t non_finite = 0;
   out += "{\"logits\": [";
   for (size_t t = 0; t < tokens.size(); ++t) {
     out += t ? ",\n[" : "\n[";
     for (size_t i = 0; i < vocab; ++i) {
       if (i) out += ',';
-      put_float(out, logits[t * vocab + i]);
+      if (!put_float(out, logits[t * vocab + i])) ++non_finite;
     }
     out += ']';
   }
   out += "]}\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
+  if (non_finite > 0) {
+    std::fprintf(stderr, "redwing-engine: %zu logits are NaN or infinite (written as null)\n",
+                 non_finite);
+    return 1;
+  }
   return 0;
 }
 
@@ -144,7 +157,8 @@ int cmd_generate(int argc, char** argv) {
   const int max_new = parse_number<int>(need(f, "max-new"), "max-new");
   if (max_new < 0) throw UsageError("--max-new must be >= 0");
   redwing::SamplerConfig s;
-  if (f.count("temperature")) s.temperature = parse_number<float>(f.at("temperature"), "temperature");
+  if (f.count("temperature"))
+    s.temperature = parse_number<float>(f.at("temperature"), "temperature");
   if (f.count("top-k")) s.top_k = parse_number<int>(f.at("top-k"), "top-k");
   if (f.count("top-p")) s.top_p = parse_number<float>(f.at("top-p"), "top-p");
   if (f.count("repetition-penalty"))

@@ -42,7 +42,9 @@ struct Mat {
   int64_t stride = 0;
 
   Mat row(int64_t r) const { return {buf, offset + r * stride, 1, cols, stride}; }
-  Mat row_range(int64_t r0, int64_t n) const { return {buf, offset + r0 * stride, n, cols, stride}; }
+  Mat row_range(int64_t r0, int64_t n) const {
+    return {buf, offset + r0 * stride, n, cols, stride};
+  }
   Mat col_range(int64_t c0, int64_t n) const { return {buf, offset + c0, rows, n, stride}; }
   // A contiguous [rows, k*m] view seen as [rows*k, m] (per-head operations).
   Mat split_rows(int64_t m) const { return {buf, offset, rows * (cols / m), m, m}; }

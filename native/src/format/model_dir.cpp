@@ -63,9 +63,7 @@ class ManifestReader {
  public:
   explicit ManifestReader(std::string file) : file_(std::move(file)) {}
 
-  [[noreturn]] void fail(const std::string& what) const {
-    throw FormatError(file_ + ": " + what);
-  }
+  [[noreturn]] void fail(const std::string& what) const { throw FormatError(file_ + ": " + what); }
 
   const json& field(const json& obj, const char* key, const std::string& where) const {
     if (!obj.is_object()) fail(where + " is not an object");
@@ -107,7 +105,8 @@ class ManifestReader {
     q.group_size = get<int>(t, "group_size", where);
     q.scale_dtype = dtype(field(t, "scale_dtype", where), where + ".scale_dtype");
     auto shape = get<std::vector<int64_t>>(t, "shape", where);
-    if (shape.size() != 2 || shape[0] <= 0 || shape[1] <= 0) fail(where + " shape is not [rows, cols]");
+    if (shape.size() != 2 || shape[0] <= 0 || shape[1] <= 0)
+      fail(where + " shape is not [rows, cols]");
     q.rows = shape[0];
     q.cols = shape[1];
     if (q.bits != 4 && q.bits != 8) fail(where + " has unsupported bits " + std::to_string(q.bits));
@@ -140,7 +139,8 @@ bool safe_relative_path(const std::string& p) {
   return p.back() != '/';
 }
 
-void check_within(const Region& r, uint64_t size, const std::string& what, const std::string& file) {
+void check_within(const Region& r, uint64_t size, const std::string& what,
+                  const std::string& file) {
   if (r.offset > size || r.nbytes > size - r.offset)
     throw FormatError(file + ": " + what + " lies outside the file (" + std::to_string(size) +
                       " bytes)");
@@ -171,6 +171,12 @@ ModelDir ModelDir::open(const std::string& dir_in) {
   if (kind != PathKind::directory && kind != PathKind::symlink)
     throw FormatError("not a directory: " + dir);
 
+  // A writer builds a model under ".<name>.partial-<pid>-<random>" and renames it when done.
+  {
+    const std::string base = dir.substr(dir.find_last_of('/') + 1);
+    if (!base.empty() && base[0] == '.' && base.find(".partial-") != std::string::npos)
+      throw FormatError("an unfinished model (partial directory), not an installed one: " + dir);
+  }
   const std::string manifest_path = dir + "/manifest.json";
   auto mkind = platform::path_kind(manifest_path);
   if (mkind == PathKind::missing)
@@ -197,7 +203,8 @@ ModelDir ModelDir::open(const std::string& dir_in) {
     if (!v.is_number_integer()) r.fail("format_version is not an integer");
     int version = v.get<int>();
     if (version != kFormatVersion)
-      r.fail("format version " + std::to_string(version) + " is not supported; this engine reads format version " +
+      r.fail("format version " + std::to_string(version) +
+             " is not supported; this engine reads format version " +
              std::to_string(kFormatVersion));
   }
 
@@ -209,7 +216,8 @@ ModelDir ModelDir::open(const std::string& dir_in) {
   for (const json& f : r.field(m, "files", "manifest")) {
     auto path = r.get<std::string>(f, "path", "files[]");
     auto size = r.get<uint64_t>(f, "size", "files[" + path + "]");
-    if (!safe_relative_path(path)) r.fail("file path \"" + path + "\" is not a plain relative path");
+    if (!safe_relative_path(path))
+      r.fail("file path \"" + path + "\" is not a plain relative path");
     // Every component must be a real directory or file: no symbolic links anywhere.
     std::string so_far = dir;
     std::stringstream ss(path);
@@ -220,15 +228,16 @@ ModelDir ModelDir::open(const std::string& dir_in) {
       so_far += "/" + parts[i];
       auto k = platform::path_kind(so_far);
       bool last = i + 1 == parts.size();
-      if (k == PathKind::missing) throw FormatError(so_far + ": listed in the manifest but missing");
+      if (k == PathKind::missing)
+        throw FormatError(so_far + ": listed in the manifest but missing");
       if (k == PathKind::symlink) throw FormatError(so_far + ": symbolic links are not allowed");
       if (last && k != PathKind::regular) throw FormatError(so_far + ": not a regular file");
       if (!last && k != PathKind::directory) throw FormatError(so_far + ": not a directory");
     }
     uint64_t actual = platform::file_size(so_far);
     if (actual != size)
-      throw FormatError(so_far + ": size is " + std::to_string(actual) + " bytes, the manifest says " +
-                        std::to_string(size));
+      throw FormatError(so_far + ": size is " + std::to_string(actual) +
+                        " bytes, the manifest says " + std::to_string(size));
     files[path] = size;
   }
   if (!files.count("weights.bin")) r.fail("\"files\" does not list weights.bin");
@@ -264,7 +273,8 @@ ModelDir ModelDir::open(const std::string& dir_in) {
       mc.num_experts = r.get<int>(moe, "num_experts", w + ".moe");
       mc.top_k = r.get<int>(moe, "top_k", w + ".moe");
       mc.intermediate_size = r.get<int64_t>(moe, "intermediate_size", w + ".moe");
-      if (mc.num_experts <= 0 || mc.top_k <= 0 || mc.top_k > mc.num_experts || mc.intermediate_size <= 0)
+      if (mc.num_experts <= 0 || mc.top_k <= 0 || mc.top_k > mc.num_experts ||
+          mc.intermediate_size <= 0)
         r.fail("architecture.moe is inconsistent");
       arch.moe = mc;
     }
@@ -289,13 +299,15 @@ ModelDir ModelDir::open(const std::string& dir_in) {
       lc.sliding = type == "sliding";
       const json& win = r.field(l, "sliding_window", lw);
       lc.sliding_window = win.is_null() ? 0 : win.get<int>();
-      if (lc.sliding && lc.sliding_window <= 0) r.fail(lw + " is sliding without a positive window");
+      if (lc.sliding && lc.sliding_window <= 0)
+        r.fail(lw + " is sliding without a positive window");
       if (!lc.sliding && lc.sliding_window != 0) r.fail(lw + " is full but has a sliding window");
       lc.head_dim = r.get<int>(l, "head_dim", lw);
       lc.num_kv_heads = r.get<int>(l, "num_kv_heads", lw);
       lc.k_eq_v = r.get<bool>(l, "k_eq_v", lw);
       lc.moe = r.get<bool>(l, "moe", lw);
-      if (lc.head_dim <= 0 || lc.head_dim % 2 != 0) r.fail(lw + ".head_dim must be positive and even");
+      if (lc.head_dim <= 0 || lc.head_dim % 2 != 0)
+        r.fail(lw + ".head_dim must be positive and even");
       if (lc.num_kv_heads <= 0 || arch.num_attention_heads % lc.num_kv_heads != 0)
         r.fail(lw + ".num_kv_heads must divide num_attention_heads");
       if (lc.moe && !arch.moe) r.fail(lw + " is an MoE layer but architecture.moe is null");
@@ -336,7 +348,8 @@ ModelDir ModelDir::open(const std::string& dir_in) {
         if (d < 0) r.fail(w + " has a negative dimension");
         numel *= static_cast<uint64_t>(d);
       }
-      if (p.data.nbytes != numel * dtype_size(p.dtype)) r.fail(w + " nbytes does not match its shape");
+      if (p.data.nbytes != numel * dtype_size(p.dtype))
+        r.fail(w + " nbytes does not match its shape");
       check_within(p.data, weights_size, w, weights_path);
       md.plain_[name] = p;
     }
@@ -360,7 +373,8 @@ ModelDir ModelDir::open(const std::string& dir_in) {
       info.file = r.get<std::string>(l, "file", w);
       info.count = r.get<int>(l, "count", w);
       info.stride = r.get<uint64_t>(l, "stride", w);
-      if (!files.count(info.file)) r.fail(w + ".file \"" + info.file + "\" is not listed in \"files\"");
+      if (!files.count(info.file))
+        r.fail(w + ".file \"" + info.file + "\" is not listed in \"files\"");
       if (alignment == 0 || info.stride == 0 || info.stride % alignment != 0)
         r.fail(w + ".stride is not a positive multiple of the alignment");
       if (files.at(info.file) != static_cast<uint64_t>(info.count) * info.stride)
@@ -390,7 +404,8 @@ std::vector<float> ModelDir::load_f32(const std::string& name, int64_t expected_
   auto it = plain_.find(name);
   if (it == plain_.end()) {
     if (quant_.count(name))
-      throw FormatError(dir_ + "/manifest.json: tensor \"" + name + "\" is quantized; a plain tensor was expected");
+      throw FormatError(dir_ + "/manifest.json: tensor \"" + name +
+                        "\" is quantized; a plain tensor was expected");
     throw FormatError(dir_ + "/manifest.json: missing tensor \"" + name + "\"");
   }
   const PlainTensorInfo& p = it->second;
@@ -417,14 +432,16 @@ HostQuantMatrix ModelDir::quant(const std::string& name, int64_t expected_rows,
   auto it = quant_.find(name);
   if (it == quant_.end()) {
     if (plain_.count(name))
-      throw FormatError(dir_ + "/manifest.json: tensor \"" + name + "\" is plain; a quantized matrix was expected");
+      throw FormatError(dir_ + "/manifest.json: tensor \"" + name +
+                        "\" is plain; a quantized matrix was expected");
     throw FormatError(dir_ + "/manifest.json: missing tensor \"" + name + "\"");
   }
   const QuantTensorInfo& q = it->second;
-  if ((expected_rows >= 0 && q.rows != expected_rows) || (expected_cols >= 0 && q.cols != expected_cols))
-    throw FormatError(dir_ + "/manifest.json: tensor \"" + name + "\" has shape [" + std::to_string(q.rows) +
-                      ", " + std::to_string(q.cols) + "], expected [" + std::to_string(expected_rows) + ", " +
-                      std::to_string(expected_cols) + "]");
+  if ((expected_rows >= 0 && q.rows != expected_rows) ||
+      (expected_cols >= 0 && q.cols != expected_cols))
+    throw FormatError(dir_ + "/manifest.json: tensor \"" + name + "\" has shape [" +
+                      std::to_string(q.rows) + ", " + std::to_string(q.cols) + "], expected [" +
+                      std::to_string(expected_rows) + ", " + std::to_string(expected_cols) + "]");
   return host_quant_at(q, weights_.data());
 }
 

@@ -57,14 +57,19 @@ class Gemma4 final : public Model {
       l.pre_ffn_norm = gemma::load_vector(backend, dir, p + "pre_feedforward_layernorm", hidden);
       l.post_ffn_norm = gemma::load_vector(backend, dir, p + "post_feedforward_layernorm", hidden);
       l.mlp = gemma::load_mlp(backend, dir, p + "mlp", hidden, arch_.intermediate_size);
-      if (dir.has_tensor(p + "layer_scalar")) l.layer_scalar = dir.load_f32(p + "layer_scalar", 1)[0];
+      if (dir.has_tensor(p + "layer_scalar"))
+        l.layer_scalar = dir.load_f32(p + "layer_scalar", 1)[0];
       if (lc.moe) {
         const MoeConfig& moe = *arch_.moe;
         if (experts_ == nullptr) throw std::logic_error("an MoE model needs an expert source");
-        l.post_ffn_norm_1 = gemma::load_vector(backend, dir, p + "post_feedforward_layernorm_1", hidden);
-        l.pre_ffn_norm_2 = gemma::load_vector(backend, dir, p + "pre_feedforward_layernorm_2", hidden);
-        l.post_ffn_norm_2 = gemma::load_vector(backend, dir, p + "post_feedforward_layernorm_2", hidden);
-        l.router_proj = gemma::load_matrix(backend, dir, p + "router.proj", moe.num_experts, hidden);
+        l.post_ffn_norm_1 =
+            gemma::load_vector(backend, dir, p + "post_feedforward_layernorm_1", hidden);
+        l.pre_ffn_norm_2 =
+            gemma::load_vector(backend, dir, p + "pre_feedforward_layernorm_2", hidden);
+        l.post_ffn_norm_2 =
+            gemma::load_vector(backend, dir, p + "post_feedforward_layernorm_2", hidden);
+        l.router_proj =
+            gemma::load_matrix(backend, dir, p + "router.proj", moe.num_experts, hidden);
         l.router_scale = gemma::load_vector(backend, dir, p + "router.scale", hidden);
         l.per_expert_scale =
             gemma::load_vector(backend, dir, p + "router.per_expert_scale", moe.num_experts);
@@ -138,7 +143,8 @@ class Gemma4 final : public Model {
     // Router, on the un-normed residual.
     Mat z = scratch_.get(kRouterIn, T, hidden);
     backend_.rms_norm(r, nullptr, 0.0f, eps, z);
-    backend_.mul_cols(z, *l.router_scale, static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)));
+    backend_.mul_cols(z, *l.router_scale,
+                      static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)));
     Mat rl = scratch_.get(kRouterLogits, T, moe.num_experts);
     backend_.qmatmul(*l.router_proj, z, rl);
     std::vector<int32_t> idx(static_cast<size_t>(T * moe.top_k));

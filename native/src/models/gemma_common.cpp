@@ -120,7 +120,8 @@ void output_logits(Backend& backend, const Architecture& arch, const Buffer& fin
   if (arch.final_logit_softcap) backend.softcap(l, *arch.final_logit_softcap);
   const size_t old = logits.size();
   logits.resize(old + static_cast<size_t>(n * arch.vocab_size));
-  backend.download(*l.buf, 0, logits.data() + old, static_cast<size_t>(n * arch.vocab_size) * sizeof(float));
+  backend.download(*l.buf, 0, logits.data() + old,
+                   static_cast<size_t>(n * arch.vocab_size) * sizeof(float));
 }
 
 }  // namespace redwing::gemma

@@ -18,17 +18,17 @@ namespace redwing::gemma {
 // Named activation buffers, grown on demand. A view's contents survive until the same slot is
 // requested with a larger size.
 enum Slot : int {
-  kResidual,    // x [T, hidden]
-  kNormed,      // [T, hidden]
-  kQuery,       // [T, heads * head_dim]
-  kKey,         // [T, kv_heads * head_dim]
-  kValue,       // [T, kv_heads * head_dim]
-  kAttnOut,     // [T, heads * head_dim]
-  kBranch,      // [T, hidden]: a block's output before the residual add
-  kGate,        // [T, intermediate]
-  kUp,          // [T, intermediate]
-  kHeadIn,      // [n, hidden]: final-normed rows that need logits
-  kLogits,      // [n, vocab]
+  kResidual,         // x [T, hidden]
+  kNormed,           // [T, hidden]
+  kQuery,            // [T, heads * head_dim]
+  kKey,              // [T, kv_heads * head_dim]
+  kValue,            // [T, kv_heads * head_dim]
+  kAttnOut,          // [T, heads * head_dim]
+  kBranch,           // [T, hidden]: a block's output before the residual add
+  kGate,             // [T, intermediate]
+  kUp,               // [T, intermediate]
+  kHeadIn,           // [n, hidden]: final-normed rows that need logits
+  kLogits,           // [n, vocab]
   kFirstFamilySlot,  // families number their own slots from here
 };
 

@@ -9,7 +9,8 @@ std::unique_ptr<Model> load_model(const ModelDir& dir, Backend& backend, ExpertS
   const std::string& family = dir.arch().family;
   if (family == "gemma4") return make_gemma4(dir, backend, experts);
   if (family == "gemma3") return make_gemma3(dir, backend);
-  throw FormatError(dir.path() + "/manifest.json: unsupported architecture family \"" + family + "\"");
+  throw FormatError(dir.path() + "/manifest.json: unsupported architecture family \"" + family +
+                    "\"");
 }
 
 }  // namespace redwing

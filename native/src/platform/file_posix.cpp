@@ -152,8 +152,8 @@ void AlignedFree::operator()(std::byte* p) const noexcept {
 }
 
 AlignedBytes allocate_aligned(std::size_t bytes, std::size_t alignment) {
-  auto* p = static_cast<std::byte*>(::operator new[](bytes == 0 ? 1 : bytes,
-                                                     std::align_val_t(alignment)));
+  auto* p = static_cast<std::byte*>(
+      ::operator new[](bytes == 0 ? 1 : bytes, std::align_val_t(alignment)));
   return AlignedBytes(p, AlignedFree{alignment});
 }
 

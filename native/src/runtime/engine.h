@@ -52,7 +52,8 @@ class Engine {
 
   // Prefills `prompt` in chunks, then samples up to max_new tokens one at a time, stopping after
   // an end-of-sequence token (the manifest's eos_token_ids). on_token sees each new token.
-  GenerateResult generate(std::span<const int32_t> prompt, int max_new, const SamplerConfig& sampler,
+  GenerateResult generate(std::span<const int32_t> prompt, int max_new,
+                          const SamplerConfig& sampler,
                           const std::function<void(int32_t)>& on_token = {});
 
  private:

@@ -13,24 +13,26 @@ ResidentExpertSource::ResidentExpertSource(const ModelDir& dir) {
     const MoeConfig& moe = *arch.moe;
     auto check = [&](const QuantTensorInfo& q, int64_t rows, int64_t cols, const char* part) {
       if (q.rows != rows || q.cols != cols)
-        throw FormatError(dir.path() + "/manifest.json: " + info->file + " " + part + " has shape [" +
-                          std::to_string(q.rows) + ", " + std::to_string(q.cols) + "], expected [" +
-                          std::to_string(rows) + ", " + std::to_string(cols) + "]");
+        throw FormatError(dir.path() + "/manifest.json: " + info->file + " " + part +
+                          " has shape [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) +
+                          "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                          "]");
     };
     check(info->gate, moe.intermediate_size, arch.hidden_size, "gate_proj");
     check(info->up, moe.intermediate_size, arch.hidden_size, "up_proj");
     check(info->down, arch.hidden_size, moe.intermediate_size, "down_proj");
     if (info->count != moe.num_experts)
-      throw FormatError(dir.path() + "/manifest.json: " + info->file + " holds " + std::to_string(info->count) +
-                        " experts, the architecture has " + std::to_string(moe.num_experts));
+      throw FormatError(dir.path() + "/manifest.json: " + info->file + " holds " +
+                        std::to_string(info->count) + " experts, the architecture has " +
+                        std::to_string(moe.num_experts));
     Layer layer;
     layer.info = *info;
     layer.path = dir.file_path(info->file);
     const uint64_t size = static_cast<uint64_t>(info->count) * info->stride;
     auto file = platform::ReadFile::open(layer.path);
     if (file.size() != size)
-      throw FormatError(layer.path + ": size is " + std::to_string(file.size()) + " bytes, expected " +
-                        std::to_string(size));
+      throw FormatError(layer.path + ": size is " + std::to_string(file.size()) +
+                        " bytes, expected " + std::to_string(size));
     layer.data = platform::allocate_aligned(size, 16384);
     file.read_exact(layer.data.get(), size, 0);
     bytes_ += size;

@@ -6,7 +6,8 @@
 namespace redwing {
 
 int64_t kv_rows_needed(const LayerConfig& layer, const KvCacheOptions& options) {
-  if (layer.sliding) return std::min<int64_t>(options.context, layer.sliding_window + options.max_chunk);
+  if (layer.sliding)
+    return std::min<int64_t>(options.context, layer.sliding_window + options.max_chunk);
   return options.context;
 }
 

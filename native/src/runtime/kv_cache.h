@@ -24,8 +24,8 @@ class ContextOverflow : public std::runtime_error {
 };
 
 struct KvCacheOptions {
-  int64_t context = 4096;  // the most positions the sequence may reach
-  int64_t max_chunk = 128; // the most positions one forward call may add
+  int64_t context = 4096;   // the most positions the sequence may reach
+  int64_t max_chunk = 128;  // the most positions one forward call may add
   KvDType dtype = KvDType::f16;
 };
 

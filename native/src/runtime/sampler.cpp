@@ -80,7 +80,8 @@ void Sampler::penalize(std::span<float> logits, std::span<const int32_t> history
 std::vector<Candidate> Sampler::candidates(std::span<float> logits,
                                            std::span<const int32_t> history) const {
   if (logits.empty()) throw std::invalid_argument("no logits to sample from");
-  if (!(config_.temperature > 0.0f)) throw std::invalid_argument("candidates() needs temperature > 0");
+  if (!(config_.temperature > 0.0f))
+    throw std::invalid_argument("candidates() needs temperature > 0");
   penalize(logits, history);
   const size_t n = logits.size();
   const double max = logits[static_cast<size_t>(argmax(logits))];

@@ -56,7 +56,8 @@ class Sampler {
 
   // Steps 1-5 without the draw: the kept tokens, most probable first, with their final
   // probabilities (temperature must be > 0). Exposed for tests and diagnostics.
-  std::vector<Candidate> candidates(std::span<float> logits, std::span<const int32_t> history) const;
+  std::vector<Candidate> candidates(std::span<float> logits,
+                                    std::span<const int32_t> history) const;
 
  private:
   void penalize(std::span<float> logits, std::span<const int32_t> history) const;

@@ -48,6 +48,9 @@ const char* cpu_features();
 // ---- quantized products --------------------------------------------------------------------
 
 // y[r] = sum_c W[r, c] * x[c] for r in [row_begin, row_end). y is indexed by absolute row.
+// Accumulates s * sum(x q) + b * sum(x) per group in float32, as MLX's qmv does; qmatmul below
+// dequantizes s * q + b first, as MLX's qmm does. Both are float32-accurate; they differ in
+// rounding only. Throws std::invalid_argument for an unsupported matrix or a bad row range.
 void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, int64_t row_end);
 
 // Y[t * y_stride + r] = sum_c W[r, c] * X[t * x_stride + c] for t in [0, n_rows_x),

@@ -1,0 +1,205 @@
+// CPU backend ops against direct formulas: RoPE, attention (causal, sliding, ring, GQA, f16),
+// MoE routing, gather/scatter.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+
+using namespace redwing;
+
+namespace {
+
+std::unique_ptr<Buffer> upload(Backend& b, const std::vector<float>& v) {
+  auto buf = b.alloc(v.size() * 4);
+  b.upload(*buf, 0, v.data(), v.size() * 4);
+  return buf;
+}
+
+std::vector<float> download(Backend& b, const Buffer& buf, size_t n) {
+  std::vector<float> v(n);
+  b.download(buf, 0, v.data(), n * 4);
+  return v;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("rope matches the direct formula, including unrotated pairs and linear scaling") {
+  auto b = make_cpu_backend(2);
+  const int heads = 3, d = 32, half = d / 2;
+  const int64_t T = 5, pos0 = 4093;
+  for (RopeParams p : {RopeParams{10000, 16, 32, 1.0}, RopeParams{1e6, 4, 32, 1.0},
+                       RopeParams{1e6, 16, 32, 8.0}}) {
+    auto x = randn(static_cast<size_t>(T * heads * d), 7);
+    auto buf = upload(*b, x);
+    Mat m{buf.get(), 0, T, heads * d, heads * d};
+    b->rope(m, heads, d, p, pos0);
+    auto y = download(*b, *buf, x.size());
+    for (int64_t t = 0; t < T; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int j = 0; j < half; ++j) {
+          const size_t i1 = static_cast<size_t>((t * heads + h) * d + j), i2 = i1 + half;
+          if (j >= p.rotary_pairs) {
+            CHECK(y[i1] == x[i1]);  // pairs past rotary_pairs pass through exactly
+            CHECK(y[i2] == x[i2]);
+            continue;
+          }
+          // The angle is a float32 product of position and inv_freq (as transformers computes
+          // it); everything else in double.
+          const float inv = static_cast<float>(std::pow(p.theta, -2.0 * j / p.freq_dim) / p.scale);
+          const double a = static_cast<float>(pos0 + t) * inv;
+          const double e1 = x[i1] * std::cos(a) - x[i2] * std::sin(a);
+          const double e2 = x[i2] * std::cos(a) + x[i1] * std::sin(a);
+          CHECK(y[i1] == doctest::Approx(e1).epsilon(1e-4).scale(1.0));
+          CHECK(y[i2] == doctest::Approx(e2).epsilon(1e-4).scale(1.0));
+        }
+  }
+}
+
+namespace {
+
+// Naive attention over the whole history (keys at positions 0..), double precision.
+std::vector<double> naive_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                    const std::vector<float>& v, int64_t pos0, int64_t T, int heads,
+                                    int kv_heads, int d, int64_t window, float scale) {
+  std::vector<double> out(static_cast<size_t>(T * heads * d), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < heads; ++h) {
+      const int g = h / (heads / kv_heads);
+      const int64_t qp = pos0 + t;
+      std::vector<double> s;
+      std::vector<int64_t> ks;
+      for (int64_t kp = 0; kp <= qp + 5; ++kp) {
+        if (!kv_visible(qp, kp, window)) continue;
+        double dot = 0;
+        for (int i = 0; i < d; ++i)
+          dot += static_cast<double>(q[static_cast<size_t>((t * heads + h) * d + i)]) *
+                 k[static_cast<size_t>((kp * kv_heads + g) * d + i)];
+        s.push_back(dot * scale);
+        ks.push_back(kp);
+      }
+      const double mx = *std::max_element(s.begin(), s.end());
+      double z = 0;
+      for (double& e : s) z += (e = std::exp(e - mx));
+      for (size_t j = 0; j < s.size(); ++j)
+        for (int i = 0; i < d; ++i)
+          out[static_cast<size_t>((t * heads + h) * d + i)] +=
+              s[j] / z * v[static_cast<size_t>((ks[j] * kv_heads + g) * d + i)];
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("attention matches a naive masked softmax: full, sliding ring, GQA, f32 and f16") {
+  auto b = make_cpu_backend(2);
+  const int heads = 4, kv_heads = 2, d = 8;
+  const int64_t total = 23;
+  const int64_t width = kv_heads * d;
+  for (int64_t window : {0, 5}) {
+    for (KvDType dt : {KvDType::f32, KvDType::f16}) {
+      for (int64_t chunk : {1, 4, 7}) {
+        CAPTURE(window);
+        CAPTURE(chunk);
+        auto kall = randn(static_cast<size_t>(total * width), 11);
+        auto vall = randn(static_cast<size_t>(total * width), 12);
+        auto qall = randn(static_cast<size_t>(total * heads * d), 13);
+        if (dt == KvDType::f16) {  // the reference sees what the cache holds
+          for (auto* vec : {&kall, &vall})
+            for (float& x : *vec) x = cpu::f16_to_f32(cpu::f32_to_f16(x));
+        }
+        KvLayerView kv;
+        kv.window = window;
+        kv.capacity = window > 0 ? window + chunk : total;
+        kv.ring = window > 0;
+        kv.num_kv_heads = kv_heads;
+        kv.head_dim = d;
+        kv.dtype = dt;
+        const size_t elem = dt == KvDType::f32 ? 4 : 2;
+        auto kb = b->alloc(static_cast<size_t>(kv.capacity * width) * elem);
+        auto vb = b->alloc(static_cast<size_t>(kv.capacity * width) * elem);
+        kv.k = kb.get();
+        kv.v = vb.get();
+        const float scale = 0.3f;
+        for (int64_t p0 = 0; p0 < total; p0 += chunk) {
+          const int64_t n = std::min(chunk, total - p0);
+          std::vector<float> kc(kall.begin() + p0 * width, kall.begin() + (p0 + n) * width);
+          std::vector<float> vc(vall.begin() + p0 * width, vall.begin() + (p0 + n) * width);
+          std::vector<float> qc(qall.begin() + p0 * heads * d, qall.begin() + (p0 + n) * heads * d);
+          auto kbuf = upload(*b, kc), vbuf = upload(*b, vc), qbuf = upload(*b, qc);
+          auto obuf = b->alloc(qc.size() * 4);
+          b->kv_store(kv, Mat{kbuf.get(), 0, n, width, width}, Mat{vbuf.get(), 0, n, width, width},
+                      p0);
+          b->attention(Mat{qbuf.get(), 0, n, heads * d, heads * d}, kv, p0, heads, scale,
+                       Mat{obuf.get(), 0, n, heads * d, heads * d});
+          auto got = download(*b, *obuf, qc.size());
+          auto want = naive_attention(qc, kall, vall, p0, n, heads, kv_heads, d, window, scale);
+          double worst = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            worst = std::max(worst, std::abs(got[i] - want[i]));
+          CHECK(worst < 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("route: softmax over all experts, top-k, renormalized, times per-expert scale") {
+  auto b = make_cpu_backend(1);
+  const int T = 3, E = 8, K = 3;
+  auto logits = randn(T * E, 5, 2.0f);
+  auto pes = randn(E, 6);
+  auto lbuf = upload(*b, logits), pbuf = upload(*b, pes);
+  std::vector<int32_t> idx(T * K);
+  std::vector<float> w(T * K);
+  b->route(Mat{lbuf.get(), 0, T, E, E}, K, *pbuf, idx.data(), w.data());
+  for (int t = 0; t < T; ++t) {
+    std::vector<double> p(E);
+    double z = 0;
+    for (int e = 0; e < E; ++e)
+      z += p[static_cast<size_t>(e)] = std::exp(logits[static_cast<size_t>(t * E + e)]);
+    for (double& x : p) x /= z;
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int c) {
+      return p[static_cast<size_t>(a)] > p[static_cast<size_t>(c)];
+    });
+    double top = 0;
+    for (int j = 0; j < K; ++j) top += p[static_cast<size_t>(order[static_cast<size_t>(j)])];
+    for (int j = 0; j < K; ++j) {
+      const int e = order[static_cast<size_t>(j)];
+      CHECK(idx[static_cast<size_t>(t * K + j)] == e);
+      CHECK(w[static_cast<size_t>(t * K + j)] ==
+            doctest::Approx(p[static_cast<size_t>(e)] / top * pes[static_cast<size_t>(e)])
+                .epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("gather_rows and scatter_add_rows") {
+  auto b = make_cpu_backend(1);
+  std::vector<float> src = {1, 2, 3, 4, 5, 6};  // 3 rows of 2
+  auto sbuf = upload(*b, src);
+  auto gbuf = b->alloc(4 * 4);
+  std::vector<int32_t> rows = {2, 0};
+  b->gather_rows(Mat{sbuf.get(), 0, 3, 2, 2}, rows, Mat{gbuf.get(), 0, 2, 2, 2});
+  CHECK(download(*b, *gbuf, 4) == std::vector<float>{5, 6, 1, 2});
+  auto dbuf = upload(*b, {10, 10, 10, 10, 10, 10});
+  std::vector<float> wts = {2.0f, -1.0f};
+  b->scatter_add_rows(Mat{gbuf.get(), 0, 2, 2, 2}, rows, wts, Mat{dbuf.get(), 0, 3, 2, 2});
+  CHECK(download(*b, *dbuf, 6) == std::vector<float>{9, 8, 10, 10, 20, 22});
+}
