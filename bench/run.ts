@@ -2,13 +2,19 @@
 // readable table and writes JSON under bench/results/.
 import { runKernelBench } from "./kernels.ts";
 import { runEngineBench } from "./engine.ts";
+import { runInstallBench } from "./install.ts";
+import { runStreamingBench } from "./streaming.ts";
 
-const benches: Record<string, () => Promise<void>> = {
+const benches: Record<string, () => Promise<unknown>> = {
   kernels: runKernelBench,
   engine: runEngineBench,
+  install: () => runInstallBench(),
+  streaming: runStreamingBench,
 };
 
-const requested = process.argv.slice(2).filter((arg) => !arg.startsWith("-"));
+// Names are the arguments that are neither options nor an option's value (`--model DIR`).
+const args = process.argv.slice(2);
+const requested = args.filter((arg, i) => !arg.startsWith("-") && !args[i - 1]?.startsWith("--"));
 const names = requested.length > 0 ? requested : Object.keys(benches);
 for (const name of names) {
   const bench = benches[name];

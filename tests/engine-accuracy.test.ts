@@ -117,6 +117,93 @@ for (const fixture of FIXTURES) {
         });
       }
 
+      if (fixture === "gemma4-moe") {
+        // Expert streaming: the same logits (the same bits) as the resident experts, for caches
+        // smaller than top-k (experts processed in waves) and larger than the expert count.
+        const streamModes: [string, string[]][] = [
+          ["prefill chunk 7", ["--mode", "prefill", "--chunk", "7"]],
+          ["decode", ["--mode", "decode"]],
+        ];
+        for (const [name, flags] of streamModes) {
+          it(`f32 KV, ${name}, streamed experts with 1, 2 and 16 slots: identical to resident`, () => {
+            const base = [...flags, "--kv-dtype", "f32"];
+            const resident = engineLogits(model, ref.prompt, base);
+            for (const slots of [1, 2, 16]) {
+              for (const policy of slots === 2 ? ["lfu", "lru"] : ["lfu"]) {
+                const got = engineLogits(model, ref.prompt, [
+                  ...base,
+                  "--expert-cache-slots",
+                  String(slots),
+                  "--expert-cache-policy",
+                  policy,
+                ]);
+                const { maxAbs } = compare(got, logits, ref.logits_shape[0], vocab);
+                report.push(
+                  `${fixture} ${source} f32 ${name} ${slots} slots ${policy}: ${maxAbs.toExponential(2)}`,
+                );
+                expect(maxAbs).toBeLessThanOrEqual(TOLERANCE);
+                expect(got).toEqual(resident);
+              }
+            }
+          });
+        }
+      }
+
+      if (fixture === "gemma4-moe") {
+        it("streamed generation: transformers' greedy tokens, with cache statistics", () => {
+          const out = engine([
+            "generate",
+            "--model",
+            model,
+            "--tokens",
+            ref.prompt.join(","),
+            "--max-new",
+            String(ref.greedy.length),
+            "--temperature",
+            "0",
+            "--kv-dtype",
+            "f32",
+            "--expert-cache-slots",
+            "2",
+          ]);
+          const r = JSON.parse(out) as {
+            tokens: number[];
+            expert_cache_slots: number;
+            hit_rate: number;
+            bytes_read: number;
+            peak_rss_bytes: number;
+            token_stats: { hits: number; misses: number; bytes_read: number }[];
+          };
+          expect(r.tokens).toEqual(ref.greedy);
+          expect(r.expert_cache_slots).toBe(2);
+          expect(r.token_stats.length).toBe(ref.greedy.length); // the prefill + n - 1 steps
+          const misses = r.token_stats.reduce((a, t) => a + t.misses, 0);
+          const hits = r.token_stats.reduce((a, t) => a + t.hits, 0);
+          expect(misses).toBeGreaterThan(0);
+          expect(r.hit_rate).toBeCloseTo(hits / (hits + misses), 3);
+          expect(r.bytes_read).toBe(r.token_stats.reduce((a, t) => a + t.bytes_read, 0));
+          expect(r.peak_rss_bytes).toBeGreaterThan(1 << 20);
+        });
+
+        it("memory: the expected memory grows with slots and context", () => {
+          const plan = (extra: string[]) =>
+            JSON.parse(engine(["memory", "--model", model, ...extra])) as {
+              slots: number;
+              moe_layers: number;
+              expert_bytes_each: number;
+              expert_bytes: number;
+              kv_bytes: number;
+              all_experts_bytes: number;
+            };
+          const four = plan(["--expert-cache-slots", "4", "--context", "64"]);
+          expect(four.expert_bytes).toBe(4 * four.moe_layers * four.expert_bytes_each);
+          expect(plan(["--context", "64"]).expert_bytes).toBe(four.all_experts_bytes);
+          expect(plan(["--expert-cache-slots", "4", "--context", "512"]).kv_bytes).toBeGreaterThan(
+            four.kv_bytes,
+          );
+        });
+      }
+
       it("greedy continuation equals transformers' token for token", () => {
         const out = engine([
           "generate",

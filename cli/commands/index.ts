@@ -3,6 +3,10 @@ import { registerImportCommand } from "./import.ts";
 import { registerLogitsCommand } from "./logits.ts";
 import { registerVerifyCommand } from "./verify.ts";
 import { registerSynthCommand } from "./synth.ts";
+import { registerChatCommand } from "./chat.ts";
+import { registerCompleteCommand } from "./complete.ts";
+import { registerModelsCommand } from "./models.ts";
+import { registerInstallCommand } from "./install.ts";
 
 /** Each command lives in its own file and registers itself here. */
 export function registerCommands(program: Command): void {
@@ -11,4 +15,8 @@ export function registerCommands(program: Command): void {
   registerVerifyCommand(program);
   registerSynthCommand(program);
   registerLogitsCommand(program);
+  registerChatCommand(program);
+  registerCompleteCommand(program);
+  registerModelsCommand(program);
+  registerInstallCommand(program);
 }

@@ -15,13 +15,23 @@ import { join } from "node:path";
 import { UserError } from "../errors.ts";
 import { type FloatDType, dtypeSize } from "../format/dtype.ts";
 import {
+  EXPERT_ALIGNMENT,
   EXPERT_PARTS,
+  TENSOR_ALIGNMENT,
+  WEIGHTS_FILE,
+  alignUp,
   expectedTensors,
+  expertFileName,
   expertPartShapes,
+  quantizedPartNbytes,
   type Architecture,
+  type ExpertLayer,
   type ExpertPartName,
   type Manifest,
+  type QuantizedPart,
+  type Region,
   type Source,
+  type TensorEntry,
   type TensorSpec,
 } from "../format/manifest.ts";
 import { sha256File } from "../format/read.ts";
@@ -91,7 +101,7 @@ interface QuantConfig {
 }
 
 /** A resident tensor, resolved to its source tensors. */
-type Job =
+export type Job =
   | { kind: "plain"; spec: TensorSpec; src: TensorInfo }
   | { kind: "float-matrix"; spec: TensorSpec; src: TensorInfo; params: QuantParams }
   | {
@@ -104,14 +114,14 @@ type Job =
     };
 
 /** The experts of one MoE layer, resolved to source tensors. */
-interface ExpertJob {
+export interface ExpertJob {
   layer: number;
   /** Per part: where its rows of expert e live. */
   parts: Record<ExpertPartName, ExpertSource>;
   meta: Record<ExpertPartName, QuantizedMeta>;
 }
 
-type ExpertSource =
+export type ExpertSource =
   | { kind: "float"; src: TensorInfo; rowOffset: number; rowsTotal: number; params: QuantParams }
   | { kind: "mlx"; weight: TensorInfo; scales: TensorInfo; biases: TensorInfo };
 
@@ -133,14 +143,7 @@ export async function importCheckpoint(
     const auxFiles = pickAuxiliaryFiles(entries);
     const template = await extractTemplate(srcDir, entries);
     if (template) auxFiles.push(template);
-    const sourceFiles = [
-      "config.json",
-      ...(generation !== undefined ? ["generation_config.json"] : []),
-      ...ckpt.files,
-      ...auxFiles
-        .filter((f) => f.from !== "config.json" && f.from !== "generation_config.json")
-        .map((f) => f.from),
-    ];
+    const sourceFiles = sourceFileNames(generation !== undefined, ckpt.files, auxFiles);
     // Create the writer first: it refuses an existing destination before any long work.
     writer = await ModelWriter.create(outDir, {
       force: options.force ?? false,
@@ -151,7 +154,7 @@ export async function importCheckpoint(
       kind: plan.kind,
       repo: options.repo ?? null,
       revision: options.revision ?? null,
-      files: await hashSourceFiles(srcDir, [...new Set(sourceFiles)], options),
+      files: await hashSourceFiles(srcDir, sourceFiles, options),
     };
     await writeTensors(writer, ckpt, plan.jobs, options);
     await writeExperts(writer, ckpt, plan.experts, arch, options);
@@ -219,18 +222,30 @@ function checkAborted(signal: AbortSignal | undefined): void {
 // Planning: resolve every tensor the architecture needs to source tensors, check names, shapes
 // and dtypes before writing anything.
 
-interface Plan {
+/** The tensors of a checkpoint: a local SafetensorsCheckpoint, or headers fetched from a hub. */
+export interface TensorTable {
+  get(name: string): TensorInfo | undefined;
+  readonly tensors: Map<string, TensorInfo>;
+}
+
+/** What an import writes, resolved to source tensors and checked (see planImport). */
+export interface ImportPlan {
   kind: Source["kind"];
   jobs: Job[];
   experts: ExpertJob[];
   defaultQuant: { group_size: number; bits: number };
 }
 
-function planImport(
+/**
+ * Resolves every tensor `arch` needs to source tensors of `ckpt` and checks names, shapes and
+ * dtypes; throws a UserError naming what is missing, misshapen or unknown. Vision and audio
+ * towers are left out. Nothing is read but the tensor table.
+ */
+export function planImport(
   arch: Architecture,
-  ckpt: SafetensorsCheckpoint,
+  ckpt: TensorTable,
   config: Record<string, unknown>,
-): Plan {
+): ImportPlan {
   const prefix = PREFIXES.find((p) => ckpt.get(`${p}embed_tokens.weight`) !== undefined);
   if (prefix === undefined) {
     throw new UserError(
@@ -748,7 +763,7 @@ async function readExpertPart(
 // ---------------------------------------------------------------------------------------------
 // Auxiliary and source files.
 
-interface AuxFile {
+export interface AuxFile {
   /** Source file name (for the source record). */
   from: string;
   /** Name in the model directory. */
@@ -757,7 +772,8 @@ interface AuxFile {
   template?: string;
 }
 
-function pickAuxiliaryFiles(entries: string[]): AuxFile[] {
+/** The auxiliary files (tokenizer, generation config, template) among a checkpoint's files. */
+export function pickAuxiliaryFiles(entries: string[]): AuxFile[] {
   const out: AuxFile[] = [];
   for (const name of [
     "tokenizer.json",
@@ -775,19 +791,49 @@ function pickAuxiliaryFiles(entries: string[]): AuxFile[] {
 /** When there is no chat_template.jinja, the template may live in tokenizer_config.json or chat_template.json. */
 async function extractTemplate(srcDir: string, entries: string[]): Promise<AuxFile | null> {
   if (entries.includes("chat_template.jinja")) return null;
-  for (const name of ["tokenizer_config.json", "chat_template.json"]) {
+  for (const name of TEMPLATE_SOURCES) {
     if (!entries.includes(name)) continue;
-    const json = (await readJson(srcDir, name, false)) as Record<string, unknown> | undefined;
-    const t = json?.chat_template;
-    if (typeof t === "string") return { from: name, to: "chat_template.jinja", template: t };
-    if (Array.isArray(t)) {
-      const list = t as { name?: unknown; template?: unknown }[];
-      const pick = list.find((x) => x.name === "default") ?? list[0];
-      if (pick && typeof pick.template === "string")
-        return { from: name, to: "chat_template.jinja", template: pick.template };
-    }
+    const template = templateFromJson(name, await readJson(srcDir, name, false));
+    if (template) return template;
   }
   return null;
+}
+
+/** Files that may hold the chat template when there is no chat_template.jinja, in order. */
+export const TEMPLATE_SOURCES = ["tokenizer_config.json", "chat_template.json"] as const;
+
+/** The chat template held in a parsed tokenizer_config.json or chat_template.json, if any. */
+export function templateFromJson(name: string, parsed: unknown): AuxFile | null {
+  const json = parsed as Record<string, unknown> | undefined;
+  const t = json?.chat_template;
+  if (typeof t === "string") return { from: name, to: "chat_template.jinja", template: t };
+  if (Array.isArray(t)) {
+    const list = t as { name?: unknown; template?: unknown }[];
+    const pick = list.find((x) => x.name === "default") ?? list[0];
+    if (pick && typeof pick.template === "string")
+      return { from: name, to: "chat_template.jinja", template: pick.template };
+  }
+  return null;
+}
+
+/**
+ * The checkpoint files an import reads, in the order the manifest's `source.files` lists them:
+ * config, generation config, index and shards, then the auxiliary files.
+ */
+export function sourceFileNames(
+  hasGeneration: boolean,
+  checkpointFiles: string[],
+  auxFiles: AuxFile[],
+): string[] {
+  const names = [
+    "config.json",
+    ...(hasGeneration ? ["generation_config.json"] : []),
+    ...checkpointFiles,
+    ...auxFiles
+      .filter((f) => f.from !== "config.json" && f.from !== "generation_config.json")
+      .map((f) => f.from),
+  ];
+  return [...new Set(names)];
 }
 
 async function hashSourceFiles(
@@ -809,4 +855,256 @@ async function hashSourceFiles(
     out.push({ path: name, size: sizes[i]!, sha256 });
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placement: the same output as importCheckpoint, as writes at known offsets. The installer
+// fetches source bytes in ranges, in any order and possibly more than once (a resume), so it
+// needs each piece of output to have a fixed place: the layout below is the one ModelWriter
+// produces writing the plan front to back (tests check that both give identical bytes).
+
+/** Where everything goes in the model directory. */
+export interface ImportLayout {
+  /** The manifest's `tensors`, with the offsets and key order ModelWriter gives them. */
+  tensors: Record<string, TensorEntry>;
+  /** The manifest's `experts.layers`, by layer, or null without MoE layers. */
+  expertLayers: Record<string, ExpertLayer> | null;
+  /** The data files and their exact sizes: weights.bin, then the expert files by layer. */
+  files: { path: string; size: number }[];
+}
+
+/** What a unit's source bytes become. */
+export type UnitOp =
+  /** Copied unchanged to `file` at byte `at`. */
+  | { kind: "copy"; file: string; at: number }
+  /** Whole rows of a float matrix, quantized; the three regions start at the given offsets. */
+  | {
+      kind: "quantize";
+      dtype: FloatDType;
+      rows: number;
+      cols: number;
+      params: QuantParams;
+      file: string;
+      weight: number;
+      scales: number;
+      biases: number;
+    };
+
+/** A piece of source tensor (`length` bytes at `offset` into `src`) and where it goes. */
+export interface ImportUnit {
+  src: TensorInfo;
+  offset: number;
+  length: number;
+  op: UnitOp;
+}
+
+/** Bytes to write at `offset` of the data file `file` (a path relative to the model dir). */
+export interface Placement {
+  file: string;
+  offset: number;
+  data: Uint8Array;
+}
+
+function quantMetaOf(job: Job): QuantizedMeta | null {
+  if (job.kind === "plain") return null;
+  if (job.kind === "mlx-matrix") return job.meta;
+  const [rows, cols] = job.spec.shape as [number, number];
+  return {
+    bits: job.params.bits as 4 | 8,
+    group_size: job.params.groupSize as 32 | 64 | 128,
+    scale_dtype: FLOAT_ST[job.src.dtype]!,
+    shape: [rows, cols],
+  };
+}
+
+/** The layout of the model directory a plan produces (see ModelWriter). */
+export function layoutImport(plan: ImportPlan, arch: Architecture): ImportLayout {
+  let position = 0;
+  const region = (nbytes: number): Region => {
+    position = alignUp(position, TENSOR_ALIGNMENT);
+    const r = { offset: position, nbytes };
+    position += nbytes;
+    return r;
+  };
+  const tensors: Record<string, TensorEntry> = {};
+  for (const job of plan.jobs) {
+    const name = job.spec.name;
+    const meta = quantMetaOf(job);
+    if (job.kind === "plain" || meta === null) {
+      const src = (job as Extract<Job, { kind: "plain" }>).src;
+      const r = region(src.nbytes);
+      tensors[name] = {
+        dtype: FLOAT_ST[src.dtype]!,
+        shape: job.spec.shape,
+        offset: r.offset,
+        nbytes: r.nbytes,
+      };
+      continue;
+    }
+    const sizes = quantizedPartNbytes(meta);
+    const weight = region(sizes.weight);
+    const scales = region(sizes.scales);
+    const biases = region(sizes.biases);
+    tensors[name] = { dtype: "affine", ...meta, weight, scales, biases };
+  }
+  const files = [{ path: WEIGHTS_FILE, size: position }];
+  let expertLayers: Record<string, ExpertLayer> | null = null;
+  if (plan.experts.length > 0) {
+    expertLayers = {};
+    const count = arch.moe!.num_experts;
+    for (const job of [...plan.experts].sort((a, b) => a.layer - b.layer)) {
+      let offset = 0;
+      const parts = {} as Record<ExpertPartName, QuantizedPart>;
+      for (const p of EXPERT_PARTS) {
+        const meta = job.meta[p];
+        const sizes = quantizedPartNbytes(meta);
+        const regions = {} as Record<"weight" | "scales" | "biases", Region>;
+        for (const r of ["weight", "scales", "biases"] as const) {
+          offset = alignUp(offset, TENSOR_ALIGNMENT);
+          regions[r] = { offset, nbytes: sizes[r] };
+          offset += sizes[r];
+        }
+        parts[p] = { ...meta, ...regions };
+      }
+      const entry: ExpertLayer = {
+        file: expertFileName(job.layer),
+        count,
+        stride: alignUp(offset, EXPERT_ALIGNMENT),
+        parts,
+      };
+      expertLayers[String(job.layer)] = entry;
+      files.push({ path: entry.file, size: entry.count * entry.stride });
+    }
+  }
+  return { tensors, expertLayers, files };
+}
+
+/**
+ * Splits a plan into units of at most `maxBytes` source bytes each (whole rows for float
+ * matrices, whole experts where they fit), each with its place in `layout`. Units of one source
+ * tensor never overlap; together they cover every source byte the import reads.
+ */
+export function importUnits(
+  plan: ImportPlan,
+  layout: ImportLayout,
+  maxBytes: number,
+): ImportUnit[] {
+  const units: ImportUnit[] = [];
+  const copy = (
+    src: TensorInfo,
+    offset: number,
+    length: number,
+    file: string,
+    at: number,
+  ): void => {
+    for (let done = 0; done < length; done += maxBytes) {
+      const n = Math.min(maxBytes, length - done);
+      units.push({
+        src,
+        offset: offset + done,
+        length: n,
+        op: { kind: "copy", file, at: at + done },
+      });
+    }
+  };
+  const quantize = (
+    src: TensorInfo,
+    rowStart: number,
+    rows: number,
+    cols: number,
+    params: QuantParams,
+    file: string,
+    at: { weight: number; scales: number; biases: number },
+  ): void => {
+    const dtype = FLOAT_ST[src.dtype]!;
+    const rowBytes = cols * dtypeSize(dtype);
+    const wRow = (cols * params.bits) / 8;
+    const sRow = (cols / params.groupSize) * dtypeSize(dtype);
+    const perBlock = Math.max(1, Math.floor(maxBytes / rowBytes));
+    for (let r = 0; r < rows; r += perBlock) {
+      const n = Math.min(perBlock, rows - r);
+      units.push({
+        src,
+        offset: (rowStart + r) * rowBytes,
+        length: n * rowBytes,
+        op: {
+          kind: "quantize",
+          dtype,
+          rows: n,
+          cols,
+          params,
+          file,
+          weight: at.weight + r * wRow,
+          scales: at.scales + r * sRow,
+          biases: at.biases + r * sRow,
+        },
+      });
+    }
+  };
+  for (const job of plan.jobs) {
+    const entry = layout.tensors[job.spec.name]!;
+    if (job.kind === "plain") {
+      copy(job.src, 0, job.src.nbytes, WEIGHTS_FILE, (entry as { offset: number }).offset);
+      continue;
+    }
+    const q = entry as QuantizedPart;
+    if (job.kind === "mlx-matrix") {
+      copy(job.weight, 0, job.weight.nbytes, WEIGHTS_FILE, q.weight.offset);
+      copy(job.scales, 0, job.scales.nbytes, WEIGHTS_FILE, q.scales.offset);
+      copy(job.biases, 0, job.biases.nbytes, WEIGHTS_FILE, q.biases.offset);
+      continue;
+    }
+    const [rows, cols] = job.spec.shape as [number, number];
+    quantize(job.src, 0, rows, cols, job.params, WEIGHTS_FILE, {
+      weight: q.weight.offset,
+      scales: q.scales.offset,
+      biases: q.biases.offset,
+    });
+  }
+  for (const job of plan.experts) {
+    const layer = layout.expertLayers![String(job.layer)]!;
+    for (let e = 0; e < layer.count; e++) {
+      const base = e * layer.stride;
+      for (const p of EXPERT_PARTS) {
+        const part = layer.parts[p];
+        const src = job.parts[p];
+        if (src.kind === "mlx") {
+          for (const r of ["weight", "scales", "biases"] as const) {
+            const t = src[r];
+            const per = t.nbytes / t.shape[0]!;
+            copy(t, e * per, per, layer.file, base + part[r].offset);
+          }
+        } else {
+          const [rows, cols] = part.shape as [number, number];
+          quantize(src.src, e * src.rowsTotal + src.rowOffset, rows, cols, src.params, layer.file, {
+            weight: base + part.weight.offset,
+            scales: base + part.scales.offset,
+            biases: base + part.biases.offset,
+          });
+        }
+      }
+    }
+  }
+  return units;
+}
+
+/** Turns a unit's source bytes into the writes that place them (quantizing float rows). */
+export function produceUnit(
+  unit: ImportUnit,
+  bytes: Uint8Array,
+  variant?: QuantVariant,
+): Placement[] {
+  if (bytes.byteLength !== unit.length) {
+    throw new RangeError(
+      `${unit.src.name}: ${bytes.byteLength} bytes for a ${unit.length}-byte unit`,
+    );
+  }
+  const op = unit.op;
+  if (op.kind === "copy") return [{ file: op.file, offset: op.at, data: bytes }];
+  const q = quantizeRows(bytes, op.dtype, op.rows, op.cols, op.params, variant);
+  return [
+    { file: op.file, offset: op.weight, data: q.weight },
+    { file: op.file, offset: op.scales, data: q.scales },
+    { file: op.file, offset: op.biases, data: q.biases },
+  ];
 }

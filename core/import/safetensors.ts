@@ -83,58 +83,83 @@ export class SafetensorsFile {
     }
     try {
       const { size } = await handle.stat();
-      const bad = (what: string): UserError =>
-        new UserError(`${name}: not a valid safetensors file: ${what}`, "safetensors_invalid");
-      if (size < 8) throw bad(`only ${size} bytes`);
       const lenBuf = Buffer.alloc(8);
-      await readFully(handle, lenBuf, 0);
-      const headerLen = lenBuf.readBigUInt64LE(0);
-      if (headerLen > BigInt(Math.min(MAX_HEADER_BYTES, size - 8))) {
-        throw bad(`header length ${headerLen} does not fit in the file (${size} bytes)`);
-      }
-      const n = Number(headerLen);
+      if (size >= 8) await readFully(handle, lenBuf, 0);
+      const n = safetensorsHeaderLength(name, lenBuf, size);
       const headerBuf = Buffer.alloc(n);
       await readFully(handle, headerBuf, 8);
-      let header: unknown;
-      try {
-        header = JSON.parse(headerBuf.toString("utf8"));
-      } catch (error) {
-        throw bad(`header is not JSON (${(error as Error).message})`);
-      }
-      if (typeof header !== "object" || header === null || Array.isArray(header)) {
-        throw bad("header is not a JSON object");
-      }
-      const dataStart = 8 + n;
-      const dataSize = size - dataStart;
-      const tensors = new Map<string, TensorInfo>();
-      let metadata: Record<string, string> = {};
-      for (const [key, value] of Object.entries(header as Record<string, unknown>)) {
-        if (key === "__metadata__") {
-          if (typeof value === "object" && value !== null) {
-            metadata = value as Record<string, string>;
-          }
-          continue;
-        }
-        tensors.set(key, parseEntry(name, path, key, value, dataStart, dataSize));
-      }
-      // Regions may not overlap (the format requires a dense, ordered buffer; we only need
-      // that no two tensors share bytes).
-      const sorted = [...tensors.values()].sort((a, b) => a.start - b.start);
-      for (let i = 1; i < sorted.length; i++) {
-        const prev = sorted[i - 1]!;
-        const cur = sorted[i]!;
-        if (cur.start < prev.start + prev.nbytes) {
-          throw new UserError(
-            `${name}: tensors ${prev.name} and ${cur.name} overlap`,
-            "safetensors_invalid",
-          );
-        }
-      }
+      const { tensors, metadata } = parseSafetensorsHeader(name, path, headerBuf, size);
       return new SafetensorsFile(path, size, tensors, metadata);
     } finally {
       await handle.close();
     }
   }
+}
+
+/**
+ * Length of the JSON header from the first 8 bytes of a safetensors file of `size` bytes
+ * (`name` is used in messages). Throws a UserError when the file cannot hold it.
+ */
+export function safetensorsHeaderLength(name: string, first8: Uint8Array, size: number): number {
+  const bad = (what: string): UserError =>
+    new UserError(`${name}: not a valid safetensors file: ${what}`, "safetensors_invalid");
+  if (size < 8 || first8.byteLength < 8) throw bad(`only ${size} bytes`);
+  const headerLen = Buffer.from(first8.buffer, first8.byteOffset, 8).readBigUInt64LE(0);
+  if (headerLen > BigInt(Math.min(MAX_HEADER_BYTES, size - 8))) {
+    throw bad(`header length ${headerLen} does not fit in the file (${size} bytes)`);
+  }
+  return Number(headerLen);
+}
+
+/**
+ * Parses and validates the JSON header (the bytes after the 8-byte length) of a safetensors
+ * file of `size` bytes. `path` becomes `TensorInfo.file`; offsets are absolute in the file.
+ * Shared by the local reader and the installer, which fetches headers with range requests.
+ */
+export function parseSafetensorsHeader(
+  name: string,
+  path: string,
+  headerBuf: Uint8Array,
+  size: number,
+): { tensors: Map<string, TensorInfo>; metadata: Record<string, string> } {
+  const bad = (what: string): UserError =>
+    new UserError(`${name}: not a valid safetensors file: ${what}`, "safetensors_invalid");
+  let header: unknown;
+  try {
+    header = JSON.parse(Buffer.from(headerBuf).toString("utf8"));
+  } catch (error) {
+    throw bad(`header is not JSON (${(error as Error).message})`);
+  }
+  if (typeof header !== "object" || header === null || Array.isArray(header)) {
+    throw bad("header is not a JSON object");
+  }
+  const dataStart = 8 + headerBuf.byteLength;
+  const dataSize = size - dataStart;
+  const tensors = new Map<string, TensorInfo>();
+  let metadata: Record<string, string> = {};
+  for (const [key, value] of Object.entries(header as Record<string, unknown>)) {
+    if (key === "__metadata__") {
+      if (typeof value === "object" && value !== null) {
+        metadata = value as Record<string, string>;
+      }
+      continue;
+    }
+    tensors.set(key, parseEntry(name, path, key, value, dataStart, dataSize));
+  }
+  // Regions may not overlap (the format requires a dense, ordered buffer; we only need
+  // that no two tensors share bytes).
+  const sorted = [...tensors.values()].sort((a, b) => a.start - b.start);
+  for (let i = 1; i < sorted.length; i++) {
+    const prev = sorted[i - 1]!;
+    const cur = sorted[i]!;
+    if (cur.start < prev.start + prev.nbytes) {
+      throw new UserError(
+        `${name}: tensors ${prev.name} and ${cur.name} overlap`,
+        "safetensors_invalid",
+      );
+    }
+  }
+  return { tensors, metadata };
 }
 
 function parseEntry(
@@ -202,6 +227,93 @@ async function readFully(handle: FileHandle, buf: Buffer, position: number): Pro
 }
 
 /**
+ * The shard files of a checkpoint: those `model.safetensors.index.json` (its text, or null when
+ * absent) maps tensors to, else `model.safetensors`, else every `*.safetensors` file in
+ * `fileNames`. `where` names the checkpoint in messages.
+ */
+export function resolveShards(
+  fileNames: string[],
+  indexText: string | null,
+  where: string,
+): { shards: string[]; weightMap: Map<string, string> | null } {
+  let shards: string[];
+  let weightMap: Map<string, string> | null = null;
+  if (indexText !== null) {
+    let index: unknown;
+    try {
+      index = JSON.parse(indexText);
+    } catch (error) {
+      throw new UserError(
+        `model.safetensors.index.json is not valid JSON: ${(error as Error).message}`,
+        "safetensors_invalid",
+      );
+    }
+    const map = (index as { weight_map?: unknown })?.weight_map;
+    if (typeof map !== "object" || map === null) {
+      throw new UserError(
+        "model.safetensors.index.json has no weight_map object",
+        "safetensors_invalid",
+      );
+    }
+    weightMap = new Map();
+    for (const [tensor, file] of Object.entries(map as Record<string, unknown>)) {
+      if (typeof file !== "string" || !isSafeRelativePath(file)) {
+        throw new UserError(
+          `model.safetensors.index.json maps ${tensor} to ${JSON.stringify(file)}, which is not a file inside the checkpoint`,
+          "safetensors_invalid",
+        );
+      }
+      weightMap.set(tensor, file);
+    }
+    shards = [...new Set(weightMap.values())];
+  } else if (fileNames.includes("model.safetensors")) {
+    shards = ["model.safetensors"];
+  } else {
+    shards = fileNames.filter((f) => f.endsWith(".safetensors")).sort();
+  }
+  if (shards.length === 0) {
+    throw new UserError(`no .safetensors files in ${where}`, "checkpoint_incomplete");
+  }
+  return { shards, weightMap };
+}
+
+/**
+ * Merges the tensors of opened shards (in shard order). With an index, a tensor belongs to the
+ * shard the index names (others are ignored) and every indexed tensor must exist.
+ */
+export function mergeShards(
+  opened: { shard: string; tensors: Map<string, TensorInfo> }[],
+  weightMap: Map<string, string> | null,
+): Map<string, TensorInfo> {
+  const tensors = new Map<string, TensorInfo>();
+  const shardOf = new Map<string, string>();
+  for (const { shard, tensors: shardTensors } of opened) {
+    for (const [name, info] of shardTensors) {
+      if (weightMap && weightMap.get(name) !== shard) continue;
+      if (tensors.has(name)) {
+        throw new UserError(
+          `tensor ${name} appears in both ${basename(shardOf.get(name)!)} and ${shard}`,
+          "safetensors_invalid",
+        );
+      }
+      tensors.set(name, info);
+      shardOf.set(name, shard);
+    }
+  }
+  if (weightMap) {
+    for (const [name, shard] of weightMap) {
+      if (!tensors.has(name)) {
+        throw new UserError(
+          `${shard} has no tensor ${name} (listed in model.safetensors.index.json)`,
+          "safetensors_invalid",
+        );
+      }
+    }
+  }
+  return tensors;
+}
+
+/**
  * All tensors of a checkpoint directory: `model.safetensors.index.json` with its shards, or
  * `model.safetensors`, or every `*.safetensors` file. Keeps one file handle per shard open.
  */
@@ -217,46 +329,9 @@ export class SafetensorsCheckpoint {
 
   static async open(dir: string, fileNames: string[]): Promise<SafetensorsCheckpoint> {
     const indexPath = join(dir, "model.safetensors.index.json");
-    let shards: string[];
-    let weightMap: Map<string, string> | null = null;
     const indexText: string | null = await readFile(indexPath, "utf8").catch(() => null);
-    if (indexText !== null) {
-      let index: unknown;
-      try {
-        index = JSON.parse(indexText);
-      } catch (error) {
-        throw new UserError(
-          `model.safetensors.index.json is not valid JSON: ${(error as Error).message}`,
-          "safetensors_invalid",
-        );
-      }
-      const map = (index as { weight_map?: unknown })?.weight_map;
-      if (typeof map !== "object" || map === null) {
-        throw new UserError(
-          "model.safetensors.index.json has no weight_map object",
-          "safetensors_invalid",
-        );
-      }
-      weightMap = new Map();
-      for (const [tensor, file] of Object.entries(map as Record<string, unknown>)) {
-        if (typeof file !== "string" || !isSafeRelativePath(file)) {
-          throw new UserError(
-            `model.safetensors.index.json maps ${tensor} to ${JSON.stringify(file)}, which is not a file inside the checkpoint`,
-            "safetensors_invalid",
-          );
-        }
-        weightMap.set(tensor, file);
-      }
-      shards = [...new Set(weightMap.values())];
-    } else if (fileNames.includes("model.safetensors")) {
-      shards = ["model.safetensors"];
-    } else {
-      shards = fileNames.filter((f) => f.endsWith(".safetensors")).sort();
-    }
-    if (shards.length === 0) {
-      throw new UserError(`no .safetensors files in ${dir}`, "checkpoint_incomplete");
-    }
-    const tensors = new Map<string, TensorInfo>();
+    const { shards, weightMap } = resolveShards(fileNames, indexText, dir);
+    const opened: { shard: string; tensors: Map<string, TensorInfo> }[] = [];
     for (const shard of shards) {
       const path = join(dir, shard);
       try {
@@ -267,29 +342,9 @@ export class SafetensorsCheckpoint {
           "checkpoint_incomplete",
         );
       }
-      const file = await SafetensorsFile.open(path);
-      for (const [name, info] of file.tensors) {
-        // With an index, a tensor belongs to the shard the index names (others are ignored).
-        if (weightMap && weightMap.get(name) !== shard) continue;
-        if (tensors.has(name)) {
-          throw new UserError(
-            `tensor ${name} appears in both ${basename(tensors.get(name)!.file)} and ${shard}`,
-            "safetensors_invalid",
-          );
-        }
-        tensors.set(name, info);
-      }
+      opened.push({ shard, tensors: (await SafetensorsFile.open(path)).tensors });
     }
-    if (weightMap) {
-      for (const [name, shard] of weightMap) {
-        if (!tensors.has(name)) {
-          throw new UserError(
-            `${shard} has no tensor ${name} (listed in model.safetensors.index.json)`,
-            "safetensors_invalid",
-          );
-        }
-      }
-    }
+    const tensors = mergeShards(opened, weightMap);
     const files = indexText !== null ? ["model.safetensors.index.json", ...shards] : shards;
     return new SafetensorsCheckpoint(dir, files, tensors);
   }

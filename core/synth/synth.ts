@@ -27,6 +27,16 @@ export interface SynthOptions {
   seed?: number;
   force?: boolean;
   onProgress?: (done: number, total: number) => void;
+  /** Auxiliary files (tokenizer, template) to copy in: format path -> source file. */
+  files?: Record<string, string>;
+  /** The manifest's `created_by` (default "redwing synth"). */
+  createdBy?: string;
+  /**
+   * Multiplies the post-attention and post-feedforward norm weights (default 1). Above 1 the
+   * blocks outweigh the token's own embedding in the residual stream, so a tiny random model
+   * does not just repeat its input token.
+   */
+  postNormScale?: number;
 }
 
 /** xorshift128+: fast, seedable, good enough for filler weights. */
@@ -149,7 +159,7 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
 
   const writer = await ModelWriter.create(options.out, {
     force: options.force ?? false,
-    createdBy: "redwing synth",
+    createdBy: options.createdBy ?? "redwing synth",
   });
   try {
     for (const spec of tensors) {
@@ -158,6 +168,9 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
         const values = new Float32Array(n);
         // Norm weights and scalars near 1 (Gemma 4 multiplies by w itself).
         for (let i = 0; i < n; i++) values[i] = 0.9 + 0.2 * rng.uniform();
+        if (options.postNormScale !== undefined && /\.post_\w+_layernorm(_\d)?$/.test(spec.name)) {
+          for (let i = 0; i < n; i++) values[i] = values[i]! * options.postNormScale;
+        }
         await writer.addPlain(spec.name, "bf16", spec.shape, bf16Bytes(values));
       } else {
         const [rows, cols] = spec.shape as [number, number];
@@ -217,6 +230,7 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
         }
       }
     }
+    for (const [path, src] of Object.entries(options.files ?? {})) await writer.copyFile(src, path);
     return await writer.commit({
       architecture: arch,
       source: { kind: "synthetic", repo: null, revision: null, files: [] },

@@ -6,7 +6,10 @@
 //   redwing-engine generate --model DIR --tokens 2,17,99 --max-new N [--temperature 0.2]
 //                         [--top-k 64] [--top-p 0.95] [--repetition-penalty 1.0] [--seed S]
 //                         [--kv-dtype f16|f32] [--chunk 128] [--threads N]
-//       prints {"tokens": [...], "stop_reason": "eos"|"length", timings}
+//       prints {"tokens": [...], "stop_reason": "eos"|"length", timings, expert statistics}
+//   redwing-engine memory --model DIR [--context N] [--expert-cache-slots N] [--kv-dtype ...]
+//       prints the expected memory (JSON) before loading anything big
+//   logits and generate also take the expert streaming flags (kStreamUsage).
 //
 // Errors go to stderr; the exit status is 2 for bad usage, 1 for any other failure.
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "platform/memory.h"
 #include "runtime/engine.h"
 
 namespace {
@@ -33,7 +37,30 @@ const char* kUsage =
     "                             [--kv-dtype f16|f32] [--chunk N] [--threads N]\n"
     "       redwing-engine generate --model DIR --tokens IDS --max-new N [--temperature T]\n"
     "                             [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
-    "                             [--kv-dtype f16|f32] [--chunk N] [--threads N]\n";
+    "                             [--kv-dtype f16|f32] [--chunk N] [--threads N]\n"
+    "       redwing-engine memory --model DIR [--context N] [--expert-cache-slots N]\n"
+    "                             [--memory-budget SIZE] [--kv-dtype f16|f32] [--chunk N]\n"
+    "expert streaming (MoE models; logits, generate):\n"
+    "  --expert-cache-slots N   stream experts from SSD through N slots per layer (0: all in RAM)\n"
+    "  --memory-budget SIZE     e.g. 2.5G: pick the slot count that fits (with --context)\n"
+    "  --context N              context the budget plans for (default 4096)\n"
+    "  --expert-cache-policy lfu|lru   --io-threads N (default 8)   --direct-io on|off\n"
+    "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
+    "benchmark only (these change the model's output):\n"
+    "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
+    "  --record-routing FILE    write the routing used, one line per layer and row\n"
+    "  --expert-mmap on         map the expert files (page-cache baseline) instead\n";
+
+// Flags every engine-loading command accepts, besides its own.
+const std::vector<std::string> kStreamFlags = {"expert-cache-slots", "expert-cache-policy",
+                                               "io-threads",         "direct-io",
+                                               "memory-budget",      "context",
+                                               "routing-trace",      "record-routing",
+                                               "expert-mmap",        "read-piece-kib"};
+std::vector<std::string> with_stream_flags(std::vector<std::string> names) {
+  names.insert(names.end(), kStreamFlags.begin(), kStreamFlags.end());
+  return names;
+}
 
 // --name value pairs; every name must be one the command knows.
 std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
@@ -103,6 +130,47 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
       throw UsageError(std::string("--kv-dtype: ") + e.what());
     }
   }
+  if (f.count("expert-cache-slots")) {
+    o.expert_cache_slots = parse_number<int>(f.at("expert-cache-slots"), "expert-cache-slots");
+    if (o.expert_cache_slots < 0) throw UsageError("--expert-cache-slots must be >= 0");
+  }
+  if (f.count("expert-cache-policy")) {
+    try {
+      o.expert_cache_policy = redwing::parse_eviction_policy(f.at("expert-cache-policy"));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--expert-cache-policy: ") + e.what());
+    }
+  }
+  if (f.count("read-piece-kib"))
+    o.expert_read_piece_bytes =
+        parse_number<uint64_t>(f.at("read-piece-kib"), "read-piece-kib") * 1024;
+  if (f.count("io-threads")) {
+    o.expert_io_threads = parse_number<int>(f.at("io-threads"), "io-threads");
+    if (o.expert_io_threads < 1) throw UsageError("--io-threads must be >= 1");
+  }
+  if (f.count("direct-io")) {
+    const std::string& v = f.at("direct-io");
+    if (v != "on" && v != "off") throw UsageError("--direct-io must be on or off");
+    o.direct_io = v == "on";
+  }
+  if (f.count("memory-budget")) {
+    try {
+      o.memory_budget = redwing::parse_byte_size(f.at("memory-budget"));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--memory-budget: ") + e.what());
+    }
+  }
+  if (f.count("expert-mmap")) {
+    const std::string& v = f.at("expert-mmap");
+    if (v != "on" && v != "off") throw UsageError("--expert-mmap must be on or off");
+    o.mmap_experts = v == "on";
+  }
+  if (f.count("routing-trace")) o.routing_trace = f.at("routing-trace");
+  if (f.count("record-routing")) o.record_routing = f.at("record-routing");
+  if (f.count("context")) {
+    o.context = parse_number<int64_t>(f.at("context"), "context");
+    if (o.context <= 0) throw UsageError("--context must be positive");
+  }
   return o;
 }
 
@@ -120,7 +188,9 @@ bool put_float(std::string& out, float v) {
 }
 
 int cmd_logits(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2, {"model", "tokens", "mode", "kv-dtype", "chunk", "threads"});
+  auto f =
+      parse_flags(argc, argv, 2,
+                  with_stream_flags({"model", "tokens", "mode", "kv-dtype", "chunk", "threads"}));
   auto tokens = parse_tokens(need(f, "tokens"));
   std::string mode = f.count("mode") ? f.at("mode") : "prefill";
   if (mode != "prefill" && mode != "decode") throw UsageError("--mode must be prefill or decode");
@@ -149,10 +219,74 @@ int cmd_logits(int argc, char** argv) {
   return 0;
 }
 
+// Expert streaming statistics of a generation: the run's totals, the decode steps' averages
+// (the prefill is token_stats[0]) and one entry per forward pass.
+std::string expert_stats_json(const redwing::Engine& engine, const redwing::GenerateResult& r) {
+  const redwing::ExpertStats run = engine.expert_stats();
+  redwing::TokenStats decode;
+  size_t steps = 0;
+  for (size_t i = 1; i < r.token_stats.size(); ++i, ++steps) {
+    const auto& t = r.token_stats[i];
+    decode.expert_hits += t.expert_hits;
+    decode.expert_misses += t.expert_misses;
+    decode.bytes_read += t.bytes_read;
+    decode.io_wait_ms += t.io_wait_ms;
+    decode.compute_ms += t.compute_ms;
+  }
+  const double n = steps ? static_cast<double>(steps) : 1.0;
+  const uint64_t uses = decode.expert_hits + decode.expert_misses;
+  char buf[768];
+  std::snprintf(buf, sizeof(buf),
+                ", \"expert_cache_slots\": %d, \"direct_io\": %s, \"peak_rss_bytes\": %llu, "
+                "\"expected_memory\": %s, \"hit_rate\": %.4f, \"bytes_read\": %llu, "
+                "\"io_wait_ms\": %.3f, \"read_ms\": %.3f, \"decode_hit_rate\": %.4f, "
+                "\"decode_bytes_read_per_token\": %.1f, \"decode_io_wait_ms_per_token\": %.3f, "
+                "\"decode_compute_ms_per_token\": %.3f",
+                engine.expert_cache_slots(), engine.direct_io() ? "true" : "false",
+                static_cast<unsigned long long>(redwing::platform::peak_rss_bytes()),
+                engine.memory_plan().to_json().c_str(), run.hit_rate(),
+                static_cast<unsigned long long>(run.bytes_read), run.io_wait_seconds * 1e3,
+                run.read_seconds * 1e3, uses ? static_cast<double>(decode.expert_hits) / uses : 0.0,
+                static_cast<double>(decode.bytes_read) / n, decode.io_wait_ms / n,
+                decode.compute_ms / n);
+  std::string out = buf;
+  out += ", \"token_stats\": [";
+  for (size_t i = 0; i < r.token_stats.size(); ++i) {
+    const auto& t = r.token_stats[i];
+    std::snprintf(buf, sizeof(buf),
+                  "%s{\"hits\": %llu, \"misses\": %llu, \"bytes_read\": %llu, "
+                  "\"io_wait_ms\": %.3f, \"compute_ms\": %.3f}",
+                  i ? ", " : "", static_cast<unsigned long long>(t.expert_hits),
+                  static_cast<unsigned long long>(t.expert_misses),
+                  static_cast<unsigned long long>(t.bytes_read), t.io_wait_ms, t.compute_ms);
+    out += buf;
+  }
+  out += "]";
+  return out;
+}
+
+int cmd_memory(int argc, char** argv) {
+  auto f =
+      parse_flags(argc, argv, 2,
+                  {"model", "context", "expert-cache-slots", "memory-budget", "kv-dtype", "chunk"});
+  redwing::EngineOptions o = engine_options(f);
+  const redwing::ModelDir dir = redwing::ModelDir::open(o.model_dir);
+  int slots = o.expert_cache_slots;
+  if (o.memory_budget > 0 && dir.arch().moe && slots == 0)
+    slots = redwing::slots_for_budget(dir, o.memory_budget, o.context, o.kv_dtype, o.chunk);
+  const auto plan =
+      redwing::plan_memory(dir, o.context, dir.arch().moe ? slots : 0, o.kv_dtype, o.chunk);
+  std::string out = plan.to_json();
+  out += "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
 int cmd_generate(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2,
-                       {"model", "tokens", "max-new", "temperature", "top-k", "top-p",
-                        "repetition-penalty", "seed", "kv-dtype", "chunk", "threads"});
+  auto f = parse_flags(
+      argc, argv, 2,
+      with_stream_flags({"model", "tokens", "max-new", "temperature", "top-k", "top-p",
+                         "repetition-penalty", "seed", "kv-dtype", "chunk", "threads"}));
   auto tokens = parse_tokens(need(f, "tokens"));
   const int max_new = parse_number<int>(need(f, "max-new"), "max-new");
   if (max_new < 0) throw UsageError("--max-new must be >= 0");
@@ -183,10 +317,12 @@ int cmd_generate(int argc, char** argv) {
                                 : 0.0;
   std::snprintf(buf, sizeof(buf),
                 ", \"prompt_tokens\": %zu, \"prefill_seconds\": %.6f, \"decode_seconds\": %.6f, "
-                "\"decode_tokens_per_second\": %.3f, \"seed\": %llu}\n",
+                "\"decode_tokens_per_second\": %.3f, \"seed\": %llu",
                 tokens.size(), r.prefill_seconds, r.decode_seconds, decode_tps,
                 static_cast<unsigned long long>(s.seed));
   out += buf;
+  out += expert_stats_json(engine, r);
+  out += "}\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }
@@ -202,6 +338,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argv[1];
     if (cmd == "logits") return cmd_logits(argc, argv);
     if (cmd == "generate") return cmd_generate(argc, argv);
+    if (cmd == "memory") return cmd_memory(argc, argv);
     throw UsageError("unknown command \"" + cmd + "\"");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "redwing-engine: %s\n%s", e.what(), kUsage);

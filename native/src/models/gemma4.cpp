@@ -39,7 +39,7 @@ enum Gemma4Slot : int {
   kExpertRows,                        // [n, hidden] the rows routed to one expert
   kExpertGate,                        // [n, moe_intermediate]
   kExpertUp,                          // [n, moe_intermediate]
-  kExpertOut,                         // [n, hidden]
+  kExpertOut,                         // [T * top_k, hidden] every expert's output rows
 };
 
 class Gemma4 final : public Model {
@@ -98,13 +98,21 @@ class Gemma4 final : public Model {
       gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_);
 
       // Feed-forward: x is the residual r from here on.
+      // MoE layers route first and announce their experts, so a streaming expert source
+      // reads the missing ones while the dense MLP runs.
+      const bool moe = arch_.layers[static_cast<size_t>(i)].moe;
+      Routing routing;
+      if (moe) {
+        routing = route(i, l, x);
+        experts_->prefetch(i, routing.ids);
+      }
       Mat h = scratch_.get(gemma::kNormed, T, hidden);
       Mat m = scratch_.get(kFfnOut, T, hidden);
       backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
       gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
-      if (arch_.layers[static_cast<size_t>(i)].moe) {
+      if (moe) {
         backend_.rms_norm(m, l.post_ffn_norm_1.get(), off, eps, m);  // h1
-        Mat h2 = moe_branch(i, l, x);
+        Mat h2 = moe_branch(i, l, x, routing);
         backend_.add(m, h2, m);
       }
       backend_.rms_norm(m, l.post_ffn_norm.get(), off, eps, m);
@@ -131,18 +139,21 @@ class Gemma4 final : public Model {
     std::unique_ptr<Buffer> router_scale, per_expert_scale;
   };
 
-  // h2 = post_feedforward_layernorm_2(sum_k w_k expert_k(pre_feedforward_layernorm_2(r))) for
-  // the residual r [T, hidden]. Each chosen expert runs once over all the rows that picked it.
-  Mat moe_branch(int layer, const Layer& l, Mat r) {
+  // The chosen experts of a [T, hidden] residual: ids ascending, each with the rows that picked
+  // it and their weights.
+  struct Routing {
+    std::vector<int32_t> ids;
+    std::vector<std::vector<int32_t>> rows;
+    std::vector<std::vector<float>> weights;
+  };
+
+  Routing route(int layer, const Layer& l, Mat r) {
     const MoeConfig& moe = *arch_.moe;
     const int64_t T = r.rows;
     const int64_t hidden = arch_.hidden_size;
-    const float eps = arch_.rms_norm_eps;
-    const float off = arch_.norm_weight_offset;
-
     // Router, on the un-normed residual.
     Mat z = scratch_.get(kRouterIn, T, hidden);
-    backend_.rms_norm(r, nullptr, 0.0f, eps, z);
+    backend_.rms_norm(r, nullptr, 0.0f, arch_.rms_norm_eps, z);
     backend_.mul_cols(z, *l.router_scale,
                       static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)));
     Mat rl = scratch_.get(kRouterLogits, T, moe.num_experts);
@@ -150,6 +161,8 @@ class Gemma4 final : public Model {
     std::vector<int32_t> idx(static_cast<size_t>(T * moe.top_k));
     std::vector<float> wts(idx.size());
     backend_.route(rl, moe.top_k, *l.per_expert_scale, idx.data(), wts.data());
+    if (routing_hook_ != nullptr)
+      routing_hook_->apply(layer, T, moe.top_k, moe.num_experts, idx.data());
 
     // Rows per expert, experts in ascending id (transformers' order of accumulation).
     std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>> groups;
@@ -159,21 +172,44 @@ class Gemma4 final : public Model {
         g.first.push_back(static_cast<int32_t>(t));
         g.second.push_back(wts[static_cast<size_t>(t * moe.top_k + j)]);
       }
-    std::vector<int32_t> ids;
-    for (const auto& [e, g] : groups) ids.push_back(e);
+    Routing out;
+    for (auto& [e, g] : groups) {
+      out.ids.push_back(e);
+      out.rows.push_back(std::move(g.first));
+      out.weights.push_back(std::move(g.second));
+    }
+    return out;
+  }
+
+  // h2 = post_feedforward_layernorm_2(sum_k w_k expert_k(pre_feedforward_layernorm_2(r))) for
+  // the residual r [T, hidden]. Each chosen expert runs once over all the rows that picked it.
+  // The experts may arrive in any order (cached ones first); each one's output is kept in its
+  // own rows of kExpertOut and summed in ascending expert id afterwards, so the result is the
+  // same bits whatever the arrival order.
+  Mat moe_branch(int layer, const Layer& l, Mat r, const Routing& routing) {
+    const MoeConfig& moe = *arch_.moe;
+    const int64_t T = r.rows;
+    const int64_t hidden = arch_.hidden_size;
+    const float eps = arch_.rms_norm_eps;
+    const float off = arch_.norm_weight_offset;
 
     Mat e_in = scratch_.get(kExpertIn, T, hidden);
     backend_.rms_norm(r, l.pre_ffn_norm_2.get(), off, eps, e_in);
     Mat sum = scratch_.get(kExpertSum, T, hidden);
     backend_.fill_zero(sum);
 
-    std::vector<ExpertMatrices> mats = experts_->acquire(layer, ids);
-    for (size_t k = 0; k < ids.size(); ++k) {
-      const auto& [rows, weights] = groups[ids[k]];
+    const size_t n_experts = routing.ids.size();
+    std::vector<int64_t> first_row(n_experts + 1, 0);
+    for (size_t k = 0; k < n_experts; ++k)
+      first_row[k + 1] = first_row[k] + static_cast<int64_t>(routing.rows[k].size());
+    Mat y_all = scratch_.get(kExpertOut, first_row[n_experts], hidden);
+
+    experts_->for_each(layer, routing.ids, [&](size_t k, const ExpertMatrices& mats) {
+      const auto& rows = routing.rows[k];
       const int64_t n = static_cast<int64_t>(rows.size());
-      auto gate = backend_.import_qweight(mats[k].gate);
-      auto up = backend_.import_qweight(mats[k].up);
-      auto down = backend_.import_qweight(mats[k].down);
+      auto gate = backend_.import_qweight(mats.gate);
+      auto up = backend_.import_qweight(mats.up);
+      auto down = backend_.import_qweight(mats.down);
       Mat in = scratch_.get(kExpertRows, n, hidden);
       backend_.gather_rows(e_in, rows, in);
       Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
@@ -181,11 +217,11 @@ class Gemma4 final : public Model {
       backend_.qmatmul(*gate, in, g);
       backend_.qmatmul(*up, in, u);
       backend_.gelu_tanh_mul(g, u, g);
-      Mat y = scratch_.get(kExpertOut, n, hidden);
-      backend_.qmatmul(*down, g, y);
-      backend_.scatter_add_rows(y, rows, weights, sum);
-    }
-    experts_->release(layer);
+      backend_.qmatmul(*down, g, y_all.row_range(first_row[k], n));
+    });
+    for (size_t k = 0; k < n_experts; ++k)
+      backend_.scatter_add_rows(y_all.row_range(first_row[k], first_row[k + 1] - first_row[k]),
+                                routing.rows[k], routing.weights[k], sum);
 
     backend_.rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, sum);
     return sum;

@@ -17,10 +17,21 @@ namespace redwing {
 // of the network, so only the positions that will be read are computed.
 enum class LogitsFor { none, last, all };
 
+// Benchmark-only: replaces the router's choice of experts (runtime/routing_trace.h). Never set
+// in normal use: it changes the model's output.
+class RoutingHook {
+ public:
+  virtual ~RoutingHook() = default;
+  // idx holds rows x top_k expert ids as the router chose them; the hook may overwrite them
+  // (distinct ids within a row, each in [0, num_experts)).
+  virtual void apply(int layer, int64_t rows, int top_k, int num_experts, int32_t* idx) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
   virtual const Architecture& arch() const = 0;
+  void set_routing_hook(RoutingHook* hook) { routing_hook_ = hook; }
 
   // Runs `tokens` at positions cache.length() .. cache.length() + tokens.size() - 1, stores their
   // keys and values in `cache` and advances it. Appends the logits of the positions `which`
@@ -28,6 +39,9 @@ class Model {
   // for several tokens, matrix-vector products for one.
   virtual void forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
                        std::vector<float>& logits) = 0;
+
+ protected:
+  RoutingHook* routing_hook_ = nullptr;
 };
 
 // Builds the model the manifest describes. `experts` must outlive the model and is required

@@ -51,6 +51,12 @@ class MappedFile {
 class ReadFile {
  public:
   static ReadFile open(const std::string& path);
+  // Opens for reads that bypass the page cache where the system allows it (O_DIRECT on Linux,
+  // F_NOCACHE on macOS), so streamed experts are not quietly cached twice. Falls back to
+  // ordinary reads when the filesystem refuses (e.g. tmpfs); direct() says which one is used.
+  // With direct I/O, destination, offset and size must be multiples of kDirectIoAlignment.
+  static ReadFile open_uncached(const std::string& path);
+  static constexpr uint64_t kDirectIoAlignment = 4096;
   ReadFile() = default;
   ReadFile(ReadFile&& other) noexcept;
   ReadFile& operator=(ReadFile&& other) noexcept;
@@ -60,11 +66,15 @@ class ReadFile {
 
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // Reads exactly n bytes at offset; throws FileError (naming the file) on error or short read.
+  bool direct() const { return direct_; }
+  // Reads exactly n bytes at offset, retrying after EINTR and short reads; throws FileError
+  // (naming the file and the offset) on error or end of file. Safe to call from several
+  // threads at once (positioned reads share no file offset).
   void read_exact(void* dst, uint64_t n, uint64_t offset) const;
 
  private:
   void reset() noexcept;
+  bool direct_ = false;
   int fd_ = -1;
   uint64_t size_ = 0;
   std::string path_;

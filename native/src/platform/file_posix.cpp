@@ -105,14 +105,51 @@ ReadFile ReadFile::open(const std::string& path) {
   return file;
 }
 
+ReadFile ReadFile::open_uncached(const std::string& path) {
+#if defined(O_DIRECT)
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (fd >= 0) {
+    // Some filesystems accept O_DIRECT at open and refuse it at the first read (EINVAL), so
+    // probe one aligned block before trusting it.
+    struct stat st {};
+    bool ok = ::fstat(fd, &st) == 0;
+    if (ok && st.st_size >= static_cast<off_t>(kDirectIoAlignment)) {
+      AlignedBytes probe = allocate_aligned(kDirectIoAlignment, kDirectIoAlignment);
+      ssize_t got;
+      do {
+        got = ::pread(fd, probe.get(), kDirectIoAlignment, 0);
+      } while (got < 0 && errno == EINTR);
+      ok = got >= 0;
+    }
+    if (ok) {
+      ReadFile file;
+      file.fd_ = fd;
+      file.size_ = static_cast<uint64_t>(st.st_size);
+      file.path_ = path;
+      file.direct_ = true;
+      return file;
+    }
+    ::close(fd);
+  }
+  return open(path);  // the filesystem refuses direct I/O (or the file is missing: open says so)
+#else
+  ReadFile file = open(path);
+#if defined(__APPLE__) && defined(F_NOCACHE)
+  file.direct_ = ::fcntl(file.fd_, F_NOCACHE, 1) == 0;
+#endif
+  return file;
+#endif
+}
+
 ReadFile::ReadFile(ReadFile&& other) noexcept
-    : fd_(other.fd_), size_(other.size_), path_(std::move(other.path_)) {
+    : direct_(other.direct_), fd_(other.fd_), size_(other.size_), path_(std::move(other.path_)) {
   other.fd_ = -1;
 }
 
 ReadFile& ReadFile::operator=(ReadFile&& other) noexcept {
   if (this != &other) {
     reset();
+    direct_ = other.direct_;
     fd_ = other.fd_;
     size_ = other.size_;
     path_ = std::move(other.path_);
@@ -136,9 +173,13 @@ void ReadFile::read_exact(void* dst, uint64_t n, uint64_t offset) const {
     ssize_t got = ::pread(fd_, out, want, static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      fail("cannot read", path_, errno);
+      const int err = errno;
+      throw FileError("cannot read " + path_ + " at offset " + std::to_string(offset) + ": " +
+                      std::strerror(err));
     }
-    if (got == 0) throw FileError("unexpected end of file in " + path_);
+    if (got == 0)
+      throw FileError("unexpected end of file in " + path_ + " at offset " +
+                      std::to_string(offset));
     out += got;
     offset += static_cast<uint64_t>(got);
     n -= static_cast<uint64_t>(got);

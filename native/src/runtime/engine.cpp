@@ -18,9 +18,43 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Engine::Engine(const EngineOptions& options)
     : options_(options), dir_(ModelDir::open(options.model_dir)) {
   if (options_.chunk <= 0) throw std::invalid_argument("chunk size must be positive");
+  if (options_.expert_cache_slots < 0)
+    throw std::invalid_argument("expert cache slots must be >= 0");
+  const bool moe = dir_.arch().moe.has_value();
+  if (options_.mmap_experts && options_.expert_cache_slots > 0)
+    throw std::invalid_argument("mapped experts and expert cache slots exclude each other");
+  if (options_.memory_budget > 0 && moe && options_.expert_cache_slots == 0 &&
+      !options_.mmap_experts)
+    options_.expert_cache_slots = slots_for_budget(dir_, options_.memory_budget, options_.context,
+                                                   options_.kv_dtype, options_.chunk);
+  const int slots = moe ? options_.expert_cache_slots : 0;
+  plan_ = plan_memory(dir_, options_.context, slots, options_.kv_dtype, options_.chunk);
+  if (options_.memory_budget > 0 && plan_.total() > options_.memory_budget)
+    throw std::runtime_error("memory budget of " + std::to_string(options_.memory_budget) +
+                             " bytes cannot hold the model: it needs " +
+                             std::to_string(plan_.total()) + " bytes (" + plan_.to_json() + ")");
   backend_ = make_cpu_backend(options_.threads);
-  if (dir_.arch().moe) experts_ = std::make_unique<ResidentExpertSource>(dir_);
+  if (moe && slots > 0) {
+    ExpertStoreOptions so;
+    so.slots = slots;
+    so.policy = options_.expert_cache_policy;
+    so.io_threads = options_.expert_io_threads;
+    so.read_piece_bytes = options_.expert_read_piece_bytes;
+    so.direct_io = options_.direct_io;
+    auto store = std::make_unique<ExpertStore>(dir_, so);
+    store_ = store.get();
+    experts_ = std::move(store);
+  } else if (moe && options_.mmap_experts) {
+    experts_ = std::make_unique<MappedExpertSource>(dir_);
+  } else if (moe) {
+    experts_ = std::make_unique<ResidentExpertSource>(dir_);
+  }
   model_ = load_model(dir_, *backend_, experts_.get());
+  if (!options_.routing_trace.empty() || !options_.record_routing.empty()) {
+    routing_trace_ =
+        std::make_unique<RoutingTrace>(options_.routing_trace, options_.record_routing);
+    model_->set_routing_hook(routing_trace_.get());
+  }
 }
 
 Engine::~Engine() = default;
@@ -62,7 +96,19 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   std::vector<float> logits;
 
+  // Per forward pass: expert counters and time, split into I/O wait and the rest.
+  auto step_stats = [&](const ExpertStats& before, double seconds) {
+    const ExpertStats now = expert_stats();
+    TokenStats s;
+    s.expert_hits = now.hits - before.hits;
+    s.expert_misses = now.misses - before.misses;
+    s.bytes_read = now.bytes_read - before.bytes_read;
+    s.io_wait_ms = (now.io_wait_seconds - before.io_wait_seconds) * 1e3;
+    s.compute_ms = seconds * 1e3 - s.io_wait_ms;
+    result.token_stats.push_back(s);
+  };
   auto t0 = std::chrono::steady_clock::now();
+  ExpertStats before = expert_stats();
   const size_t step = static_cast<size_t>(options_.chunk);
   for (size_t i = 0; i < prompt.size(); i += step) {
     const size_t n = std::min(step, prompt.size() - i);
@@ -70,6 +116,7 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
     model_->forward(prompt.subspan(i, n), cache, last ? LogitsFor::last : LogitsFor::none, logits);
   }
   result.prefill_seconds = seconds_since(t0);
+  step_stats(before, result.prefill_seconds);
 
   t0 = std::chrono::steady_clock::now();
   const auto& eos = arch().eos_token_ids;
@@ -85,9 +132,122 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
     }
     if (k + 1 == max_new) break;
     logits.clear();
+    const auto t_step = std::chrono::steady_clock::now();
+    before = expert_stats();
     model_->forward(std::span<const int32_t>(&token, 1), cache, LogitsFor::last, logits);
+    step_stats(before, seconds_since(t_step));
   }
   result.decode_seconds = seconds_since(t0);
+  return result;
+}
+
+// ---- Session --------------------------------------------------------------------------------
+
+namespace {
+KvCacheOptions session_cache_options(const Engine& engine, int64_t context, int64_t ring_slack) {
+  KvCacheOptions o;
+  o.context = context;
+  o.max_chunk = engine.options().chunk;
+  o.dtype = engine.options().kv_dtype;
+  o.ring_slack = ring_slack;
+  return o;
+}
+}  // namespace
+
+Session::Session(Engine& engine, int64_t context, int64_t ring_slack)
+    : engine_(engine),
+      cache_(engine.backend(), engine.arch(), session_cache_options(engine, context, ring_slack)) {}
+
+void Session::reset() {
+  cache_.clear();
+  tokens_.clear();
+}
+
+int64_t Session::reusable_prefix(std::span<const int32_t> prompt) const {
+  if (prompt.empty()) return 0;
+  const size_t limit = std::min(tokens_.size(), prompt.size() - 1);
+  size_t r = 0;
+  while (r < limit && tokens_[r] == prompt[r]) ++r;
+  const int64_t n = static_cast<int64_t>(r);
+  return cache_.can_truncate(n) ? n : 0;
+}
+
+SessionResult Session::generate(const SessionRequest& request, const SessionCallbacks& cb) {
+  const auto& prompt = request.prompt;
+  if (prompt.empty()) throw std::invalid_argument("the prompt has no tokens");
+  if (request.max_new < 0) throw std::invalid_argument("max_new_tokens must be >= 0");
+  const int64_t vocab = engine_.arch().vocab_size;
+  for (int32_t t : prompt)
+    if (t < 0 || t >= vocab)
+      throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" +
+                                  std::to_string(vocab) + " entries)");
+  if (static_cast<int64_t>(prompt.size()) > context())
+    throw ContextOverflow("the prompt has " + std::to_string(prompt.size()) +
+                          " tokens, more than the context size " + std::to_string(context()));
+  Sampler sampler(request.sampler);
+  const auto is_cancelled = [&] { return cb.cancelled && cb.cancelled(); };
+
+  SessionResult result;
+  result.prompt_tokens = static_cast<int64_t>(prompt.size());
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t reuse = reusable_prefix(prompt);
+  cache_.truncate(reuse);
+  tokens_.resize(static_cast<size_t>(reuse));
+  result.cached_tokens = reuse;
+  if (request.max_new == 0) {
+    result.stop_reason = "length";
+    return result;
+  }
+
+  std::vector<float> logits;
+  const size_t step = static_cast<size_t>(engine_.options().chunk);
+  for (size_t i = static_cast<size_t>(reuse); i < prompt.size(); i += step) {
+    if (is_cancelled()) {
+      result.stop_reason = "cancelled";
+      result.prefill_seconds = seconds_since(t_start);
+      return result;
+    }
+    const size_t n = std::min(step, prompt.size() - i);
+    const bool last = i + n == prompt.size();
+    engine_.model().forward(std::span<const int32_t>(prompt).subspan(i, n), cache_,
+                            last ? LogitsFor::last : LogitsFor::none, logits);
+    tokens_.insert(tokens_.end(), prompt.begin() + static_cast<std::ptrdiff_t>(i),
+                   prompt.begin() + static_cast<std::ptrdiff_t>(i + n));
+    result.prefill_tokens += static_cast<int64_t>(n);
+    if (cb.on_prefill) cb.on_prefill(static_cast<int64_t>(i + n), result.prompt_tokens);
+  }
+  result.prefill_seconds = seconds_since(t_start);
+
+  const auto t_decode = std::chrono::steady_clock::now();
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  const auto& eos = engine_.arch().eos_token_ids;
+  const auto& stop = request.stop_ids;
+  result.stop_reason = "length";
+  for (int k = 0; k < request.max_new; ++k) {
+    if (is_cancelled()) {
+      result.stop_reason = "cancelled";
+      break;
+    }
+    const int32_t token = sampler.sample(logits, history);
+    if (k == 0) result.ttft_seconds = seconds_since(t_start);
+    result.tokens.push_back(token);
+    history.push_back(token);
+    if (cb.on_token) cb.on_token(token);
+    if (!request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
+      result.stop_reason = "eos";
+      break;
+    }
+    if (std::find(stop.begin(), stop.end(), token) != stop.end()) {
+      result.stop_reason = "stop";
+      break;
+    }
+    // The context is full: the sampled token cannot be run, so the sequence ends here.
+    if (k + 1 == request.max_new || cache_.length() >= context()) break;
+    logits.clear();
+    engine_.model().forward(std::span<const int32_t>(&token, 1), cache_, LogitsFor::last, logits);
+    tokens_.push_back(token);
+  }
+  result.decode_seconds = seconds_since(t_decode);
   return result;
 }
 

@@ -13,7 +13,10 @@
 #include "format/model_dir.h"
 #include "models/model.h"
 #include "runtime/expert_source.h"
+#include "runtime/expert_store.h"
 #include "runtime/kv_cache.h"
+#include "runtime/memory_plan.h"
+#include "runtime/routing_trace.h"
 #include "runtime/sampler.h"
 
 namespace redwing {
@@ -23,6 +26,29 @@ struct EngineOptions {
   int threads = 0;  // 0: REDWING_THREADS or the hardware thread count
   KvDType kv_dtype = KvDType::f16;
   int64_t chunk = 128;  // prefill chunk: tokens per batched forward call
+  // Expert streaming (MoE models). 0 slots and no budget: every expert is read into RAM at
+  // start. Otherwise experts are streamed from SSD through `expert_cache_slots` slots per layer
+  // (runtime/expert_store.h); a memory_budget (bytes) picks the slot count that fits with the KV
+  // cache for `context` positions, and the engine refuses to start if even the core does not.
+  int expert_cache_slots = 0;
+  EvictionPolicy expert_cache_policy = EvictionPolicy::lfu;
+  int expert_io_threads = 8;
+  uint64_t expert_read_piece_bytes = 1 << 20;  // see ExpertStoreOptions::read_piece_bytes
+  bool direct_io = true;                       // bypass the page cache for expert reads
+  bool mmap_experts = false;                   // map the expert files instead (benchmark baseline)
+  uint64_t memory_budget = 0;
+  int64_t context = 4096;  // the context size the memory budget plans for
+  // BENCHMARK ONLY (runtime/routing_trace.h): replace the router's choice of experts with a
+  // synthetic or recorded trace, and/or record the routing used. Changes the output.
+  std::string routing_trace;
+  std::string record_routing;
+};
+
+// What one generated token cost (decode steps; the first entry is the prefill).
+struct TokenStats {
+  uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
+  double io_wait_ms = 0;  // waiting for expert reads with nothing else to do
+  double compute_ms = 0;  // the rest of the forward pass
 };
 
 struct GenerateResult {
@@ -30,6 +56,7 @@ struct GenerateResult {
   std::string stop_reason;      // "eos" or "length"
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  std::vector<TokenStats> token_stats;  // [0] the prefill, then one per decode forward pass
 };
 
 class Engine {
@@ -42,6 +69,13 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   Backend& backend() { return *backend_; }
   Model& model() { return *model_; }
+  // Expert cache counters since the engine started (all zero when experts are resident); safe
+  // to call from another thread while a generation runs.
+  ExpertStats expert_stats() const { return experts_ ? experts_->stats() : ExpertStats{}; }
+  int expert_cache_slots() const { return store_ ? store_->options().slots : 0; }
+  bool direct_io() const { return store_ && store_->direct_io(); }
+  // The expected memory at options().context, computed before loading.
+  const MemoryPlan& memory_plan() const { return plan_; }
 
   // A fresh KV cache for up to `context` positions (the engine's dtype and chunk size).
   KvCache new_cache(int64_t context);
@@ -61,7 +95,73 @@ class Engine {
   ModelDir dir_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ExpertSource> experts_;
+  ExpertStore* store_ = nullptr;  // experts_ when streaming
+  MemoryPlan plan_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<RoutingTrace> routing_trace_;  // benchmark only
+};
+
+// ---- sessions: one sequence kept between generations ----------------------------------------
+
+struct SessionRequest {
+  std::vector<int32_t> prompt;
+  int max_new = 256;
+  SamplerConfig sampler;
+  std::vector<int32_t> stop_ids;  // tokens that end generation (reason "stop"), besides EOS
+  bool ignore_eos = false;        // EOS tokens do not end generation (benchmarks, tests)
+};
+
+struct SessionCallbacks {
+  std::function<void(int32_t)> on_token;
+  // Polled between prefill chunks and between tokens; true stops with reason "cancelled".
+  std::function<bool()> cancelled;
+  // Called after each prefill chunk: positions of the prompt prefilled so far, and the total.
+  std::function<void(int64_t, int64_t)> on_prefill;
+};
+
+struct SessionResult {
+  std::vector<int32_t> tokens;  // generated tokens; a final EOS or stop token is included
+  std::string stop_reason;      // "eos", "stop", "length" (max_new or the context is full),
+                                // "cancelled"
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;   // prompt positions reused from the previous sequence
+  int64_t prefill_tokens = 0;  // prompt positions run through the model
+  double prefill_seconds = 0;
+  double ttft_seconds = 0;  // from the call to the first sampled token
+  double decode_seconds = 0;
+};
+
+// A KV cache of fixed context size plus the tokens it holds, reused across generate() calls: a
+// new prompt that shares a prefix with the held sequence prefills only the rest.
+//
+// Reuse rule (the simplest correct one): r = the longest common prefix of the held tokens and
+// the prompt, capped at prompt.size() - 1 (the last prompt token is always run, its logits pick
+// the first new token). If the cache can continue at r (KvCache::can_truncate: every sliding
+// layer's ring still holds the window before r), positions >= r are dropped and prefill starts
+// at r; otherwise the whole prompt is recomputed. Keys computed by decode steps are reused as
+// they are: they equal what a batched prefill would compute up to float rounding.
+class Session {
+ public:
+  // `ring_slack`: extra rows for the sliding layers' rings (KvCacheOptions::ring_slack), so a
+  // prompt can back up that many more positions and still reuse its prefix.
+  Session(Engine& engine, int64_t context, int64_t ring_slack = 0);
+
+  int64_t context() const { return cache_.options().context; }
+  // The tokens whose keys and values the cache holds, position by position.
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  uint64_t kv_bytes() const { return cache_.bytes(); }
+  // Prompt positions the next generate() would reuse.
+  int64_t reusable_prefix(std::span<const int32_t> prompt) const;
+  void reset();
+
+  // Throws std::invalid_argument (empty prompt, bad settings) and ContextOverflow (the prompt
+  // does not fit the context). Generation that reaches the context size stops with "length".
+  SessionResult generate(const SessionRequest& request, const SessionCallbacks& callbacks = {});
+
+ private:
+  Engine& engine_;
+  KvCache cache_;
+  std::vector<int32_t> tokens_;
 };
 
 }  // namespace redwing

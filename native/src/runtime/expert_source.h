@@ -1,11 +1,13 @@
 // Where the MoE layers get their experts' weights from.
 //
 // The model asks for the experts one layer needs, uses them, then releases them. The resident
-// source below reads every expert file into memory at start; an SSD-streaming cache can replace
-// it behind the same interface (fetch missing experts on acquire, unpin them on release).
+// source below reads every expert file into memory at start; the SSD-streaming cache
+// (runtime/expert_store.h) replaces it behind the same interface, and MappedExpertSource maps
+// the files (the page-cache baseline of the streaming benchmark).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -21,6 +23,19 @@ struct ExpertMatrices {
   HostQuantMatrix gate, up, down;
 };
 
+// Counters of an expert source since it was made (all zero for the resident source).
+struct ExpertStats {
+  uint64_t requests = 0;       // expert uses asked for (one per expert per layer per call)
+  uint64_t hits = 0;           // of those, found in a slot
+  uint64_t misses = 0;         // of those, read from the file
+  uint64_t bytes_read = 0;     // bytes read from expert files
+  double io_wait_seconds = 0;  // time the model thread waited for reads with nothing else to do
+  double read_seconds = 0;     // time spent inside reads, summed over the I/O threads
+  double hit_rate() const {
+    return requests ? static_cast<double>(hits) / static_cast<double>(requests) : 0.0;
+  }
+};
+
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
@@ -28,7 +43,25 @@ class ExpertSource {
   // release(layer) is called; the model releases a layer before acquiring the next one.
   virtual std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) = 0;
   virtual void release(int layer) = 0;
+
+  // Streaming hooks. The model announces a layer's experts as soon as the router has chosen
+  // them (before its dense MLP) so a store can start reading the missing ones; then for_each
+  // calls fn(k, matrices of experts[k]) exactly once for every k, in any order (cached experts
+  // first, the rest as their reads complete). The matrices are valid only during the call. If
+  // a read fails, for_each throws (the error names the file and offset) without calling fn for
+  // the rest; reads still in flight land in their slots, and the source stays usable. The
+  // defaults acquire everything, in order.
+  virtual void prefetch(int layer, std::span<const int32_t> experts) {}
+  virtual void for_each(int layer, std::span<const int32_t> experts,
+                        const std::function<void(size_t, const ExpertMatrices&)>& fn);
+  virtual ExpertStats stats() const { return {}; }
 };
+
+// The expert layout of MoE layer i, checked against the architecture (shapes, count); throws
+// FormatError naming the manifest and file.
+const ExpertLayerInfo& checked_expert_layer(const ModelDir& dir, int i);
+// Throws FormatError naming `path` unless `actual` is count * stride bytes.
+void check_expert_file_size(const std::string& path, const ExpertLayerInfo& info, uint64_t actual);
 
 // Reads each MoE layer's expert file fully into an aligned buffer when constructed.
 class ResidentExpertSource final : public ExpertSource {
@@ -48,6 +81,22 @@ class ResidentExpertSource final : public ExpertSource {
   };
   std::map<int, Layer> layers_;
   uint64_t bytes_ = 0;
+};
+
+// Maps each MoE layer's expert file read-only and lets the OS page experts in on first touch
+// (the llama.cpp-style baseline the streaming store is benchmarked against).
+class MappedExpertSource final : public ExpertSource {
+ public:
+  explicit MappedExpertSource(const ModelDir& dir);
+  std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
+  void release(int layer) override {}
+
+ private:
+  struct Layer {
+    ExpertLayerInfo info;
+    platform::MappedFile map;
+  };
+  std::map<int, Layer> layers_;
 };
 
 }  // namespace redwing

@@ -7,7 +7,8 @@ namespace redwing {
 
 int64_t kv_rows_needed(const LayerConfig& layer, const KvCacheOptions& options) {
   if (layer.sliding)
-    return std::min<int64_t>(options.context, layer.sliding_window + options.max_chunk);
+    return std::min<int64_t>(options.context,
+                             layer.sliding_window + options.max_chunk + options.ring_slack);
   return options.context;
 }
 
@@ -21,6 +22,7 @@ KvCache::KvCache(Backend& backend, const Architecture& arch, const KvCacheOption
     : options_(options) {
   if (options.context <= 0) throw std::invalid_argument("context size must be positive");
   if (options.max_chunk <= 0) throw std::invalid_argument("chunk size must be positive");
+  if (options.ring_slack < 0) throw std::invalid_argument("ring slack must be >= 0");
   if (options.context > arch.max_position_embeddings)
     throw std::invalid_argument("context size " + std::to_string(options.context) +
                                 " exceeds the model's max_position_embeddings " +
@@ -53,6 +55,26 @@ void KvCache::check_room(int64_t n) const {
     throw ContextOverflow("context overflow: " + std::to_string(length_) + " positions stored + " +
                           std::to_string(n) + " new exceed the context size " +
                           std::to_string(options_.context));
+}
+
+bool KvCache::can_truncate(int64_t n) const {
+  if (n < 0 || n > length_) return false;
+  if (n == length_ || n == 0) return true;  // nothing to keep at 0
+  for (const KvLayerView& v : views_) {
+    if (!v.ring) continue;
+    const int64_t oldest_held = std::max<int64_t>(0, length_ - v.capacity);
+    const int64_t oldest_needed = std::max<int64_t>(0, n - v.window + 1);
+    if (oldest_needed < oldest_held) return false;
+  }
+  return true;
+}
+
+void KvCache::truncate(int64_t n) {
+  if (!can_truncate(n))
+    throw std::invalid_argument("cannot truncate the KV cache from " + std::to_string(length_) +
+                                " to " + std::to_string(n) +
+                                " positions: a sliding-window ring no longer holds them");
+  length_ = n;
 }
 
 void KvCache::advance(int64_t n) {

@@ -27,10 +27,13 @@ struct KvCacheOptions {
   int64_t context = 4096;   // the most positions the sequence may reach
   int64_t max_chunk = 128;  // the most positions one forward call may add
   KvDType dtype = KvDType::f16;
+  // Extra ring rows for sliding layers, so a session can back up this many more positions and
+  // reuse a prefix (see Session in runtime/engine.h). 0 for one-shot runs.
+  int64_t ring_slack = 0;
 };
 
-// Rows a layer's cache needs: min(context, window + max_chunk) for sliding layers, context for
-// full ones.
+// Rows a layer's cache needs: min(context, window + max_chunk + ring_slack) for sliding layers,
+// context for full ones.
 int64_t kv_rows_needed(const LayerConfig& layer, const KvCacheOptions& options);
 
 KvDType parse_kv_dtype(const std::string& s);  // "f16" | "f32"; throws std::invalid_argument
@@ -48,6 +51,14 @@ class KvCache {
   void advance(int64_t n);
   // Forgets every position (the buffers are reused).
   void clear() { length_ = 0; }
+  // Whether the sequence can continue at position n (n <= length()), keeping positions < n.
+  // Full layers keep every position. A sliding layer's ring holds only the last `capacity`
+  // positions, from max(0, length() - capacity); continuing at n needs the window - 1 keys
+  // before n, i.e. positions from max(0, n - window + 1). Writing positions >= n later only
+  // overwrites slots of positions older than that (capacity = window + max_chunk).
+  bool can_truncate(int64_t n) const;
+  // Forgets positions >= n; throws std::invalid_argument unless can_truncate(n).
+  void truncate(int64_t n);
 
   const KvLayerView& layer(int i) const { return views_[static_cast<size_t>(i)]; }
   // Bytes of backend memory held.

@@ -1,0 +1,350 @@
+/**
+ * Expert streaming benchmark on the full-size synthetic Gemma 4 26B-A4B (30 layers, ~14 GB,
+ * made once with `redwing synth` and kept in the benchmark cache, or --model DIR).
+ *
+ * Every configuration runs `redwing-engine generate` in a fresh process under the same memory
+ * limit (a cgroup v2 memory.max or v1 memory.limit_in_bytes child group when writable, else
+ * `systemd-run --scope -p MemoryMax=`, else no limit, as reported), after dropping the page
+ * cache when permitted:
+ *   (a) streamed experts, 16 slots, uniform routing        (--routing-trace synthetic:reuse=0)
+ *   (b) streamed experts, 16 slots, a trace with ~50% hits (--routing-trace synthetic:reuse=0.45)
+ *   (c) baseline: the expert files mapped with mmap, trace (b), page cache under the same limit
+ * Disk throughput is measured in the same run with the same read size (one expert, 8 reads in
+ * flight, cold cache). The bound for decode is the slower of reading a token's missed experts at
+ * that throughput and the token's compute (decode time minus I/O wait).
+ * The routing traces are benchmark-only: they replace the router's choice of experts.
+ *
+ *   node --import tsx bench/streaming.ts [--model DIR] [--prompt 512] [--new 16] [--slots 16]
+ *                                        [--limit-mib N] [--skip-baseline]
+ */
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, readdirSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { mkdir, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { z } from "zod";
+import { synthesizeModel } from "../core/synth/synth.ts";
+
+const root = fileURLToPath(new URL("..", import.meta.url));
+
+const TokenStat = z.object({
+  hits: z.number(),
+  misses: z.number(),
+  bytes_read: z.number(),
+  io_wait_ms: z.number(),
+  compute_ms: z.number(),
+});
+const Report = z.object({
+  tokens: z.array(z.number()),
+  prompt_tokens: z.number(),
+  prefill_seconds: z.number(),
+  decode_seconds: z.number(),
+  peak_rss_bytes: z.number(),
+  direct_io: z.boolean(),
+  token_stats: z.array(TokenStat),
+});
+const MemoryReport = z.object({ total_bytes: z.number(), expert_bytes_each: z.number() });
+
+function option(name: string): string | undefined {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? process.argv[i + 1] : undefined;
+}
+function intOption(name: string, fallback: number): number {
+  const raw = option(name);
+  const value = raw === undefined ? fallback : Number(raw);
+  if (!Number.isInteger(value) || value < 1)
+    throw new Error(`--${name} must be a positive integer`);
+  return value;
+}
+
+function engineBinary(): string {
+  const dir = process.env.REDWING_NATIVE_BUILD
+    ? resolve(process.env.REDWING_NATIVE_BUILD)
+    : join(root, "native", "build");
+  return join(dir, "redwing-engine");
+}
+
+async function benchModel(): Promise<string> {
+  const given = option("model");
+  if (given) return resolve(given);
+  const cache = process.env.REDWING_BENCH_DIR ?? join(tmpdir(), "redwing-bench");
+  const dir = join(cache, "gemma-4-26b-a4b-30l");
+  if (!existsSync(join(dir, "manifest.json"))) {
+    console.error(`streaming bench: writing the full synthetic model ${dir} (~14 GB)`);
+    await synthesizeModel({ preset: "gemma-4-26b-a4b", out: dir, force: true });
+  }
+  return dir;
+}
+
+/** Drops the page cache (root only); says whether it worked. */
+function dropCaches(): boolean {
+  try {
+    spawnSync("sync");
+    writeFileSync("/proc/sys/vm/drop_caches", "3\n");
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+interface Limiter {
+  how: string;
+  /** The command line that runs `argv` under the limit. */
+  wrap(argv: string[]): string[];
+  dispose(): void;
+}
+
+/** A memory limit for child processes: cgroup v2, cgroup v1, systemd-run, or none. */
+function memoryLimiter(bytes: number): Limiter {
+  const name = `redwing-stream-bench-${process.pid}`;
+  const tryGroup = (dir: string, limitFile: string, how: string): Limiter | null => {
+    try {
+      mkdirSync(dir);
+      writeFileSync(join(dir, limitFile), String(bytes));
+      if (existsSync(join(dir, "memory.swap.max")))
+        writeFileSync(join(dir, "memory.swap.max"), "0");
+      return {
+        how,
+        wrap: (argv) => ["sh", "-c", `echo $$ > ${dir}/cgroup.procs && exec "$@"`, "sh", ...argv],
+        dispose: () => {
+          try {
+            rmdirSync(dir);
+          } catch {
+            /* still busy: left for the system */
+          }
+        },
+      };
+    } catch {
+      return null;
+    }
+  };
+  const v2 = "/sys/fs/cgroup";
+  if (existsSync(join(v2, "cgroup.controllers"))) {
+    const g = tryGroup(join(v2, name), "memory.max", "cgroup v2 memory.max");
+    if (g) return g;
+  }
+  if (existsSync(join(v2, "memory", "memory.limit_in_bytes"))) {
+    const g = tryGroup(
+      join(v2, "memory", name),
+      "memory.limit_in_bytes",
+      "cgroup v1 memory.limit_in_bytes",
+    );
+    if (g) return g;
+  }
+  const probe = spawnSync("systemd-run", ["--scope", "-q", "-p", `MemoryMax=${bytes}`, "true"]);
+  if (probe.status === 0)
+    return {
+      how: "systemd-run --scope -p MemoryMax",
+      wrap: (argv) => ["systemd-run", "--scope", "-q", "-p", `MemoryMax=${bytes}`, ...argv],
+      dispose: () => {},
+    };
+  return { how: "none (no writable cgroup, no systemd)", wrap: (argv) => argv, dispose: () => {} };
+}
+
+function run(argv: string[]): Promise<string> {
+  return new Promise((resolvePromise, reject) => {
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on("data", (c: Buffer) => out.push(c));
+    child.stderr.on("data", (c: Buffer) => err.push(c));
+    child.on("error", reject);
+    child.on("close", (code, signal) =>
+      code === 0
+        ? resolvePromise(Buffer.concat(out).toString("utf8"))
+        : reject(
+            new Error(
+              `${argv.join(" ").slice(0, 200)}... exited with ${code ?? signal}: ${Buffer.concat(err).toString("utf8")}`,
+            ),
+          ),
+    );
+  });
+}
+
+/**
+ * Cold read throughput with the engine's read size: random experts, `inFlight` reads at once. It
+ * runs in a child Node process whose libuv pool has enough threads (the default 4 would cap the
+ * reads in flight at 4).
+ */
+async function diskThroughput(model: string, stride: number, totalBytes: number, inFlight = 8) {
+  const files = readdirSync(join(model, "experts")).map((f) => join(model, "experts", f));
+  const script = `
+    const { open } = require("node:fs/promises");
+    const [files, stride, count, inFlight, experts] = JSON.parse(process.argv[1]);
+    (async () => {
+      const handles = await Promise.all(files.map((f) => open(f, "r")));
+      let next = 0, seed = 12345;
+      const rand = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+      const t0 = performance.now();
+      await Promise.all(Array.from({ length: inFlight }, async () => {
+        const buf = Buffer.allocUnsafe(stride);
+        while (next++ < count) {
+          const h = handles[Math.floor(rand() * handles.length)];
+          await h.read(buf, 0, stride, Math.floor(rand() * experts) * stride);
+        }
+      }));
+      const seconds = (performance.now() - t0) / 1000;
+      process.stdout.write(String((count * stride) / seconds));
+    })();`;
+  const experts = Math.floor(statSync(files[0]!).size / stride);
+  const args = JSON.stringify([files, stride, Math.floor(totalBytes / stride), inFlight, experts]);
+  const child = spawnSync(process.execPath, ["-e", script, args], {
+    encoding: "utf8",
+    env: { ...process.env, UV_THREADPOOL_SIZE: String(inFlight * 2) },
+  });
+  const value = Number(child.stdout);
+  if (child.status !== 0 || !(value > 0))
+    throw new Error(`disk throughput measurement failed: ${child.stderr}`);
+  return value;
+}
+
+interface Row {
+  name: string;
+  decode_tok_s: number;
+  ttft_s: number;
+  peak_rss_mib: number;
+  bytes_read_per_token_mib: number | null;
+  hit_rate: number | null;
+  io_wait_share: number | null;
+  compute_ms_per_token: number;
+  direct_io: boolean;
+}
+
+function summarize(name: string, r: z.infer<typeof Report>): Row {
+  const steps = r.token_stats.slice(1);
+  const sum = (f: (t: z.infer<typeof TokenStat>) => number) => steps.reduce((a, t) => a + f(t), 0);
+  const n = Math.max(1, steps.length);
+  const uses = sum((t) => t.hits + t.misses);
+  const ioWait = sum((t) => t.io_wait_ms);
+  const compute = sum((t) => t.compute_ms);
+  return {
+    name,
+    decode_tok_s: r.tokens.length > 1 ? (r.tokens.length - 1) / r.decode_seconds : 0,
+    ttft_s: r.prefill_seconds,
+    peak_rss_mib: r.peak_rss_bytes / 2 ** 20,
+    // The mapped baseline reads through page faults, which the engine does not count.
+    bytes_read_per_token_mib: uses > 0 ? sum((t) => t.bytes_read) / n / 2 ** 20 : null,
+    hit_rate: uses > 0 ? sum((t) => t.hits) / uses : null,
+    io_wait_share: uses > 0 ? ioWait / (ioWait + compute) : null,
+    compute_ms_per_token: compute / n,
+    direct_io: r.direct_io,
+  };
+}
+
+export async function runStreamingBench(): Promise<void> {
+  const promptLength = intOption("prompt", 512);
+  const maxNew = intOption("new", 16);
+  const slots = intOption("slots", 16);
+  const model = await benchModel();
+  const binary = engineBinary();
+  const context = 4096;
+  const plan = MemoryReport.parse(
+    JSON.parse(
+      await run([
+        binary,
+        "memory",
+        "--model",
+        model,
+        "--context",
+        String(context),
+        "--expert-cache-slots",
+        String(slots),
+      ]),
+    ),
+  );
+  const limitBytes = option("limit-mib")
+    ? intOption("limit-mib", 1) * 2 ** 20
+    : Math.ceil((plan.total_bytes * 1.1) / 2 ** 20) * 2 ** 20;
+  const limiter = memoryLimiter(limitBytes);
+  const dropped = dropCaches();
+  const throughput = await diskThroughput(model, plan.expert_bytes_each, 2 * 2 ** 30);
+  const prompt = Array.from({ length: promptLength }, (_, i) => 1000 + ((i * 7919) % 200000));
+  const common = [
+    "generate",
+    "--model",
+    model,
+    "--tokens",
+    prompt.join(","),
+    "--max-new",
+    String(maxNew),
+    "--temperature",
+    "0",
+    "--context",
+    String(context),
+  ];
+  const configs: [string, string[]][] = [
+    [
+      "(a) stream, uniform routing",
+      ["--expert-cache-slots", String(slots), "--routing-trace", "synthetic:reuse=0,seed=1"],
+    ],
+    [
+      "(b) stream, ~50% hit trace",
+      ["--expert-cache-slots", String(slots), "--routing-trace", "synthetic:reuse=0.45,seed=1"],
+    ],
+  ];
+  if (!process.argv.includes("--skip-baseline"))
+    configs.push([
+      "(c) mmap baseline, trace (b)",
+      ["--expert-mmap", "on", "--routing-trace", "synthetic:reuse=0.45,seed=1"],
+    ]);
+  const rows: Row[] = [];
+  try {
+    for (const [name, flags] of configs) {
+      dropCaches();
+      console.error(`streaming bench: ${name}`);
+      const report = Report.parse(
+        JSON.parse(await run(limiter.wrap([binary, ...common, ...flags]))),
+      );
+      rows.push(summarize(name, report));
+    }
+  } finally {
+    limiter.dispose();
+  }
+  // The decode bound: per token, the slower of reading its misses at the measured throughput and
+  // its compute (measured in the same run).
+  const bound = (r: Row) => {
+    if (r.bytes_read_per_token_mib === null) return null;
+    const ioS = (r.bytes_read_per_token_mib * 2 ** 20) / throughput;
+    return 1 / Math.max(ioS, r.compute_ms_per_token / 1000);
+  };
+  const result = {
+    model: `${model} (synthetic gemma-4-26b-a4b, 30 layers)`,
+    prompt_tokens: promptLength,
+    max_new: maxNew,
+    context,
+    slots,
+    memory_limit_mib: limitBytes / 2 ** 20,
+    memory_limit_how: limiter.how,
+    page_cache_dropped: dropped,
+    disk_mib_s: throughput / 2 ** 20,
+    rows: rows.map((r) => {
+      const b = bound(r);
+      return { ...r, bound_tok_s: b, of_bound: b === null ? null : r.decode_tok_s / b };
+    }),
+  };
+  const fmt = (v: number | null, digits: number, width: number) =>
+    (v === null ? "-" : v.toFixed(digits)).padStart(width);
+  console.log(result.model);
+  console.log(
+    `limit ${result.memory_limit_mib.toFixed(0)} MiB via ${limiter.how}; page cache dropped: ${dropped}; disk ${result.disk_mib_s.toFixed(0)} MiB/s (cold, ${plan.expert_bytes_each} B reads, 8 in flight)`,
+  );
+  console.log(
+    "config                          tok/s  TTFT s  peak MiB  MiB/tok  hit    io-wait  bound  of-bound",
+  );
+  for (const r of result.rows)
+    console.log(
+      `${r.name.padEnd(30)} ${r.decode_tok_s.toFixed(2).padStart(6)} ${r.ttft_s.toFixed(1).padStart(7)} ${r.peak_rss_mib.toFixed(0).padStart(9)} ${fmt(r.bytes_read_per_token_mib, 0, 8)}  ${r.hit_rate === null ? "  -  " : r.hit_rate.toFixed(2)}  ${r.io_wait_share === null ? "   -   " : r.io_wait_share.toFixed(2).padStart(7)}  ${fmt(r.bound_tok_s, 2, 5)}  ${fmt(r.of_bound, 2, 8)}`,
+    );
+  const b = result.rows.find((r) => r.name.startsWith("(b)"));
+  const c = result.rows.find((r) => r.name.startsWith("(c)"));
+  if (b && c && c.decode_tok_s > 0)
+    console.log(`(b) decodes ${(b.decode_tok_s / c.decode_tok_s).toFixed(1)}x faster than (c)`);
+  const dir = join(root, "bench", "results");
+  await mkdir(dir, { recursive: true });
+  await writeFile(join(dir, "streaming.json"), JSON.stringify(result, null, 2) + "\n");
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  await runStreamingBench();
+}

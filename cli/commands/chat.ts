@@ -1,0 +1,347 @@
+import { readFile } from "node:fs/promises";
+import { createInterface } from "node:readline/promises";
+import { InvalidArgumentError, Option, type Command } from "commander";
+import {
+  nativeOneShotBackend,
+  serviceBackend,
+  type Backend,
+  type GenerateRequest,
+} from "../../core/chat/backend.ts";
+import { resolveModel, type ResolvedModel } from "../../core/chat/model.ts";
+import { runGeneration, type GenerationResult } from "../../core/chat/session.ts";
+import { formatStats } from "../../core/chat/stats.ts";
+import {
+  loadChatTemplate,
+  parseMessages,
+  renderChat,
+  type ChatMessage,
+} from "../../core/chat/template.ts";
+import { loadTokenizer, type ChatTokenizer } from "../../core/chat/tokenizer.ts";
+import { DEMO_LABEL } from "../../core/demo/demo.ts";
+import { UserError } from "../../core/errors.ts";
+
+export const DEFAULT_EXPERT_CACHE_SLOTS = 16;
+
+/** Options shared by `chat` and `complete`. */
+export interface GenerationCliOptions {
+  model?: string;
+  maxNew: number;
+  maxContext: number;
+  temperature: number;
+  topK: number;
+  topP: number;
+  repetitionPenalty: number;
+  seed?: number;
+  stop: string[];
+  expertCacheSlots?: number;
+  memoryBudget?: number;
+  threads?: number;
+  quiet?: boolean;
+  json?: boolean;
+}
+
+function intArg(min: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min) {
+      throw new InvalidArgumentError(`expected an integer >= ${min}`);
+    }
+    return n;
+  };
+}
+
+function numberArg(min: number, max = Infinity) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (value.trim() === "" || !Number.isFinite(n) || n < min || n > max) {
+      throw new InvalidArgumentError(
+        max === Infinity
+          ? `expected a number >= ${min}`
+          : `expected a number from ${min} to ${max}`,
+      );
+    }
+    return n;
+  };
+}
+
+/** "8G", "8GB", "8GiB", "512M", "1073741824": bytes (K/M/G/T are powers of 1024). */
+export function parseByteSize(value: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$/i.exec(value);
+  if (!m) throw new InvalidArgumentError("expected a size such as 8G, 512M or a number of bytes");
+  const power = ["", "k", "m", "g", "t"].indexOf(m[2]!.toLowerCase());
+  return Math.floor(Number(m[1]) * 1024 ** power);
+}
+
+/** Adds the model, sampling, engine and output options to a command. */
+export function addGenerationOptions(cmd: Command): Command {
+  return cmd
+    .option(
+      "--model <name-or-dir>",
+      "installed model name or model directory (default: the demo model)",
+    )
+    .option("--max-new <n>", "most tokens to generate", intArg(0), 1024)
+    .option("--max-context <n>", "context size in tokens (prompt plus output)", intArg(1), 4096)
+    .option(
+      "--temperature <t>",
+      "sampling temperature; 0 picks the most likely token",
+      numberArg(0),
+      0.2,
+    )
+    .option("--top-k <k>", "sample from the k most likely tokens (0: all)", intArg(0), 64)
+    .option("--top-p <p>", "nucleus sampling probability mass", numberArg(0, 1), 0.95)
+    .option("--repetition-penalty <r>", "penalty for repeated tokens (1: none)", numberArg(0), 1.0)
+    .option("--seed <n>", "random seed (same seed, same output)", intArg(0))
+    .addOption(
+      new Option("--stop <text>", "stop when the output contains this text (repeatable)")
+        .argParser((v: string, prev: string[]) => [...prev, v])
+        .default([]),
+    )
+    .option(
+      "--expert-cache-slots <n>",
+      `experts kept in memory per MoE layer (default: ${DEFAULT_EXPERT_CACHE_SLOTS}, or what --memory-budget allows)`,
+      intArg(0),
+    )
+    .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
+    .option("--threads <n>", "CPU threads (default: all)", intArg(1))
+    .option("--quiet", "print only the generated text (no banner, no statistics)")
+    .option("--json", "print one JSON object with the text and statistics instead of streaming");
+}
+
+/** The model and its text side, with the demo banner on stderr. */
+export interface LoadedModel {
+  model: ResolvedModel;
+  tokenizer: ChatTokenizer;
+}
+
+export async function loadModel(opts: GenerationCliOptions): Promise<LoadedModel> {
+  const quiet = opts.quiet === true || opts.json === true;
+  const model = await resolveModel(opts.model, () => {
+    if (!quiet) process.stderr.write("redwing: creating the built-in demo model (first use)...\n");
+  });
+  if (model.isDemo && !quiet) process.stderr.write(`redwing: using the ${DEMO_LABEL}\n`);
+  const tokenizer = await loadTokenizer(model.dir);
+  return { model, tokenizer };
+}
+
+/**
+ * The engine behind the commands: the decode service (core/engine) when its binary is built,
+ * else one `redwing-engine generate` run per request. REDWING_ENGINE=service or oneshot forces
+ * one of them.
+ */
+export async function openBackend(): Promise<Backend> {
+  const choice = process.env.REDWING_ENGINE;
+  if (choice === "oneshot") return nativeOneShotBackend();
+  try {
+    return await serviceBackend();
+  } catch (error) {
+    if (choice === "service" || !(error instanceof UserError) || error.code !== "native_missing") {
+      throw error;
+    }
+    return nativeOneShotBackend();
+  }
+}
+
+/** Runs one generation from prompt ids, streaming text to stdout unless --json. */
+export async function generateText(
+  backend: Backend,
+  loaded: LoadedModel,
+  promptTokens: number[],
+  opts: GenerationCliOptions,
+  signal?: AbortSignal,
+): Promise<GenerationResult> {
+  if (promptTokens.length >= opts.maxContext) {
+    throw new UserError(
+      `the prompt has ${promptTokens.length} tokens, which does not fit --max-context ${opts.maxContext}`,
+      "context_overflow",
+    );
+  }
+  const request: Omit<GenerateRequest, "signal"> = {
+    modelDir: loaded.model.dir,
+    tokens: promptTokens,
+    maxNew: Math.min(opts.maxNew, opts.maxContext - promptTokens.length),
+    sampling: {
+      temperature: opts.temperature,
+      topK: opts.topK,
+      topP: opts.topP,
+      repetitionPenalty: opts.repetitionPenalty,
+      seed: opts.seed,
+    },
+    stopTokenIds: loaded.model.manifest.architecture.eos_token_ids,
+    load: {
+      context: opts.maxContext,
+      threads: opts.threads,
+      // With a memory budget and no slot count, the engine picks the count that fits.
+      expertCacheSlots:
+        opts.expertCacheSlots ??
+        (opts.memoryBudget === undefined ? DEFAULT_EXPERT_CACHE_SLOTS : undefined),
+      memoryBudget: opts.memoryBudget,
+    },
+  };
+  const result = await runGeneration(backend, loaded.tokenizer, request, {
+    stopStrings: opts.stop,
+    onText: (text) => {
+      if (!opts.json) process.stdout.write(text);
+    },
+    signal,
+  });
+  if (!opts.json && !opts.quiet) {
+    // End the text's line (--quiet keeps the text exactly as generated), then the statistics.
+    if (!result.text.endsWith("\n")) process.stdout.write("\n");
+    if (result.stats) process.stderr.write(`${formatStats(result.stats)}\n`);
+  }
+  return result;
+}
+
+/** The JSON printed by --json. */
+export function resultJson(result: GenerationResult, promptTokens: number): string {
+  const s = result.stats;
+  return (
+    JSON.stringify({
+      text: result.text,
+      tokens: result.tokens,
+      finish_reason: result.finishReason,
+      prompt_tokens: promptTokens,
+      stats: s && {
+        generated_tokens: s.generatedTokens,
+        ttft_seconds: s.ttftSeconds,
+        decode_seconds: s.decodeSeconds,
+        decode_tokens_per_second:
+          s.decodeSeconds > 0 ? Math.max(0, s.generatedTokens - 1) / s.decodeSeconds : 0,
+        peak_memory_bytes: s.peakMemoryBytes ?? null,
+        expert_cache_hit_rate: s.cacheHitRate ?? null,
+      },
+    }) + "\n"
+  );
+}
+
+interface ChatOptions extends GenerationCliOptions {
+  messagesFile?: string;
+  system?: string;
+}
+
+async function readStdin(): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of process.stdin) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks).toString("utf8");
+}
+
+async function readMessages(path: string): Promise<ChatMessage[]> {
+  let text: string;
+  try {
+    text = path === "-" ? await readStdin() : await readFile(path, "utf8");
+  } catch (error) {
+    throw new UserError(`cannot read --messages-file ${path}: ${(error as Error).message}`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new UserError(`${path} is not valid JSON: ${(error as Error).message}`);
+  }
+  return parseMessages(value, path === "-" ? "stdin" : path);
+}
+
+function promptIds(loaded: LoadedModel, template: string, messages: ChatMessage[]): number[] {
+  const text = renderChat(template, messages, {
+    bosToken: loaded.tokenizer.bosToken,
+    eosToken: loaded.tokenizer.eosToken,
+  });
+  return loaded.tokenizer.encode(text, { addBos: true });
+}
+
+/** Interactive chat on a terminal: one line per user turn, Ctrl-C stops a reply, Ctrl-D quits. */
+async function interactive(
+  backend: Backend,
+  loaded: LoadedModel,
+  template: string,
+  history: ChatMessage[],
+  opts: ChatOptions,
+): Promise<void> {
+  const rl = createInterface({ input: process.stdin, output: process.stderr, terminal: true });
+  let current: AbortController | null = null;
+  rl.on("SIGINT", () => {
+    if (current) current.abort();
+    else rl.close();
+  });
+  process.stderr.write("Type a message; /reset clears the conversation, /exit or Ctrl-D quits.\n");
+  try {
+    for (;;) {
+      let line: string;
+      try {
+        line = await rl.question("> ");
+      } catch {
+        break; // closed (Ctrl-D or Ctrl-C at the prompt)
+      }
+      const text = line.trim();
+      if (text === "/exit" || text === "/quit") break;
+      if (text === "/reset") {
+        history.splice(history[0]?.role === "system" ? 1 : 0);
+        continue;
+      }
+      if (text === "") continue;
+      history.push({ role: "user", content: text });
+      current = new AbortController();
+      try {
+        const result = await generateText(
+          backend,
+          loaded,
+          promptIds(loaded, template, history),
+          { ...opts, json: false },
+          current.signal,
+        );
+        if (opts.quiet && !result.text.endsWith("\n")) process.stdout.write("\n");
+        history.push({ role: "assistant", content: result.text });
+      } catch (error) {
+        history.pop();
+        if (!(error instanceof UserError)) throw error;
+        process.stderr.write(`redwing: ${error.message}\n`);
+      } finally {
+        current = null;
+      }
+    }
+  } finally {
+    rl.close();
+  }
+}
+
+/** `redwing chat`: a conversation with the model's chat template. */
+export function registerChatCommand(program: Command): void {
+  const cmd = program
+    .command("chat")
+    .description("Chat with a model (messages from a file, or interactively on a terminal)")
+    .option(
+      "--messages-file <file>",
+      'JSON array of {"role", "content"} messages ("-": stdin); the reply is printed',
+    )
+    .option("--system <text>", "system prompt");
+  addGenerationOptions(cmd).action(async (opts: ChatOptions) => {
+    const messages: ChatMessage[] = opts.messagesFile ? await readMessages(opts.messagesFile) : [];
+    if (opts.system !== undefined) {
+      if (messages[0]?.role === "system") messages[0] = { role: "system", content: opts.system };
+      else messages.unshift({ role: "system", content: opts.system });
+    }
+    if (!opts.messagesFile && !process.stdin.isTTY) {
+      throw new UserError(
+        "chat needs --messages-file, or a terminal for an interactive conversation; for raw text use `redwing complete --prompt`",
+      );
+    }
+    const loaded = await loadModel(opts);
+    const template = await loadChatTemplate(
+      loaded.model.dir,
+      loaded.tokenizer.configTemplate,
+      loaded.model.manifest.architecture.family,
+    );
+    const backend = await openBackend();
+    try {
+      if (!opts.messagesFile) {
+        await interactive(backend, loaded, template, messages, opts);
+        return;
+      }
+      const ids = promptIds(loaded, template, messages);
+      const result = await generateText(backend, loaded, ids, opts);
+      if (opts.json) process.stdout.write(resultJson(result, ids.length));
+    } finally {
+      await backend.close();
+    }
+  });
+}

@@ -1,0 +1,233 @@
+/**
+ * The decode-service protocol (docs/protocol.md), version 1, as zod schemas: every request the
+ * client sends and every event the service writes is checked against these. Exported for the
+ * server and the app, which speak to the service through the same client.
+ *
+ * Field names are the protocol's own (snake_case), so a request object is the JSON line minus
+ * `type` and `id`.
+ */
+import { z } from "zod";
+
+export const PROTOCOL_VERSION = 1;
+
+const tokenId = z.number().int().nonnegative();
+/** Request ids: strings or integers chosen by the client, echoed in every event they cause. */
+export const RequestId = z.union([z.string(), z.number().int()]);
+export type RequestId = z.infer<typeof RequestId>;
+
+// ---- requests -------------------------------------------------------------------------------
+
+export const SamplingSchema = z.object({
+  temperature: z.number().nonnegative().optional(),
+  top_k: z.number().int().nonnegative().optional(),
+  top_p: z.number().min(0).max(1).optional(),
+  repetition_penalty: z.number().positive().optional(),
+  repetition_context: z.number().int().nonnegative().optional(),
+  /** Omitted: a random seed. */
+  seed: z.number().int().nonnegative().optional(),
+});
+export type Sampling = z.infer<typeof SamplingSchema>;
+
+export const LoadParamsSchema = z.object({
+  /** The model directory (docs/format.md). */
+  model: z.string().min(1),
+  /** KV cache positions (default 4096). */
+  context: z.number().int().positive().optional(),
+  threads: z.number().int().nonnegative().optional(),
+  backend: z.literal("cpu").optional(),
+  kv_dtype: z.enum(["f16", "f32"]).optional(),
+  /** Prefill chunk size in tokens (default 128). */
+  chunk: z.number().int().positive().optional(),
+  expert_cache_slots: z.number().int().nonnegative().optional(),
+  /**
+   * Extra ring rows for sliding-window layers: how many more positions a prompt may back up and
+   * still reuse the cached prefix (default 0; each row costs KV memory on every sliding layer).
+   */
+  prefix_slack: z.number().int().nonnegative().optional(),
+  /** Bytes. */
+  memory_budget: z.number().int().nonnegative().optional(),
+});
+export type LoadParams = z.infer<typeof LoadParamsSchema>;
+
+export const GenerateParamsSchema = z.object({
+  tokens: z.array(tokenId).min(1),
+  max_new_tokens: z.number().int().nonnegative().optional(),
+  sampling: SamplingSchema.optional(),
+  stop_token_ids: z.array(tokenId).optional(),
+  /** EOS tokens do not end the generation (benchmarks and tests; default false). */
+  ignore_eos: z.boolean().optional(),
+  /** false: no tokens/prefill events, only finished (default true). */
+  stream: z.boolean().optional(),
+  /** Periodic stats events during generation; 0 turns them off (default 1000). */
+  stats_interval_ms: z.number().int().nonnegative().optional(),
+});
+export type GenerateParams = z.infer<typeof GenerateParamsSchema>;
+
+export const RequestSchema = z.discriminatedUnion("type", [
+  z.object({ type: z.literal("hello"), id: RequestId, protocol: z.number().int() }),
+  LoadParamsSchema.extend({ type: z.literal("load"), id: RequestId }),
+  GenerateParamsSchema.extend({ type: z.literal("generate"), id: RequestId }),
+  z.object({ type: z.literal("cancel"), id: RequestId.optional(), target: RequestId }),
+  z.object({ type: z.literal("unload"), id: RequestId }),
+  z.object({ type: z.literal("stats"), id: RequestId }),
+  z.object({ type: z.literal("shutdown"), id: RequestId }),
+]);
+export type Request = z.infer<typeof RequestSchema>;
+
+// ---- events ---------------------------------------------------------------------------------
+
+const eventId = RequestId.nullable();
+
+export const HelloEventSchema = z.object({
+  type: z.literal("hello"),
+  id: eventId,
+  protocol: z.number().int(),
+  service_version: z.string(),
+  backends: z.array(z.string()),
+  cpu_features: z.array(z.string()),
+  hardware_threads: z.number().int(),
+  pid: z.number().int(),
+});
+export type HelloEvent = z.infer<typeof HelloEventSchema>;
+
+export const LoadProgressEventSchema = z.object({
+  type: z.literal("load_progress"),
+  id: eventId,
+  phase: z.string(),
+  fraction: z.number().min(0).max(1),
+});
+export type LoadProgressEvent = z.infer<typeof LoadProgressEventSchema>;
+
+export const ReadyEventSchema = z.object({
+  type: z.literal("ready"),
+  id: eventId,
+  model: z.object({
+    dir: z.string(),
+    family: z.string(),
+    vocab_size: z.number().int(),
+    layers: z.number().int(),
+    moe: z.boolean(),
+    eos_token_ids: z.array(tokenId),
+    bos_token_id: z.number().int(),
+  }),
+  context: z.number().int(),
+  backend: z.string(),
+  /** Expert slots per MoE layer; 0: every expert resident. */
+  expert_cache_slots: z.number().int(),
+  memory: z.object({
+    model_bytes: z.number(),
+    kv_bytes: z.number(),
+    estimate_bytes: z.number(),
+    rss_bytes: z.number(),
+  }),
+});
+export type ReadyEvent = z.infer<typeof ReadyEventSchema>;
+
+export const PrefillEventSchema = z.object({
+  type: z.literal("prefill"),
+  id: eventId,
+  done: z.number().int(),
+  total: z.number().int(),
+});
+export type PrefillEvent = z.infer<typeof PrefillEventSchema>;
+
+export const TokensEventSchema = z.object({
+  type: z.literal("tokens"),
+  id: eventId,
+  tokens: z.array(tokenId),
+});
+export type TokensEvent = z.infer<typeof TokensEventSchema>;
+
+export const StatsEventSchema = z.object({
+  type: z.literal("stats"),
+  id: eventId,
+  model: z.string().nullable(),
+  generating: z.boolean(),
+  generations: z.number().int(),
+  prompt_tokens: z.number().int(),
+  cached_tokens: z.number().int(),
+  prefill_tokens: z.number().int(),
+  generated_tokens: z.number().int(),
+  prefill_tokens_per_second: z.number(),
+  decode_tokens_per_second: z.number(),
+  ttft_seconds: z.number(),
+  tokens_so_far: z.number().int().optional(),
+  memory: z.object({ rss_bytes: z.number(), peak_rss_bytes: z.number(), kv_bytes: z.number() }),
+  /** Over the last (or running) generation, prefill included; null when experts are resident. */
+  expert_cache: z.object({
+    slots: z.number().int(),
+    hit_rate: z.number().nullable(),
+    read_bytes_per_token: z.number().nullable(),
+  }),
+});
+export type StatsEvent = z.infer<typeof StatsEventSchema>;
+
+export const FinishReason = z.enum(["eos", "stop", "length", "cancelled"]);
+export type FinishReason = z.infer<typeof FinishReason>;
+
+export const FinishedEventSchema = z.object({
+  type: z.literal("finished"),
+  id: eventId,
+  reason: FinishReason,
+  tokens: z.array(tokenId),
+  prompt_tokens: z.number().int(),
+  cached_tokens: z.number().int(),
+  prefill_tokens: z.number().int(),
+  timings: z
+    .object({
+      prefill_seconds: z.number(),
+      ttft_seconds: z.number(),
+      decode_seconds: z.number(),
+      prefill_tokens_per_second: z.number(),
+      decode_tokens_per_second: z.number(),
+    })
+    .optional(),
+});
+export type FinishedEvent = z.infer<typeof FinishedEventSchema>;
+
+export const ErrorCode = z.enum([
+  "bad_json",
+  "bad_request",
+  "unknown_type",
+  "unsupported_version",
+  "unsupported_backend",
+  "message_too_large",
+  "not_loaded",
+  "already_loaded",
+  "model_locked",
+  "load_failed",
+  "context_overflow",
+  "generate_failed",
+  "unload_failed",
+  "internal",
+]);
+export type ErrorCode = z.infer<typeof ErrorCode>;
+
+export const ErrorEventSchema = z.object({
+  type: z.literal("error"),
+  id: eventId,
+  code: ErrorCode,
+  message: z.string(),
+  owner_pid: z.number().int().optional(),
+});
+export type ErrorEvent = z.infer<typeof ErrorEventSchema>;
+
+export const UnloadedEventSchema = z.object({ type: z.literal("unloaded"), id: eventId });
+export const ByeEventSchema = z.object({ type: z.literal("bye"), id: eventId });
+
+export const EventSchema = z.discriminatedUnion("type", [
+  HelloEventSchema,
+  LoadProgressEventSchema,
+  ReadyEventSchema,
+  PrefillEventSchema,
+  TokensEventSchema,
+  StatsEventSchema,
+  FinishedEventSchema,
+  ErrorEventSchema,
+  UnloadedEventSchema,
+  ByeEventSchema,
+]);
+export type Event = z.infer<typeof EventSchema>;
+
+/** What `EngineClient.generate()` yields. */
+export type GenerateEvent = PrefillEvent | TokensEvent | StatsEvent | FinishedEvent;

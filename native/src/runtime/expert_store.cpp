@@ -1,0 +1,331 @@
+#include "runtime/expert_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace redwing {
+namespace {
+
+double seconds_between(std::chrono::steady_clock::time_point a,
+                       std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+EvictionPolicy parse_eviction_policy(const std::string& s) {
+  if (s == "lfu") return EvictionPolicy::lfu;
+  if (s == "lru") return EvictionPolicy::lru;
+  throw std::invalid_argument("expert cache policy must be lfu or lru, not \"" + s + "\"");
+}
+
+ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
+    : options_(options) {
+  if (options_.slots < 1) throw std::invalid_argument("expert cache slots must be >= 1");
+  if (options_.io_threads < 1) throw std::invalid_argument("I/O threads must be >= 1");
+  if (options_.read_attempts < 1) options_.read_attempts = 1;
+  const Architecture& arch = dir.arch();
+  bool all_direct = options_.direct_io;
+  for (int i = 0; i < arch.num_layers; ++i) {
+    if (!arch.layers[static_cast<size_t>(i)].moe) continue;
+    const ExpertLayerInfo& info = checked_expert_layer(dir, i);
+    const std::string path = dir.file_path(info.file);
+    Layer l;
+    l.info = info;
+    l.file = options_.direct_io ? platform::ReadFile::open_uncached(path)
+                                : platform::ReadFile::open(path);
+    check_expert_file_size(path, info, l.file.size());
+    all_direct = all_direct && l.file.direct();
+    l.uses.assign(static_cast<size_t>(info.count), 0);
+    // Slots are allocated once, aligned for direct I/O; pages become resident when first read.
+    l.slots.resize(static_cast<size_t>(options_.slots));
+    for (Slot& s : l.slots) s.data = platform::allocate_aligned(info.stride, 16384);
+    slot_bytes_ += static_cast<uint64_t>(options_.slots) * info.stride;
+    layers_.emplace(i, std::move(l));
+  }
+  direct_ = all_direct && !layers_.empty();
+  for (int t = 0; t < options_.io_threads; ++t) io_threads_.emplace_back([this] { io_main(); });
+}
+
+ExpertStore::~ExpertStore() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  job_cv_.notify_all();
+  for (auto& t : io_threads_) t.join();
+}
+
+ExpertStore::Layer& ExpertStore::layer_at(int layer) {
+  auto it = layers_.find(layer);
+  if (it == layers_.end())
+    throw std::logic_error("layer " + std::to_string(layer) + " has no experts");
+  return it->second;
+}
+
+ExpertMatrices ExpertStore::matrices(const Layer& l, const Slot& s) const {
+  const std::byte* blob = s.data.get();
+  return {host_quant_at(l.info.gate, blob), host_quant_at(l.info.up, blob),
+          host_quant_at(l.info.down, blob)};
+}
+
+int ExpertStore::pick_victim(const Layer& l) const {
+  int best = -1;
+  for (int s = 0; s < static_cast<int>(l.slots.size()); ++s) {
+    const Slot& c = l.slots[static_cast<size_t>(s)];
+    if (c.pins > 0 || c.state == SlotState::loading) continue;
+    if (c.state == SlotState::empty || c.state == SlotState::failed) return s;
+    if (best < 0) {
+      best = s;
+      continue;
+    }
+    const Slot& b = l.slots[static_cast<size_t>(best)];
+    if (options_.policy == EvictionPolicy::lfu) {
+      const uint64_t uc = l.uses[static_cast<size_t>(c.expert)];
+      const uint64_t ub = l.uses[static_cast<size_t>(b.expert)];
+      if (uc < ub || (uc == ub && c.last_use < b.last_use)) best = s;
+    } else if (c.last_use < b.last_use) {
+      best = s;
+    }
+  }
+  return best;
+}
+
+void ExpertStore::begin(Layer& l, int layer, std::span<const int32_t> experts) {
+  // An earlier request of this layer that was announced but never run: let its slots go.
+  for (int s : l.active_slot)
+    if (s >= 0) --l.slots[static_cast<size_t>(s)].pins;
+  l.active.assign(experts.begin(), experts.end());
+  l.active_slot.assign(experts.size(), -1);
+  l.waiting.clear();
+  for (size_t k = 0; k < experts.size(); ++k) {
+    const int32_t e = experts[k];
+    if (e < 0 || e >= l.info.count)
+      throw std::out_of_range("expert " + std::to_string(e) + " out of range in " + l.file.path());
+    ++l.uses[static_cast<size_t>(e)];
+    ++stats_.requests;
+    auto it = l.where.find(e);
+    if (it != l.where.end()) {
+      Slot& s = l.slots[static_cast<size_t>(it->second)];
+      ++s.pins;
+      s.last_use = ++tick_;
+      l.active_slot[k] = it->second;
+      ++stats_.hits;
+    } else {
+      ++stats_.misses;
+      l.waiting.push_back(k);
+    }
+  }
+  assign_slots(l, layer);
+}
+
+void ExpertStore::assign_slots(Layer& l, int layer) {
+  bool queued = false;
+  while (!l.waiting.empty()) {
+    const int s = pick_victim(l);
+    if (s < 0) break;  // every slot is pinned: the rest wait for a wave to finish
+    const size_t k = l.waiting.front();
+    l.waiting.pop_front();
+    Slot& slot = l.slots[static_cast<size_t>(s)];
+    if (slot.expert >= 0) l.where.erase(slot.expert);
+    slot.expert = l.active[k];
+    slot.state = SlotState::loading;
+    slot.pins = 1;
+    slot.last_use = ++tick_;
+    l.where[slot.expert] = s;
+    l.active_slot[k] = s;
+    const uint64_t stride = l.info.stride;
+    uint64_t piece = stride;
+    if (options_.read_piece_bytes > 0 && options_.read_piece_bytes < stride) {
+      const uint64_t n = (stride + options_.read_piece_bytes - 1) / options_.read_piece_bytes;
+      piece = ((stride / n + 16383) / 16384) * 16384;  // aligned for direct I/O
+    }
+    slot.pieces_left = 0;
+    slot.error.clear();
+    for (uint64_t b = 0; b < stride; b += piece) {
+      jobs_.push_back({layer, s, slot.expert, b, std::min(piece, stride - b)});
+      ++slot.pieces_left;
+      ++in_flight_;
+    }
+    queued = true;
+  }
+  if (queued) job_cv_.notify_all();
+}
+
+void ExpertStore::io_main() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    job_cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, nothing left
+    const ReadJob job = jobs_.front();
+    jobs_.pop_front();
+    lk.unlock();
+    read_slot(job);
+    lk.lock();
+    --in_flight_;
+    done_cv_.notify_all();
+  }
+}
+
+void ExpertStore::read_slot(const ReadJob& job) {
+  // The slot is loading and pinned, so nothing else touches its buffer; layers_ and each
+  // layer's slot vector never change shape after construction.
+  Layer& l = layers_.at(job.layer);
+  Slot& slot = l.slots[static_cast<size_t>(job.slot)];
+  const uint64_t offset = static_cast<uint64_t>(job.expert) * l.info.stride + job.begin;
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int attempt = 0; attempt < options_.read_attempts; ++attempt) {
+    try {
+      l.file.read_exact(slot.data.get() + job.begin, job.size, offset);
+      error.clear();
+      break;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const double took = seconds_between(t0, std::chrono::steady_clock::now());
+  std::lock_guard lk(mu_);
+  stats_.read_seconds += took;
+  if (error.empty()) {
+    stats_.bytes_read += job.size;
+  } else if (slot.error.empty()) {
+    slot.error = "expert " + std::to_string(job.expert) + " of layer " + std::to_string(job.layer) +
+                 ": " + error + " (after " + std::to_string(options_.read_attempts) + " attempts)";
+  }
+  // The slot changes state only when its last piece is in, so a failed slot is never handed
+  // out again while one of its reads is still writing into it.
+  if (--slot.pieces_left > 0) return;
+  if (slot.error.empty()) {
+    slot.state = SlotState::ready;
+  } else {
+    slot.state = SlotState::failed;
+    l.where.erase(job.expert);
+    slot.expert = -1;
+  }
+}
+
+void ExpertStore::prefetch(int layer, std::span<const int32_t> experts) {
+  std::lock_guard lk(mu_);
+  Layer& l = layer_at(layer);
+  begin(l, layer, experts);
+  l.announced = true;
+}
+
+void ExpertStore::for_each(int layer, std::span<const int32_t> experts,
+                           const std::function<void(size_t, const ExpertMatrices&)>& fn) {
+  std::unique_lock lk(mu_);
+  Layer& l = layer_at(layer);
+  if (!l.announced || !std::equal(l.active.begin(), l.active.end(), experts.begin(), experts.end()))
+    begin(l, layer, experts);
+  l.announced = false;
+  const size_t n = experts.size();
+  std::vector<bool> done(n, false);
+  size_t remaining = n;
+  // Unpins what this request still holds; the reads in flight finish into their slots (which
+  // stay valid cache entries) on their own.
+  auto finish = [&] {
+    for (size_t k = 0; k < n; ++k) {
+      const int s = l.active_slot[k];
+      if (s >= 0 && !done[k]) --l.slots[static_cast<size_t>(s)].pins;
+    }
+    l.active.clear();
+    l.active_slot.clear();
+    l.waiting.clear();
+  };
+  try {
+    while (remaining > 0) {
+      // A slot may have come free (a read left over from an abandoned request landed).
+      if (!l.waiting.empty()) assign_slots(l, layer);
+      // Compute whatever is ready (hits first, then reads as they land) before waiting.
+      size_t pick = n;
+      for (size_t k = 0; k < n && pick == n; ++k) {
+        const int s = l.active_slot[k];
+        if (done[k] || s < 0) continue;
+        const Slot& slot = l.slots[static_cast<size_t>(s)];
+        if (slot.state == SlotState::ready) pick = k;
+        if (slot.state == SlotState::failed) throw platform::FileError(slot.error);
+      }
+      if (pick == n) {
+        const auto t0 = std::chrono::steady_clock::now();
+        done_cv_.wait(lk);
+        stats_.io_wait_seconds += seconds_between(t0, std::chrono::steady_clock::now());
+        continue;
+      }
+      Slot& slot = l.slots[static_cast<size_t>(l.active_slot[pick])];
+      const ExpertMatrices mats = matrices(l, slot);
+      lk.unlock();
+      try {
+        fn(pick, mats);
+      } catch (...) {
+        lk.lock();
+        throw;
+      }
+      lk.lock();
+      done[pick] = true;
+      --remaining;
+      --slot.pins;
+      slot.last_use = ++tick_;
+      assign_slots(l, layer);  // a slot may have come free for the next wave
+    }
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+}
+
+std::vector<ExpertMatrices> ExpertStore::acquire(int layer, std::span<const int32_t> experts) {
+  std::unique_lock lk(mu_);
+  Layer& l = layer_at(layer);
+  if (experts.size() > l.slots.size())
+    throw std::logic_error("acquire needs at least as many slots as experts; use for_each");
+  if (!l.announced || !std::equal(l.active.begin(), l.active.end(), experts.begin(), experts.end()))
+    begin(l, layer, experts);
+  l.announced = false;
+  for (;;) {
+    if (!l.waiting.empty()) assign_slots(l, layer);
+    bool all_ready = true;
+    for (int s : l.active_slot) {
+      if (s < 0) {
+        all_ready = false;
+        continue;
+      }
+      const Slot& slot = l.slots[static_cast<size_t>(s)];
+      if (slot.state == SlotState::failed) {
+        const std::string error = slot.error;
+        for (int t : l.active_slot)
+          if (t >= 0) --l.slots[static_cast<size_t>(t)].pins;
+        l.active.clear();
+        l.active_slot.clear();
+        throw platform::FileError(error);
+      }
+      if (slot.state != SlotState::ready) all_ready = false;
+    }
+    if (all_ready) break;
+    const auto t0 = std::chrono::steady_clock::now();
+    done_cv_.wait(lk);
+    stats_.io_wait_seconds += seconds_between(t0, std::chrono::steady_clock::now());
+  }
+  std::vector<ExpertMatrices> out;
+  for (int s : l.active_slot) out.push_back(matrices(l, l.slots[static_cast<size_t>(s)]));
+  return out;
+}
+
+void ExpertStore::release(int layer) {
+  std::lock_guard lk(mu_);
+  Layer& l = layer_at(layer);
+  for (int s : l.active_slot)
+    if (s >= 0) --l.slots[static_cast<size_t>(s)].pins;
+  l.active.clear();
+  l.active_slot.clear();
+  l.waiting.clear();
+}
+
+ExpertStats ExpertStore::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+}  // namespace redwing

@@ -1,0 +1,121 @@
+// The SSD-streaming expert source: a small cache of expert slots per MoE layer, filled with
+// positioned reads from the expert files (docs/format.md: one aligned read of `stride` bytes
+// per expert).
+//
+// Per layer there are N slots, allocated once as aligned buffers. A request pins the experts
+// already in slots (hits) and reads the missing ones into free or evicted slots on a bounded
+// pool of I/O threads. Eviction takes an empty slot first, else (LFU) the expert with the
+// fewest uses over the whole run, ties to the least recently used, or (LRU) the least recently
+// used. Pinned slots are never evicted. With fewer slots than experts in a request, the
+// experts are processed in waves: a slot is reused as soon as its expert has been computed.
+// Reads bypass the page cache (platform::ReadFile::open_uncached) unless turned off, so the
+// memory the cache is given is the memory it uses.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/expert_source.h"
+
+namespace redwing {
+
+enum class EvictionPolicy { lfu, lru };
+EvictionPolicy parse_eviction_policy(const std::string& s);  // "lfu" | "lru"; invalid_argument
+
+struct ExpertStoreOptions {
+  int slots = 16;  // per MoE layer; any N >= 1 works (N < top_k processes in waves)
+  EvictionPolicy policy = EvictionPolicy::lfu;
+  int io_threads = 8;     // reads in flight at most
+  bool direct_io = true;  // bypass the page cache where the filesystem allows it
+  int read_attempts = 3;  // a failed read is retried this many times in all before reporting
+  // An expert is read in pieces of at most this many bytes (multiples of 16 KiB), so a layer
+  // with few misses still keeps the I/O threads busy; 0: one read per expert.
+  uint64_t read_piece_bytes = 1 << 20;
+};
+
+class ExpertStore final : public ExpertSource {
+ public:
+  // Opens every expert file and checks its size; throws FormatError / platform::FileError
+  // naming the file.
+  ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options);
+  ~ExpertStore() override;
+  ExpertStore(const ExpertStore&) = delete;
+  ExpertStore& operator=(const ExpertStore&) = delete;
+
+  // acquire/release: pins every listed expert at once, so it needs slots >= experts.size().
+  std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
+  void release(int layer) override;
+  void prefetch(int layer, std::span<const int32_t> experts) override;
+  void for_each(int layer, std::span<const int32_t> experts,
+                const std::function<void(size_t, const ExpertMatrices&)>& fn) override;
+  ExpertStats stats() const override;
+
+  const ExpertStoreOptions& options() const { return options_; }
+  // Whether reads bypass the page cache (false if asked not to or the filesystem refused).
+  bool direct_io() const { return direct_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }  // memory held by all slots
+
+ private:
+  enum class SlotState { empty, loading, ready, failed };
+  struct Slot {
+    int expert = -1;
+    SlotState state = SlotState::empty;
+    int pins = 0;
+    uint64_t last_use = 0;
+    int pieces_left = 0;  // reads of this slot still running
+    std::string error;    // why the last read failed
+    platform::AlignedBytes data;
+  };
+  struct Layer {
+    ExpertLayerInfo info;
+    platform::ReadFile file;
+    std::vector<Slot> slots;
+    std::vector<uint64_t> uses;    // per expert, over the whole run (LFU)
+    std::map<int, int> where;      // expert -> slot holding it (loading or ready)
+    std::vector<int32_t> active;   // the experts of the current request
+    std::deque<size_t> waiting;    // indices into `active` that have no slot yet
+    std::vector<int> active_slot;  // per index of `active`: its slot, or -1
+    bool announced = false;        // prefetch() ran for `active`
+  };
+  struct ReadJob {
+    int layer;
+    int slot;
+    int expert;
+    uint64_t begin, size;  // the piece, relative to the expert's blob
+  };
+
+  Layer& layer_at(int layer);
+  // Starts a request: counts uses, pins hits, queues misses. Requires the lock.
+  void begin(Layer& l, int layer, std::span<const int32_t> experts);
+  // Gives queued misses free slots and submits their reads. Requires the lock.
+  void assign_slots(Layer& l, int layer);
+  int pick_victim(const Layer& l) const;
+  ExpertMatrices matrices(const Layer& l, const Slot& s) const;
+  void io_main();
+  void read_slot(const ReadJob& job);
+
+  ExpertStoreOptions options_;
+  bool direct_ = false;
+  uint64_t slot_bytes_ = 0;
+  std::map<int, Layer> layers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;  // a read finished
+  std::condition_variable job_cv_;   // a read was queued, or stopping
+  std::deque<ReadJob> jobs_;
+  int in_flight_ = 0;  // reads queued or running
+  bool stopping_ = false;
+  uint64_t tick_ = 0;
+  ExpertStats stats_;
+  std::vector<std::thread> io_threads_;
+};
+
+}  // namespace redwing

@@ -1,0 +1,126 @@
+#include "runtime/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include "platform/file.h"
+#include "runtime/kv_cache.h"
+
+namespace redwing {
+namespace {
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ModelDir& dir, int64_t context, int slots, KvDType kv_dtype,
+                       int64_t chunk) {
+  const Architecture& arch = dir.arch();
+  MemoryPlan p;
+  p.context = context;
+  p.slots = slots;
+  p.core_bytes = platform::file_size(dir.file_path("weights.bin"));
+
+  KvCacheOptions kv;
+  kv.context = context;
+  kv.max_chunk = chunk;
+  const uint64_t elem = kv_dtype == KvDType::f16 ? 2 : 4;
+  int64_t max_q = 0, max_kv = 0;
+  for (const LayerConfig& l : arch.layers) {
+    p.kv_bytes += 2 * static_cast<uint64_t>(kv_rows_needed(l, kv)) *
+                  static_cast<uint64_t>(l.num_kv_heads) * static_cast<uint64_t>(l.head_dim) * elem;
+    max_q = std::max<int64_t>(max_q, int64_t{arch.num_attention_heads} * l.head_dim);
+    max_kv = std::max<int64_t>(max_kv, int64_t{l.num_kv_heads} * l.head_dim);
+  }
+
+  for (int i = 0; i < arch.num_layers; ++i) {
+    const ExpertLayerInfo* info = dir.expert_layer(i);
+    if (info == nullptr) continue;
+    ++p.moe_layers;
+    p.expert_stride = std::max(p.expert_stride, info->stride);
+    const uint64_t file = static_cast<uint64_t>(info->count) * info->stride;
+    p.all_experts_bytes += file;
+    p.expert_bytes += slots > 0 ? static_cast<uint64_t>(slots) * info->stride : file;
+  }
+
+  // Scratch activations (float32) of one prefill chunk: the residual and its norms, attention
+  // projections, MLP intermediates, the router and every routed row; then the logits of one
+  // row, and a fixed allowance for the executable, libraries and thread stacks.
+  const int64_t hidden = arch.hidden_size;
+  const int64_t top_k = arch.moe ? arch.moe->top_k : 0;
+  const int64_t moe_inter = arch.moe ? arch.moe->intermediate_size : 0;
+  const int64_t experts = arch.moe ? arch.moe->num_experts : 0;
+  const int64_t per_row = hidden * (8 + 2 * top_k) + 2 * max_q + 2 * max_kv +
+                          2 * std::max<int64_t>(arch.intermediate_size, moe_inter) + experts;
+  p.work_bytes = static_cast<uint64_t>(chunk * per_row) * 4 +
+                 static_cast<uint64_t>(arch.vocab_size) * 4 * 2 + (64ull << 20);
+  return p;
+}
+
+int slots_for_budget(const ModelDir& dir, uint64_t budget, int64_t context, KvDType kv_dtype,
+                     int64_t chunk) {
+  const MemoryPlan base = plan_memory(dir, context, 1, kv_dtype, chunk);
+  if (base.moe_layers == 0)
+    throw std::runtime_error(dir.path() +
+                             " has no expert files: a memory budget needs an MoE model");
+  if (base.total() > budget)
+    throw std::runtime_error("memory budget " + mib(budget) + " cannot hold the model: core " +
+                             mib(base.core_bytes) + " + KV cache " + mib(base.kv_bytes) +
+                             " at context " + std::to_string(context) + " + working memory " +
+                             mib(base.work_bytes) + " + one expert slot per layer " +
+                             mib(base.expert_bytes) + " = " + mib(base.total()));
+  const uint64_t per_slot = base.expert_bytes;  // one slot in every MoE layer
+  const uint64_t spare = budget - (base.total() - per_slot);
+  const int max_slots = std::min(128, dir.arch().moe ? dir.arch().moe->num_experts : 128);
+  return static_cast<int>(
+      std::clamp<uint64_t>(spare / per_slot, 1, static_cast<uint64_t>(max_slots)));
+}
+
+uint64_t parse_byte_size(const std::string& s) {
+  if (s.empty()) throw std::invalid_argument("empty size");
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("\"" + s + "\" is not a size (e.g. 2G, 1500M)");
+  }
+  std::string unit = s.substr(used);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (!unit.empty() && (unit.back() == 'i')) unit.pop_back();
+  double mult = 1;
+  if (unit.empty())
+    mult = 1;
+  else if (unit == "K" || unit == "k")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "m")
+    mult = 1024.0 * 1024.0;
+  else if (unit == "G" || unit == "g")
+    mult = 1024.0 * 1024.0 * 1024.0;
+  else
+    throw std::invalid_argument("\"" + s + "\" is not a size (e.g. 2G, 1500M)");
+  if (!(v > 0)) throw std::invalid_argument("size must be positive: \"" + s + "\"");
+  return static_cast<uint64_t>(v * mult);
+}
+
+std::string MemoryPlan::to_json() const {
+  char buf[512];
+  std::snprintf(
+      buf, sizeof(buf),
+      "{\"context\": %lld, \"slots\": %d, \"moe_layers\": %d, \"expert_bytes_each\": "
+      "%llu, \"core_bytes\": %llu, \"kv_bytes\": %llu, \"expert_bytes\": %llu, "
+      "\"work_bytes\": %llu, \"total_bytes\": %llu, \"all_experts_bytes\": %llu}",
+      static_cast<long long>(context), slots, moe_layers,
+      static_cast<unsigned long long>(expert_stride), static_cast<unsigned long long>(core_bytes),
+      static_cast<unsigned long long>(kv_bytes), static_cast<unsigned long long>(expert_bytes),
+      static_cast<unsigned long long>(work_bytes), static_cast<unsigned long long>(total()),
+      static_cast<unsigned long long>(all_experts_bytes));
+  return buf;
+}
+
+}  // namespace redwing
