@@ -6,13 +6,13 @@
  *
  *   node --import tsx bench/engine.ts [--layers 4] [--prompt 128] [--new 32] [--runs 3]
  */
-import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
+import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
@@ -31,27 +31,6 @@ function flag(name: string, fallback: number): number {
   if (!Number.isInteger(value) || value < 1)
     throw new Error(`--${name} must be a positive integer`);
   return value;
-}
-
-function engineBinary(): string {
-  const dir = process.env.REDWING_NATIVE_BUILD
-    ? resolve(process.env.REDWING_NATIVE_BUILD)
-    : join(root, "native", "build");
-  return join(dir, "redwing-engine");
-}
-
-function run(binary: string, args: string[]): Promise<string> {
-  return new Promise((resolvePromise, reject) => {
-    const child = spawn(binary, args, { stdio: ["ignore", "pipe", "inherit"] });
-    const out: Buffer[] = [];
-    child.stdout.on("data", (chunk: Buffer) => out.push(chunk));
-    child.on("error", reject);
-    child.on("close", (code) =>
-      code === 0
-        ? resolvePromise(Buffer.concat(out).toString("utf8"))
-        : reject(new Error(`${binary} exited with status ${code}`)),
-    );
-  });
 }
 
 function median(values: number[]): number {
@@ -84,19 +63,23 @@ export async function runEngineBench(): Promise<void> {
   for (const threads of [1, 2]) {
     const row = { threads, prefill: [] as number[], decode: [] as number[] };
     for (let i = 0; i < runs; i++) {
-      const out = await run(engineBinary(), [
-        "generate",
-        "--model",
-        model,
-        "--tokens",
-        prompt.join(","),
-        "--max-new",
-        String(maxNew),
-        "--temperature",
-        "0",
-        "--threads",
-        String(threads),
-      ]);
+      const out = await captureOutput(
+        [
+          nativeBinary("redwing-engine"),
+          "generate",
+          "--model",
+          model,
+          "--tokens",
+          prompt.join(","),
+          "--max-new",
+          String(maxNew),
+          "--temperature",
+          "0",
+          "--threads",
+          String(threads),
+        ],
+        { inheritStderr: true },
+      );
       const report = GenerateReport.parse(JSON.parse(out));
       row.prefill.push(report.prompt_tokens / report.prefill_seconds);
       if (report.tokens.length > 1)

@@ -6,12 +6,11 @@
  *
  *   node --import tsx bench/kernels.ts [--quick] [--threads 1,2] [--runs N]
  */
-import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
+import { captureOutput, nativeBinary } from "../core/native.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
@@ -34,28 +33,6 @@ export const KernelBenchReport = z.object({
   results: z.array(Result),
 });
 export type KernelBenchReport = z.infer<typeof KernelBenchReport>;
-
-/** The benchmark binary: $REDWING_NATIVE_BUILD/redwing-bench-kernels, else native/build's. */
-export function kernelBenchBinary(): string {
-  const dir = process.env.REDWING_NATIVE_BUILD
-    ? resolve(process.env.REDWING_NATIVE_BUILD)
-    : join(root, "native", "build");
-  return join(dir, "redwing-bench-kernels");
-}
-
-function runBinary(binary: string, args: string[]): Promise<string> {
-  return new Promise((resolvePromise, reject) => {
-    // Progress lines go straight to our stderr; the JSON report comes on stdout.
-    const child = spawn(binary, args, { stdio: ["ignore", "pipe", "inherit"] });
-    const chunks: Buffer[] = [];
-    child.stdout.on("data", (chunk: Buffer) => chunks.push(chunk));
-    child.on("error", reject);
-    child.on("close", (code) => {
-      if (code === 0) resolvePromise(Buffer.concat(chunks).toString("utf8"));
-      else reject(new Error(`${binary} exited with status ${code}`));
-    });
-  });
-}
 
 /** A readable table: one line per shape, thread count and ISA. */
 export function formatKernelTable(report: KernelBenchReport): string {
@@ -99,14 +76,10 @@ export async function measureKernels(
     return own.includes(a) || own.includes(all[i - 1] ?? "");
   }),
 ): Promise<KernelBenchReport> {
-  const binary = kernelBenchBinary();
-  if (!existsSync(binary)) {
-    throw new Error(
-      `${binary} not found: build the native engine first (npm run build:native), ` +
-        "or point REDWING_NATIVE_BUILD at a build directory",
-    );
-  }
-  const stdout = await runBinary(binary, args);
+  // Progress lines go straight to our stderr; the JSON report comes on stdout.
+  const stdout = await captureOutput([nativeBinary("redwing-bench-kernels"), ...args], {
+    inheritStderr: true,
+  });
   const report = KernelBenchReport.parse(JSON.parse(stdout));
   console.log(formatKernelTable(report));
   const outDir = join(root, "bench", "results");

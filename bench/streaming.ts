@@ -17,13 +17,14 @@
  *   node --import tsx bench/streaming.ts [--model DIR] [--prompt 512] [--new 16] [--slots 16]
  *                                        [--limit-mib N] [--skip-baseline]
  */
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, rmdirSync, statSync, writeFileSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
+import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
@@ -56,13 +57,6 @@ function intOption(name: string, fallback: number): number {
   if (!Number.isInteger(value) || value < 1)
     throw new Error(`--${name} must be a positive integer`);
   return value;
-}
-
-function engineBinary(): string {
-  const dir = process.env.REDWING_NATIVE_BUILD
-    ? resolve(process.env.REDWING_NATIVE_BUILD)
-    : join(root, "native", "build");
-  return join(dir, "redwing-engine");
 }
 
 async function benchModel(): Promise<string> {
@@ -142,26 +136,6 @@ function memoryLimiter(bytes: number): Limiter {
   return { how: "none (no writable cgroup, no systemd)", wrap: (argv) => argv, dispose: () => {} };
 }
 
-function run(argv: string[]): Promise<string> {
-  return new Promise((resolvePromise, reject) => {
-    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    child.stdout.on("data", (c: Buffer) => out.push(c));
-    child.stderr.on("data", (c: Buffer) => err.push(c));
-    child.on("error", reject);
-    child.on("close", (code, signal) =>
-      code === 0
-        ? resolvePromise(Buffer.concat(out).toString("utf8"))
-        : reject(
-            new Error(
-              `${argv.join(" ").slice(0, 200)}... exited with ${code ?? signal}: ${Buffer.concat(err).toString("utf8")}`,
-            ),
-          ),
-    );
-  });
-}
-
 /**
  * Cold read throughput with the engine's read size: random experts, `inFlight` reads at once. It
  * runs in a child Node process whose libuv pool has enough threads (the default 4 would cap the
@@ -237,11 +211,11 @@ export async function runStreamingBench(): Promise<void> {
   const maxNew = intOption("new", 16);
   const slots = intOption("slots", 16);
   const model = await benchModel();
-  const binary = engineBinary();
+  const binary = nativeBinary("redwing-engine");
   const context = 4096;
   const plan = MemoryReport.parse(
     JSON.parse(
-      await run([
+      await captureOutput([
         binary,
         "memory",
         "--model",
@@ -294,7 +268,7 @@ export async function runStreamingBench(): Promise<void> {
       dropCaches();
       console.error(`streaming bench: ${name}`);
       const report = Report.parse(
-        JSON.parse(await run(limiter.wrap([binary, ...common, ...flags]))),
+        JSON.parse(await captureOutput(limiter.wrap([binary, ...common, ...flags]))),
       );
       rows.push(summarize(name, report));
     }

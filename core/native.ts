@@ -49,3 +49,33 @@ export function runNative(name: string, args: string[]): Promise<number> {
     child.on("close", (code) => resolvePromise(code ?? 1));
   });
 }
+
+/**
+ * Runs `argv` (a native executable, possibly wrapped, e.g. by a memory limiter) and resolves with
+ * its stdout. stderr is shown as it comes with `inheritStderr`, else kept and put in the error
+ * when the command fails.
+ */
+export function captureOutput(
+  argv: string[],
+  options: { inheritStderr?: boolean } = {},
+): Promise<string> {
+  return new Promise((resolvePromise, reject) => {
+    const child = spawn(argv[0]!, argv.slice(1), {
+      stdio: ["ignore", "pipe", options.inheritStderr ? "inherit" : "pipe"],
+    });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout?.on("data", (chunk: Buffer) => out.push(chunk));
+    child.stderr?.on("data", (chunk: Buffer) => err.push(chunk));
+    child.on("error", reject);
+    child.on("close", (code, signal) =>
+      code === 0
+        ? resolvePromise(Buffer.concat(out).toString("utf8"))
+        : reject(
+            new Error(
+              `${argv.join(" ").slice(0, 200)} exited with ${code ?? signal}${err.length ? `: ${Buffer.concat(err).toString("utf8")}` : ""}`,
+            ),
+          ),
+    );
+  });
+}

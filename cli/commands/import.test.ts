@@ -79,7 +79,9 @@ describe("redwing import / verify", () => {
     const dest = join(root, "model");
     const again = await run("import", ckpt, "--out", dest);
     expect(again.code).toBe(1);
-    expect(again.err).toMatch(/redwing: .* already exists; choose another --out or pass --force/);
+    expect(again.err).toMatch(
+      /redwing: a model is already installed at .*; pass --force to replace it/,
+    );
     expect((await run("import", ckpt, "--out", dest, "--force")).code).toBe(0);
     const missing = await run("verify", join(root, "none"));
     expect(missing.code).toBe(1);

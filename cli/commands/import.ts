@@ -1,19 +1,6 @@
 import type { Command } from "commander";
-import { readFileSync } from "node:fs";
-import { fileURLToPath } from "node:url";
+import { redwingVersionLabel } from "../../core/version.ts";
 import { importCheckpoint, type ImportProgress } from "../../core/import/importer.ts";
-
-/** `redwing 0.1.0`, from package.json, for the manifest's `created_by`. */
-function createdBy(): string {
-  try {
-    const pkg = JSON.parse(
-      readFileSync(fileURLToPath(new URL("../../package.json", import.meta.url)), "utf8"),
-    ) as { version?: string };
-    return `redwing ${pkg.version ?? "unknown"}`;
-  } catch {
-    return "redwing";
-  }
-}
 
 const PHASES: Record<ImportProgress["phase"], string> = {
   hashing: "hashing source",
@@ -99,7 +86,7 @@ export function registerImportCommand(program: Command): void {
             revision: opts.revision ?? null,
             onProgress: printer.update,
             signal: controller.signal,
-            createdBy: createdBy(),
+            createdBy: redwingVersionLabel(),
           });
           printer.end();
           const bytes = manifest.files.reduce((a, f) => a + f.size, 0);

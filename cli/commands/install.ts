@@ -1,8 +1,7 @@
 import { ensureDemoModel } from "../../core/demo/demo.ts";
+import { redwingVersionLabel } from "../../core/version.ts";
 import type { Command } from "commander";
-import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { CATALOG, resolveModelRef, type CatalogEntry } from "../../core/catalog/catalog.ts";
 import { UserError } from "../../core/errors.ts";
 import {
@@ -13,17 +12,6 @@ import {
   type InstallProgress,
 } from "../../core/install/installer.ts";
 import { modelsDir } from "../../core/paths.ts";
-
-function createdBy(): string {
-  try {
-    const pkg = JSON.parse(
-      readFileSync(fileURLToPath(new URL("../../package.json", import.meta.url)), "utf8"),
-    ) as { version?: string };
-    return `redwing ${pkg.version ?? "unknown"}`;
-  } catch {
-    return "redwing";
-  }
-}
 
 export function formatBytes(n: number): string {
   if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
@@ -193,7 +181,7 @@ export function registerInstallCommand(program: Command): void {
           {
             force: opts.force ?? false,
             verify: opts.rangesOnly ? "ranges" : "full",
-            createdBy: createdBy(),
+            createdBy: redwingVersionLabel(),
             onProgress: printer.update,
           },
         );

@@ -245,7 +245,7 @@ describe("ModelWriter installation", () => {
     const dest = join(root, "dest-force");
     const first = await imp(ckpt, dest, { revision: "one" });
     await expect(imp(ckpt, dest)).rejects.toThrow(
-      /already exists; choose another --out or pass --force/,
+      /a model is already installed at .*; pass --force to replace it/,
     );
     const second = await imp(ckpt, dest, { force: true, revision: "two", durable: true });
     expect(first.manifest.source.revision).toBe("one");

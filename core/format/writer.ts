@@ -455,7 +455,7 @@ async function exists(path: string): Promise<boolean> {
  * The destination may be absent, or with `force` an existing model directory (has a manifest)
  * or an empty directory. Anything else is refused so `--force` can never delete unrelated data.
  */
-async function checkDestination(dest: string, force: boolean): Promise<void> {
+export async function checkDestination(dest: string, force: boolean): Promise<void> {
   let st;
   try {
     st = await lstat(dest);
@@ -463,8 +463,11 @@ async function checkDestination(dest: string, force: boolean): Promise<void> {
     return;
   }
   if (!force) {
+    const installed = await exists(join(dest, MANIFEST_FILE));
     throw new UserError(
-      `${dest} already exists; choose another --out or pass --force to replace the model there`,
+      installed
+        ? `a model is already installed at ${dest}; pass --force to replace it, or choose another --out`
+        : `${dest} already exists; choose another --out or pass --force to replace the model there`,
       "destination_exists",
     );
   }

@@ -1,9 +1,9 @@
 /** File-system helpers of the installer. */
 import { randomBytes } from "node:crypto";
-import { lstat, open, readdir, rename, rm, type FileHandle } from "node:fs/promises";
+import { lstat, open, rename, rm, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { UserError } from "../errors.ts";
-import { MANIFEST_FILE } from "../format/manifest.ts";
+import { checkDestination } from "../format/writer.ts";
 
 export async function exists(path: string): Promise<boolean> {
   try {
@@ -54,41 +54,6 @@ export function mapWriteError(error: unknown, where: string, staging: string): u
     );
   }
   return error;
-}
-
-/**
- * Like ModelWriter: the destination may be absent, or with `force` an installed model or an
- * empty directory; anything else is refused so that --force never deletes unrelated data.
- */
-export async function checkDestination(dest: string, force: boolean): Promise<void> {
-  let st;
-  try {
-    st = await lstat(dest);
-  } catch {
-    return;
-  }
-  if (!force) {
-    const installed = await exists(join(dest, MANIFEST_FILE));
-    throw new UserError(
-      installed
-        ? `a model is already installed at ${dest}; pass --force to replace it, or choose another --out`
-        : `${dest} already exists; choose another --out or pass --force to replace the model there`,
-      "destination_exists",
-    );
-  }
-  if (!st.isDirectory()) {
-    throw new UserError(
-      `${dest} exists and is not a directory; refusing to replace it`,
-      "destination_exists",
-    );
-  }
-  const entries = await readdir(dest);
-  if (entries.length > 0 && !entries.includes(MANIFEST_FILE)) {
-    throw new UserError(
-      `${dest} exists and is not a Redwing model (no ${MANIFEST_FILE}); refusing to replace it`,
-      "destination_exists",
-    );
-  }
 }
 
 /**

@@ -49,17 +49,11 @@ import {
   type Manifest,
 } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
+import { checkDestination } from "../format/writer.ts";
 import { type QuantVariant } from "../import/quantize.ts";
 import { safetensorsHeaderLength } from "../import/safetensors.ts";
 import { CancelledError, Downloader, InstallState, PausedError } from "./download.ts";
-import {
-  checkDestination,
-  exists,
-  fsyncDir,
-  mapWriteError,
-  moveIntoPlace,
-  readFully,
-} from "./files.ts";
+import { exists, fsyncDir, mapWriteError, moveIntoPlace, readFully } from "./files.ts";
 import { HashWorker } from "./hasher.ts";
 import {
   HubClient,
