@@ -18,7 +18,7 @@
  *                                        [--limit-mib N] [--skip-baseline]
  */
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, rmdirSync, writeFileSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -137,40 +137,21 @@ function memoryLimiter(bytes: number): Limiter {
 }
 
 /**
- * Cold read throughput with the engine's read size: random experts, `inFlight` reads at once. It
- * runs in a child Node process whose libuv pool has enough threads (the default 4 would cap the
- * reads in flight at 4).
+ * Cold read throughput of random experts through the engine's own I/O path (`redwing-engine
+ * diskbench`: the same uncached open, piece size and reads in flight as the expert store), so the
+ * decode bound compares like with like.
  */
-async function diskThroughput(model: string, stride: number, totalBytes: number, inFlight = 8) {
-  const files = readdirSync(join(model, "experts")).map((f) => join(model, "experts", f));
-  const script = `
-    const { open } = require("node:fs/promises");
-    const [files, stride, count, inFlight, experts] = JSON.parse(process.argv[1]);
-    (async () => {
-      const handles = await Promise.all(files.map((f) => open(f, "r")));
-      let next = 0, seed = 12345;
-      const rand = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
-      const t0 = performance.now();
-      await Promise.all(Array.from({ length: inFlight }, async () => {
-        const buf = Buffer.allocUnsafe(stride);
-        while (next++ < count) {
-          const h = handles[Math.floor(rand() * handles.length)];
-          await h.read(buf, 0, stride, Math.floor(rand() * experts) * stride);
-        }
-      }));
-      const seconds = (performance.now() - t0) / 1000;
-      process.stdout.write(String((count * stride) / seconds));
-    })();`;
-  const experts = Math.floor(statSync(files[0]!).size / stride);
-  const args = JSON.stringify([files, stride, Math.floor(totalBytes / stride), inFlight, experts]);
-  const child = spawnSync(process.execPath, ["-e", script, args], {
-    encoding: "utf8",
-    env: { ...process.env, UV_THREADPOOL_SIZE: String(inFlight * 2) },
-  });
-  const value = Number(child.stdout);
-  if (child.status !== 0 || !(value > 0))
-    throw new Error(`disk throughput measurement failed: ${child.stderr}`);
-  return value;
+async function diskThroughput(model: string, totalBytes: number): Promise<number> {
+  const out = await captureOutput([
+    nativeBinary("redwing-engine"),
+    "diskbench",
+    "--model",
+    model,
+    "--megabytes",
+    String(Math.round(totalBytes / 2 ** 20)),
+  ]);
+  return z.object({ bytes_per_second: z.number().positive() }).parse(JSON.parse(out))
+    .bytes_per_second;
 }
 
 interface Row {
@@ -232,7 +213,7 @@ export async function runStreamingBench(): Promise<void> {
     : Math.ceil((plan.total_bytes * 1.1) / 2 ** 20) * 2 ** 20;
   const limiter = memoryLimiter(limitBytes);
   const dropped = dropCaches();
-  const throughput = await diskThroughput(model, plan.expert_bytes_each, 2 * 2 ** 30);
+  const throughput = await diskThroughput(model, 2 * 2 ** 30);
   const prompt = Array.from({ length: promptLength }, (_, i) => 1000 + ((i * 7919) % 200000));
   const common = [
     "generate",

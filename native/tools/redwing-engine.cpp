@@ -9,11 +9,16 @@
 //       prints {"tokens": [...], "stop_reason": "eos"|"length", timings, expert statistics}
 //   redwing-engine memory --model DIR [--context N] [--expert-cache-slots N] [--kv-dtype ...]
 //       prints the expected memory (JSON) before loading anything big
+//   redwing-engine diskbench --model DIR [--megabytes 1024] [--io-threads 8]
+//                         [--read-piece-kib 1024] [--direct-io on|off]
+//       cold read throughput of random experts through the expert store's I/O path (benchmarks)
 //   logits and generate also take the expert streaming flags (kStreamUsage).
 //
 // Errors go to stderr; the exit status is 2 for bad usage, 1 for any other failure.
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,8 +26,10 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "platform/file.h"
 #include "platform/memory.h"
 #include "runtime/engine.h"
 
@@ -40,6 +47,8 @@ const char* kUsage =
     "                             [--kv-dtype f16|f32] [--chunk N] [--threads N]\n"
     "       redwing-engine memory --model DIR [--context N] [--expert-cache-slots N]\n"
     "                             [--memory-budget SIZE] [--kv-dtype f16|f32] [--chunk N]\n"
+    "       redwing-engine diskbench --model DIR [--megabytes N] [--io-threads N]\n"
+    "                             [--read-piece-kib N] [--direct-io on|off]\n"
     "expert streaming (MoE models; logits, generate):\n"
     "  --expert-cache-slots N   stream experts from SSD through N slots per layer (0: all in RAM)\n"
     "  --memory-budget SIZE     e.g. 2.5G: pick the slot count that fits (with --context)\n"
@@ -282,6 +291,72 @@ int cmd_memory(int argc, char** argv) {
   return 0;
 }
 
+// Cold read throughput of random whole experts through the engine's own I/O path (the same
+// uncached open, piece size and number of reads in flight as the expert store), so that the
+// streaming benchmark's disk bound is measured like for like.
+int cmd_diskbench(int argc, char** argv) {
+  auto f = parse_flags(argc, argv, 2,
+                       {"model", "megabytes", "io-threads", "read-piece-kib", "direct-io", "seed"});
+  const redwing::ModelDir dir = redwing::ModelDir::open(need(f, "model"));
+  const uint64_t total =
+      (f.count("megabytes") ? parse_number<uint64_t>(f.at("megabytes"), "megabytes") : 1024) << 20;
+  const int threads =
+      f.count("io-threads") ? parse_number<int>(f.at("io-threads"), "io-threads") : 8;
+  uint64_t piece =
+      (f.count("read-piece-kib") ? parse_number<uint64_t>(f.at("read-piece-kib"), "read-piece-kib")
+                                 : 1024) *
+      1024;
+  const bool direct = !f.count("direct-io") || f.at("direct-io") == "on";
+  if (threads < 1) throw UsageError("--io-threads must be >= 1");
+
+  struct Layer {
+    redwing::platform::ReadFile file;
+    uint64_t stride;
+    int count;
+  };
+  std::vector<Layer> layers;
+  for (int l = 0; l < dir.arch().num_layers; ++l) {
+    const redwing::ExpertLayerInfo* info = dir.expert_layer(l);
+    if (info == nullptr) continue;
+    const std::string path = dir.file_path(info->file);
+    layers.push_back({direct ? redwing::platform::ReadFile::open_uncached(path)
+                             : redwing::platform::ReadFile::open(path),
+                      info->stride, info->count});
+  }
+  if (layers.empty()) throw std::runtime_error("the model has no expert files");
+  const uint64_t stride = layers.front().stride;
+  if (piece == 0 || piece > stride) piece = stride;
+  const uint64_t experts = std::max<uint64_t>(1, total / stride);
+
+  std::atomic<uint64_t> next{0};
+  std::vector<std::thread> workers;
+  const uint64_t seed = f.count("seed") ? parse_number<uint64_t>(f.at("seed"), "seed") : 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      auto buffer = redwing::platform::allocate_aligned(
+          stride, redwing::platform::ReadFile::kDirectIoAlignment);
+      std::mt19937_64 rng(seed * 7919 + static_cast<uint64_t>(t));
+      while (next.fetch_add(1) < experts) {
+        const Layer& layer = layers[rng() % layers.size()];
+        const uint64_t base = (rng() % static_cast<uint64_t>(layer.count)) * layer.stride;
+        for (uint64_t at = 0; at < layer.stride; at += piece)
+          layer.file.read_exact(buffer.get() + at, std::min(piece, layer.stride - at), base + at);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "{\"bytes_per_second\": %.1f, \"experts_read\": %llu, \"expert_bytes\": %llu, "
+      "\"io_threads\": %d, \"read_piece_bytes\": %llu, \"direct_io\": %s}\n",
+      static_cast<double>(experts * stride) / seconds, static_cast<unsigned long long>(experts),
+      static_cast<unsigned long long>(stride), threads, static_cast<unsigned long long>(piece),
+      layers.front().file.direct() ? "true" : "false");
+  return 0;
+}
+
 int cmd_generate(int argc, char** argv) {
   auto f = parse_flags(
       argc, argv, 2,
@@ -339,6 +414,7 @@ int main(int argc, char** argv) {
     if (cmd == "logits") return cmd_logits(argc, argv);
     if (cmd == "generate") return cmd_generate(argc, argv);
     if (cmd == "memory") return cmd_memory(argc, argv);
+    if (cmd == "diskbench") return cmd_diskbench(argc, argv);
     throw UsageError("unknown command \"" + cmd + "\"");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "redwing-engine: %s\n%s", e.what(), kUsage);
