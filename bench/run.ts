@@ -3,12 +3,14 @@
 import { runKernelBench } from "./kernels.ts";
 import { runEngineBench } from "./engine.ts";
 import { runInstallBench } from "./install.ts";
+import { runServerLoadBench } from "./server-load.ts";
 import { runStreamingBench } from "./streaming.ts";
 
 const benches: Record<string, () => Promise<unknown>> = {
   kernels: runKernelBench,
   engine: runEngineBench,
   install: () => runInstallBench(),
+  server: () => runServerLoadBench(),
   streaming: runStreamingBench,
 };
 

@@ -7,6 +7,7 @@ import { registerChatCommand } from "./chat.ts";
 import { registerCompleteCommand } from "./complete.ts";
 import { registerModelsCommand } from "./models.ts";
 import { registerInstallCommand } from "./install.ts";
+import { registerServeCommand } from "./serve.ts";
 
 /** Each command lives in its own file and registers itself here. */
 export function registerCommands(program: Command): void {
@@ -19,4 +20,5 @@ export function registerCommands(program: Command): void {
   registerCompleteCommand(program);
   registerModelsCommand(program);
   registerInstallCommand(program);
+  registerServeCommand(program);
 }

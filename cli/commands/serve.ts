@@ -1,0 +1,95 @@
+import { InvalidArgumentError, type Command } from "commander";
+import { DEMO_LABEL } from "../../core/demo/demo.ts";
+import {
+  DEFAULT_HOST,
+  DEFAULT_PORT,
+  DEFAULT_QUEUE_LIMIT,
+  startServer,
+} from "../../core/server/server.ts";
+import { parseByteSize } from "./chat.ts";
+
+interface ServeOptions {
+  host: string;
+  port: number;
+  allowRemote?: boolean;
+  apiKey?: string;
+  corsOrigin?: string;
+  queueLimit: number;
+  maxBody: number;
+  model?: string;
+  maxContext: number;
+  threads?: number;
+  expertCacheSlots?: number;
+  memoryBudget?: number;
+  quiet?: boolean;
+}
+
+function intArg(min: number, max = Number.MAX_SAFE_INTEGER) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!/^\d+$/.test(value.trim()) || n < min || n > max) {
+      throw new InvalidArgumentError(`expected an integer from ${min} to ${max}`);
+    }
+    return n;
+  };
+}
+
+/** `redwing serve`: the OpenAI-compatible HTTP server (core/server). */
+export function registerServeCommand(program: Command): void {
+  program
+    .command("serve")
+    .description("Serve a model over an OpenAI-compatible HTTP API (loopback by default)")
+    .option(
+      "--model <name-or-dir>",
+      "installed model name or model directory (default: the demo model)",
+    )
+    .option("--host <address>", "address to bind", DEFAULT_HOST)
+    .option("--port <n>", "port (0: any free port)", intArg(0, 65535), DEFAULT_PORT)
+    .option("--allow-remote", "allow binding to a non-loopback address (needs an API key)")
+    .option("--api-key <key>", "require this Bearer key on every request (or REDWING_API_KEY)")
+    .option("--cors-origin <origin>", "allow browser requests from this origin ('*': any)")
+    .option(
+      "--queue-limit <n>",
+      "requests that may wait for the engine; more get 429",
+      intArg(0),
+      DEFAULT_QUEUE_LIMIT,
+    )
+    .option("--max-body <size>", "largest request body, e.g. 4M", parseByteSize, 4 * 1024 * 1024)
+    .option("--max-context <n>", "context size in tokens (prompt plus output)", intArg(1), 4096)
+    .option("--expert-cache-slots <n>", "experts kept in memory per MoE layer", intArg(0))
+    .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
+    .option("--threads <n>", "CPU threads (default: all)", intArg(1))
+    .option("--quiet", "do not log requests")
+    .action(async (opts: ServeOptions) => {
+      const log = (line: string): void => void process.stderr.write(`redwing: ${line}\n`);
+      const server = await startServer({
+        host: opts.host,
+        port: opts.port,
+        allowRemote: opts.allowRemote,
+        apiKey: opts.apiKey ?? (process.env.REDWING_API_KEY || undefined),
+        corsOrigin: opts.corsOrigin,
+        queueLimit: opts.queueLimit,
+        bodyLimit: opts.maxBody,
+        model: opts.model,
+        context: opts.maxContext,
+        threads: opts.threads,
+        expertCacheSlots: opts.expertCacheSlots,
+        memoryBudget: opts.memoryBudget,
+        log: opts.quiet ? undefined : log,
+        engine: { onCrash: (e) => log(`engine crashed, restarting: ${e.message}`) },
+      });
+      if (server.modelId === "demo") log(`using the ${DEMO_LABEL}`);
+      log(`serving "${server.modelId}" at ${server.url}/v1 (Ctrl-C stops)`);
+      await new Promise<void>((resolve) => {
+        const stop = (): void => {
+          process.removeListener("SIGINT", stop);
+          process.removeListener("SIGTERM", stop);
+          resolve();
+        };
+        process.on("SIGINT", stop);
+        process.on("SIGTERM", stop);
+      });
+      log("shutting down");
+      await server.close();
+    });
+}

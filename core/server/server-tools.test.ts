@@ -1,0 +1,132 @@
+/**
+ * Tool requests end to end, on a variant of the demo model whose tokenizer has Gemma 4's
+ * tool-call tokens (six unused Gemma 3 ids renamed) and whose chat template declares tools. Its
+ * random weights never write a well-formed call, so a forced call must fail closed.
+ */
+import { existsSync } from "node:fs";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { demoTokenizerFiles } from "../demo/demo.ts";
+import { nativeBuildDir } from "../native.ts";
+import { synthesizeModel } from "../synth/synth.ts";
+import { startServer, type RedwingServer } from "./server.ts";
+
+const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
+
+const TOOL_TOKENS = ["<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>"];
+const TEMPLATE = `{{- bos_token -}}
+{%- if tools -%}<|turn>system
+{% for t in tools %}<|tool>declaration:{{ t.function.name }}{}<tool|>{% endfor %}<turn|>
+{% endif -%}
+{%- for m in messages -%}<|turn>{{ m.role }}
+{% if m.tool_calls %}{% for c in m.tool_calls %}<|tool_call>call:{{ c.function.name }}{}<tool_call|>{% endfor %}{% endif %}{{ m.content or '' }}<turn|>
+{% endfor -%}
+<|turn>model
+`;
+
+let home: string;
+let server: RedwingServer;
+let client: OpenAI;
+
+const tools: OpenAI.ChatCompletionTool[] = [
+  { type: "function", function: { name: "get_time", parameters: { type: "object" } } },
+];
+const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: "What time?" }];
+
+describe.skipIf(!haveService)("tool requests", () => {
+  beforeAll(async () => {
+    home = await mkdtemp(join(tmpdir(), "redwing-server-tools-"));
+    const files = demoTokenizerFiles();
+    const tok = JSON.parse(await readFile(files.tokenizer, "utf8")) as {
+      added_tokens: { id: number; content: string; special: boolean }[];
+      model: { vocab: Record<string, number> };
+    };
+    TOOL_TOKENS.forEach((content, i) => {
+      const entry = tok.added_tokens.find((t) => t.id === 6 + i)!;
+      delete tok.model.vocab[entry.content];
+      tok.model.vocab[content] = entry.id;
+      entry.content = content;
+      entry.special = true;
+    });
+    await writeFile(join(home, "tokenizer.json"), JSON.stringify(tok));
+    await writeFile(join(home, "chat_template.jinja"), TEMPLATE);
+    const dir = join(home, "tools-demo");
+    await synthesizeModel({
+      preset: "demo-gemma4-moe",
+      out: dir,
+      seed: 7,
+      postNormScale: 4,
+      files: {
+        "tokenizer.json": join(home, "tokenizer.json"),
+        "tokenizer_config.json": files.config,
+        "chat_template.jinja": join(home, "chat_template.jinja"),
+      },
+    });
+    server = await startServer({ model: dir, port: 0, context: 256 });
+    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
+  }, 120_000);
+
+  afterAll(async () => {
+    await server?.close();
+    await rm(home, { recursive: true, force: true });
+  });
+
+  it("fails closed when a forced call is malformed", async () => {
+    for (const choice of [
+      "required",
+      { type: "function", function: { name: "get_time" } },
+    ] as const) {
+      const error = await client.chat.completions
+        .create({ model: "tools-demo", messages, tools, tool_choice: choice, max_tokens: 8 })
+        .catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(OpenAI.InternalServerError);
+      expect((error as InstanceType<typeof OpenAI.APIError>).code).toBe("tool_call_parse_error");
+    }
+  });
+
+  it("declares the tools in the prompt, and leaves them out for tool_choice none", async () => {
+    const base = { model: "tools-demo", messages, max_tokens: 2, temperature: 0 };
+    const none = await client.chat.completions.create({ ...base, tools, tool_choice: "none" });
+    const auto = await client.chat.completions.create({ ...base, tools });
+    const plain = await client.chat.completions.create(base);
+    expect(none.usage!.prompt_tokens).toBe(plain.usage!.prompt_tokens);
+    expect(auto.usage!.prompt_tokens).toBeGreaterThan(plain.usage!.prompt_tokens);
+    expect(none.choices[0]!.finish_reason).not.toBe("tool_calls");
+  });
+
+  it("renders a tool-calling history (assistant tool_calls, tool results)", async () => {
+    const r = await client.chat.completions.create({
+      model: "tools-demo",
+      max_tokens: 2,
+      tools,
+      tool_choice: "none",
+      messages: [
+        ...messages,
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [
+            { id: "call_1", type: "function", function: { name: "get_time", arguments: "{}" } },
+          ],
+        },
+        { role: "tool", tool_call_id: "call_1", content: "12:00" },
+      ],
+    });
+    expect(r.usage!.prompt_tokens).toBeGreaterThan(10);
+  });
+
+  it("refuses a named tool_choice that is not among the tools", async () => {
+    const error = await client.chat.completions
+      .create({
+        model: "tools-demo",
+        messages,
+        tools,
+        tool_choice: { type: "function", function: { name: "launch" } },
+      })
+      .catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(OpenAI.BadRequestError);
+  });
+});
