@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { TINY_GEMMA3, writeTinyCheckpoint } from "../../core/import/testkit.ts";
-import { main } from "../main.ts";
+import { runCli } from "../run-in-process.testkit.ts";
 
 let root: string;
 let ckpt: string;
@@ -19,25 +19,7 @@ afterEach(() => {
   vi.restoreAllMocks();
 });
 
-/** Runs the CLI in-process and captures what it prints. */
-async function run(...args: string[]): Promise<{ code: number; out: string; err: string }> {
-  let out = "";
-  let err = "";
-  vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => {
-    out += String(chunk);
-    return true;
-  });
-  vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
-    err += String(chunk);
-    return true;
-  });
-  try {
-    const code = await main(["node", "redwing", ...args]);
-    return { code, out, err };
-  } finally {
-    vi.restoreAllMocks();
-  }
-}
+const run = runCli;
 
 describe("redwing import / verify", () => {
   it("imports, then verify accepts every file", async () => {

@@ -7,7 +7,7 @@ import { importCheckpoint } from "../../core/import/importer.ts";
 import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../../core/import/testkit.ts";
 import { installPaths, type InstallProgress } from "../../core/install/installer.ts";
 import { TestHub } from "../../core/install/testhub.ts";
-import { main } from "../main.ts";
+import { runCli } from "../run-in-process.testkit.ts";
 import { progressLine } from "./install.ts";
 
 let root: string;
@@ -35,24 +35,7 @@ afterEach(() => {
   vi.restoreAllMocks();
 });
 
-async function run(...args: string[]): Promise<{ code: number; out: string; err: string }> {
-  let out = "";
-  let err = "";
-  vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => {
-    out += String(chunk);
-    return true;
-  });
-  vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => {
-    err += String(chunk);
-    return true;
-  });
-  try {
-    const code = await main(["node", "redwing", ...args]);
-    return { code, out, err };
-  } finally {
-    vi.restoreAllMocks();
-  }
-}
+const run = runCli;
 
 describe("redwing install", () => {
   it("makes the demo model locally instead of downloading it", async () => {

@@ -44,6 +44,22 @@ void check_expert_file_size(const std::string& path, const ExpertLayerInfo& info
                       std::to_string(info.stride) + " bytes)");
 }
 
+// Views of the chosen experts of a layer whose whole file lies in memory at `base`.
+static std::vector<ExpertMatrices> experts_in_memory(const ExpertLayerInfo& info,
+                                                     const std::byte* base, const std::string& path,
+                                                     std::span<const int32_t> experts) {
+  std::vector<ExpertMatrices> out;
+  out.reserve(experts.size());
+  for (int32_t e : experts) {
+    if (e < 0 || e >= info.count)
+      throw std::out_of_range("expert " + std::to_string(e) + " out of range in " + path);
+    const std::byte* blob = base + static_cast<uint64_t>(e) * info.stride;
+    out.push_back({host_quant_at(info.gate, blob), host_quant_at(info.up, blob),
+                   host_quant_at(info.down, blob)});
+  }
+  return out;
+}
+
 ResidentExpertSource::ResidentExpertSource(const ModelDir& dir) {
   const Architecture& arch = dir.arch();
   for (int i = 0; i < arch.num_layers; ++i) {
@@ -68,16 +84,7 @@ std::vector<ExpertMatrices> ResidentExpertSource::acquire(int layer,
   if (it == layers_.end())
     throw std::logic_error("layer " + std::to_string(layer) + " has no experts");
   const Layer& l = it->second;
-  std::vector<ExpertMatrices> out;
-  out.reserve(experts.size());
-  for (int32_t e : experts) {
-    if (e < 0 || e >= l.info.count)
-      throw std::out_of_range("expert " + std::to_string(e) + " out of range in " + l.path);
-    const std::byte* blob = l.data.get() + static_cast<uint64_t>(e) * l.info.stride;
-    out.push_back({host_quant_at(l.info.gate, blob), host_quant_at(l.info.up, blob),
-                   host_quant_at(l.info.down, blob)});
-  }
-  return out;
+  return experts_in_memory(l.info, l.data.get(), l.path, experts);
 }
 
 MappedExpertSource::MappedExpertSource(const ModelDir& dir) {
@@ -97,15 +104,7 @@ std::vector<ExpertMatrices> MappedExpertSource::acquire(int layer,
   if (it == layers_.end())
     throw std::logic_error("layer " + std::to_string(layer) + " has no experts");
   const Layer& l = it->second;
-  std::vector<ExpertMatrices> out;
-  for (int32_t e : experts) {
-    if (e < 0 || e >= l.info.count)
-      throw std::out_of_range("expert " + std::to_string(e) + " out of range in " + l.map.path());
-    const std::byte* blob = l.map.data() + static_cast<uint64_t>(e) * l.info.stride;
-    out.push_back({host_quant_at(l.info.gate, blob), host_quant_at(l.info.up, blob),
-                   host_quant_at(l.info.down, blob)});
-  }
-  return out;
+  return experts_in_memory(l.info, l.map.data(), l.map.path(), experts);
 }
 
 }  // namespace redwing
