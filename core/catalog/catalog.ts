@@ -10,6 +10,7 @@
  * downloads anything and checks free space against them).
  */
 import { UserError } from "../errors.ts";
+import { MULTIMODAL_ROOTS } from "../import/importer.ts";
 
 /** Files the installer fetches whole (when the repository has them). */
 export const METADATA_FILES = [
@@ -23,15 +24,8 @@ export const METADATA_FILES = [
   "chat_template.json",
 ] as const;
 
-/** Tensor name roots that are never installed (the multimodal towers). */
-export const SKIPPED_TENSOR_ROOTS = [
-  "vision_tower",
-  "vision_model",
-  "embed_vision",
-  "audio_tower",
-  "embed_audio",
-  "multi_modal_projector",
-] as const;
+/** Tensor name roots that are never installed (the multimodal towers): the importer's list. */
+export const SKIPPED_TENSOR_ROOTS = MULTIMODAL_ROOTS;
 
 export interface SizeEstimate {
   bytes: number;

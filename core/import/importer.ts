@@ -80,7 +80,7 @@ export const ROUTER_QUANT: QuantParams = { bits: 8, groupSize: 64 };
 
 const PREFIXES = ["model.language_model.", "language_model.model.", "model."];
 /** Roots of the multimodal towers, dropped on import. */
-const MULTIMODAL_ROOTS = [
+export const MULTIMODAL_ROOTS = [
   "vision_tower",
   "vision_model",
   "embed_vision",
@@ -88,7 +88,7 @@ const MULTIMODAL_ROOTS = [
   "embed_audio",
   "multi_modal_projector",
   "vision_embed",
-];
+] as const;
 /** Tensors without the `.weight` suffix. */
 const BARE_SUFFIXES = ["layer_scalar", "router.scale", "router.per_expert_scale"];
 

@@ -3,6 +3,22 @@
  * random-weight models with the real shapes (benchmarks, memory tests). The values are those of
  * the published checkpoints (see ../shared/research/gemma-arch.md, section 1).
  */
+/** What every Gemma 4 text config here shares: RoPE per layer type, norms, softcap, head. */
+const GEMMA4_TEXT_COMMON = {
+  rope_parameters: {
+    sliding_attention: { rope_type: "default", rope_theta: 10000 },
+    full_attention: {
+      rope_type: "proportional",
+      rope_theta: 1000000,
+      partial_rotary_factor: 0.25,
+    },
+  },
+  rms_norm_eps: 1e-6,
+  final_logit_softcapping: 30,
+  hidden_activation: "gelu_pytorch_tanh",
+  tie_word_embeddings: true,
+} as const;
+
 export const SYNTH_PRESETS = {
   "gemma-4-26b-a4b": {
     model_type: "gemma4_text",
@@ -20,18 +36,7 @@ export const SYNTH_PRESETS = {
     layer_types: Array.from({ length: 30 }, (_, i) =>
       i % 6 === 5 ? "full_attention" : "sliding_attention",
     ),
-    rope_parameters: {
-      sliding_attention: { rope_type: "default", rope_theta: 10000 },
-      full_attention: {
-        rope_type: "proportional",
-        rope_theta: 1000000,
-        partial_rotary_factor: 0.25,
-      },
-    },
-    rms_norm_eps: 1e-6,
-    final_logit_softcapping: 30,
-    hidden_activation: "gelu_pytorch_tanh",
-    tie_word_embeddings: true,
+    ...GEMMA4_TEXT_COMMON,
     max_position_embeddings: 262144,
     hidden_size_per_layer_input: 0,
     num_kv_shared_layers: 0,
@@ -62,18 +67,7 @@ export const SYNTH_PRESETS = {
     attention_k_eq_v: true,
     sliding_window: 128,
     layer_types: ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
-    rope_parameters: {
-      sliding_attention: { rope_type: "default", rope_theta: 10000 },
-      full_attention: {
-        rope_type: "proportional",
-        rope_theta: 1000000,
-        partial_rotary_factor: 0.25,
-      },
-    },
-    rms_norm_eps: 1e-6,
-    final_logit_softcapping: 30,
-    hidden_activation: "gelu_pytorch_tanh",
-    tie_word_embeddings: true,
+    ...GEMMA4_TEXT_COMMON,
     max_position_embeddings: 32768,
     hidden_size_per_layer_input: 0,
     num_kv_shared_layers: 0,
