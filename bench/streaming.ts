@@ -9,9 +9,11 @@
  *   (a) streamed experts, 16 slots, uniform routing        (--routing-trace synthetic:reuse=0)
  *   (b) streamed experts, 16 slots, a trace with ~50% hits (--routing-trace synthetic:reuse=0.45)
  *   (c) baseline: the expert files mapped with mmap, trace (b), page cache under the same limit
- * Disk throughput is measured in the same run with the same read size (one expert, 8 reads in
- * flight, cold cache). The bound for decode is the slower of reading a token's missed experts at
- * that throughput and the token's compute (decode time minus I/O wait).
+ *   (d) trace (b) with `--memory-budget 2.5G` (the engine picks the slots that fit)
+ * Disk throughput is measured through the engine's I/O path with the same read size (one expert,
+ * 8 reads in flight, cold cache) right before each streamed configuration, because a shared
+ * disk's throughput drifts between runs. The bound for decode is the slower of reading a token's
+ * missed experts at that throughput and the token's compute (decode time minus I/O wait).
  * The routing traces are benchmark-only: they replace the router's choice of experts.
  *
  *   node --import tsx bench/streaming.ts [--model DIR] [--prompt 512] [--new 16] [--slots 16]
@@ -43,6 +45,8 @@ const Report = z.object({
   decode_seconds: z.number(),
   peak_rss_bytes: z.number(),
   direct_io: z.boolean(),
+  expert_cache_slots: z.number().optional(),
+  decode_parts_ms_per_token: z.record(z.string(), z.number()).optional(),
   token_stats: z.array(TokenStat),
 });
 const MemoryReport = z.object({ total_bytes: z.number(), expert_bytes_each: z.number() });
@@ -164,9 +168,15 @@ interface Row {
   io_wait_share: number | null;
   compute_ms_per_token: number;
   direct_io: boolean;
+  /** Expert slots per layer the run used (the budget picks them in (d)). */
+  slots: number | null;
+  /** Disk throughput probed right before this run; null for the mmap baseline. */
+  disk_mib_s: number | null;
+  /** Where a decode step's time goes (experts include the wait for reads). */
+  parts_ms_per_token: Record<string, number> | null;
 }
 
-function summarize(name: string, r: z.infer<typeof Report>): Row {
+function summarize(name: string, r: z.infer<typeof Report>, diskBytesPerS: number | null): Row {
   const steps = r.token_stats.slice(1);
   const sum = (f: (t: z.infer<typeof TokenStat>) => number) => steps.reduce((a, t) => a + f(t), 0);
   const n = Math.max(1, steps.length);
@@ -184,6 +194,9 @@ function summarize(name: string, r: z.infer<typeof Report>): Row {
     io_wait_share: uses > 0 ? ioWait / (ioWait + compute) : null,
     compute_ms_per_token: compute / n,
     direct_io: r.direct_io,
+    slots: r.expert_cache_slots ?? null,
+    disk_mib_s: diskBytesPerS === null ? null : diskBytesPerS / 2 ** 20,
+    parts_ms_per_token: r.decode_parts_ms_per_token ?? null,
   };
 }
 
@@ -210,10 +223,9 @@ export async function runStreamingBench(): Promise<void> {
   );
   const limitBytes = option("limit-mib")
     ? intOption("limit-mib", 1) * 2 ** 20
-    : Math.ceil((plan.total_bytes * 1.1) / 2 ** 20) * 2 ** 20;
+    : Math.ceil((Math.max(plan.total_bytes, 2.5 * 2 ** 30) * 1.1) / 2 ** 20) * 2 ** 20;
   const limiter = memoryLimiter(limitBytes);
   const dropped = dropCaches();
-  const throughput = await diskThroughput(model, 2 * 2 ** 30);
   const prompt = Array.from({ length: promptLength }, (_, i) => 1000 + ((i * 7919) % 200000));
   const common = [
     "generate",
@@ -228,6 +240,7 @@ export async function runStreamingBench(): Promise<void> {
     "--context",
     String(context),
   ];
+  const budget = ["--memory-budget", "2.5G"];
   const configs: [string, string[]][] = [
     [
       "(a) stream, uniform routing",
@@ -243,15 +256,22 @@ export async function runStreamingBench(): Promise<void> {
       "(c) mmap baseline, trace (b)",
       ["--expert-mmap", "on", "--routing-trace", "synthetic:reuse=0.45,seed=1"],
     ]);
+  configs.push([
+    "(d) ~50% trace, budget 2.5G",
+    [...budget, "--routing-trace", "synthetic:reuse=0.45,seed=1"],
+  ]);
   const rows: Row[] = [];
   try {
     for (const [name, flags] of configs) {
+      const mapped = flags.includes("--expert-mmap");
+      dropCaches();
+      const throughput = mapped ? null : await diskThroughput(model, 2 ** 30);
       dropCaches();
       console.error(`streaming bench: ${name}`);
       const report = Report.parse(
         JSON.parse(await captureOutput(limiter.wrap([binary, ...common, ...flags]))),
       );
-      rows.push(summarize(name, report));
+      rows.push(summarize(name, report, throughput));
     }
   } finally {
     limiter.dispose();
@@ -259,8 +279,8 @@ export async function runStreamingBench(): Promise<void> {
   // The decode bound: per token, the slower of reading its misses at the measured throughput and
   // its compute (measured in the same run).
   const bound = (r: Row) => {
-    if (r.bytes_read_per_token_mib === null) return null;
-    const ioS = (r.bytes_read_per_token_mib * 2 ** 20) / throughput;
+    if (r.bytes_read_per_token_mib === null || r.disk_mib_s === null) return null;
+    const ioS = r.bytes_read_per_token_mib / r.disk_mib_s;
     return 1 / Math.max(ioS, r.compute_ms_per_token / 1000);
   };
   const result = {
@@ -272,7 +292,6 @@ export async function runStreamingBench(): Promise<void> {
     memory_limit_mib: limitBytes / 2 ** 20,
     memory_limit_how: limiter.how,
     page_cache_dropped: dropped,
-    disk_mib_s: throughput / 2 ** 20,
     rows: rows.map((r) => {
       const b = bound(r);
       return { ...r, bound_tok_s: b, of_bound: b === null ? null : r.decode_tok_s / b };
@@ -282,15 +301,24 @@ export async function runStreamingBench(): Promise<void> {
     (v === null ? "-" : v.toFixed(digits)).padStart(width);
   console.log(result.model);
   console.log(
-    `limit ${result.memory_limit_mib.toFixed(0)} MiB via ${limiter.how}; page cache dropped: ${dropped}; disk ${result.disk_mib_s.toFixed(0)} MiB/s (cold, ${plan.expert_bytes_each} B reads, 8 in flight)`,
+    `limit ${result.memory_limit_mib.toFixed(0)} MiB via ${limiter.how}; page cache dropped: ${dropped}; disk probed before each run (cold, ${plan.expert_bytes_each} B reads, 8 in flight)`,
   );
   console.log(
-    "config                          tok/s  TTFT s  peak MiB  MiB/tok  hit    io-wait  bound  of-bound",
+    "config                          slots  tok/s  TTFT s  peak MiB  MiB/tok  hit    io-wait  disk MiB/s  bound  of-bound",
   );
   for (const r of result.rows)
     console.log(
-      `${r.name.padEnd(30)} ${r.decode_tok_s.toFixed(2).padStart(6)} ${r.ttft_s.toFixed(1).padStart(7)} ${r.peak_rss_mib.toFixed(0).padStart(9)} ${fmt(r.bytes_read_per_token_mib, 0, 8)}  ${r.hit_rate === null ? "  -  " : r.hit_rate.toFixed(2)}  ${r.io_wait_share === null ? "   -   " : r.io_wait_share.toFixed(2).padStart(7)}  ${fmt(r.bound_tok_s, 2, 5)}  ${fmt(r.of_bound, 2, 8)}`,
+      `${r.name.padEnd(30)} ${fmt(r.slots, 0, 6)} ${r.decode_tok_s.toFixed(2).padStart(6)} ${r.ttft_s.toFixed(1).padStart(7)} ${r.peak_rss_mib.toFixed(0).padStart(9)} ${fmt(r.bytes_read_per_token_mib, 0, 8)}  ${r.hit_rate === null ? "  -  " : r.hit_rate.toFixed(2)}  ${r.io_wait_share === null ? "   -   " : r.io_wait_share.toFixed(2).padStart(7)}  ${fmt(r.disk_mib_s, 0, 10)}  ${fmt(r.bound_tok_s, 2, 5)}  ${fmt(r.of_bound, 2, 8)}`,
     );
+  console.log("decode ms per token by part (experts = their compute + the wait for reads):");
+  for (const r of result.rows) {
+    if (!r.parts_ms_per_token) continue;
+    const p = r.parts_ms_per_token;
+    const text = Object.entries(p)
+      .map(([k, v]) => `${k} ${v.toFixed(1)}`)
+      .join(", ");
+    console.log(`  ${r.name}: ${text}`);
+  }
   const b = result.rows.find((r) => r.name.startsWith("(b)"));
   const c = result.rows.find((r) => r.name.startsWith("(c)"));
   if (b && c && c.decode_tok_s > 0)

@@ -1,14 +1,19 @@
 #!/usr/bin/env node
-// Bootstraps a checkout: Debian packages, npm packages and the native build.
-// Each step checks first and does nothing when everything is already in place,
-// so `npm test` and `npm start` stay fast on a machine that is set up.
+// Bootstraps a checkout: Debian packages, npm packages, the native build, the app's renderer
+// (renderer/dist) and Electron shell (electron/dist). Each step checks first and does nothing
+// when everything is already in place, so `npm test` and `npm start` stay fast on a machine that
+// is set up.
+//
+// Flags: --native-only (Debian packages and the native build), --chromium (also Debian's
+// Chromium, which the end-to-end tests drive; scripts/test.mjs asks for it, `npm start` does not).
 import { execFileSync, spawnSync } from "node:child_process";
-import { existsSync, statSync } from "node:fs";
+import { existsSync, readdirSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const nativeOnly = process.argv.includes("--native-only");
+const withChromium = process.argv.includes("--chromium");
 
 // Debian packages the build and the tests need (package name -> why).
 const debianPackages = {
@@ -19,6 +24,8 @@ const debianPackages = {
   "nlohmann-json3-dev": "JSON in the native engine",
   "clang-format": "C++ formatting check",
 };
+// Only with --chromium: a browser for the end-to-end tests (Playwright drives /usr/bin/chromium).
+const testDebianPackages = { chromium: "end-to-end tests (Playwright)" };
 
 function log(message) {
   console.error(`[setup] ${message}`);
@@ -49,7 +56,8 @@ function ensureDebianPackages() {
     );
     return;
   }
-  const missing = Object.keys(debianPackages).filter((pkg) => !isInstalled(pkg));
+  const wanted = { ...debianPackages, ...(withChromium ? testDebianPackages : {}) };
+  const missing = Object.keys(wanted).filter((pkg) => !isInstalled(pkg));
   if (missing.length === 0) return;
   log(`installing Debian packages: ${missing.join(", ")}`);
   const asRoot = process.getuid?.() === 0 ? [] : ["sudo"];
@@ -64,7 +72,75 @@ function ensureNodeModules() {
   const marker = join(root, "node_modules", ".package-lock.json");
   if (existsSync(marker) && statSync(marker).mtimeMs >= statSync(lock).mtimeMs) return;
   log("installing npm packages (npm ci)");
-  run("npm", ["ci", "--no-audit", "--no-fund"]);
+  // The electron package's postinstall downloads a ~100 MB binary from GitHub, which fails
+  // without network; `npm start` fetches it later when it can (and falls back to web mode).
+  run("npm", ["ci", "--no-audit", "--no-fund"], {
+    env: { ...process.env, ELECTRON_SKIP_BINARY_DOWNLOAD: "1" },
+  });
+}
+
+/** The newest modification time under `paths` (files or directories), skipping `skip` names. */
+function newestMtime(paths, skip = new Set(["node_modules", "dist"])) {
+  let newest = 0;
+  const visit = (path) => {
+    let st;
+    try {
+      st = statSync(path);
+    } catch {
+      return; // vanished or never there
+    }
+    if (!st.isDirectory()) {
+      newest = Math.max(newest, st.mtimeMs);
+      return;
+    }
+    for (const entry of readdirSync(path)) {
+      if (!skip.has(entry) && !entry.startsWith(".")) visit(join(path, entry));
+    }
+  };
+  for (const p of paths) visit(join(root, p));
+  return newest;
+}
+
+function mtimeOf(path) {
+  try {
+    return statSync(join(root, path)).mtimeMs;
+  } catch {
+    return 0;
+  }
+}
+
+/** renderer/dist: rebuilt with Vite when the renderer or the API contract changed. */
+function ensureRenderer() {
+  if (!existsSync(join(root, "renderer", "vite.config.ts"))) return;
+  const built = mtimeOf("renderer/dist/index.html");
+  const sources = newestMtime(["renderer", "core/app/api.ts", "package-lock.json"]);
+  if (built >= sources) return;
+  log("building the app's interface (renderer/dist)");
+  run(process.execPath, [
+    join(root, "node_modules", "vite", "bin", "vite.js"),
+    "build",
+    "--config",
+    "renderer/vite.config.ts",
+    // Rollup's warnings about dependencies' comments are not actionable here.
+    "--logLevel",
+    "error",
+  ]);
+}
+
+/** electron/dist: the bundled main process and preload (esbuild, under a second). */
+function ensureElectronShell() {
+  if (!existsSync(join(root, "scripts", "build-electron.mjs"))) return;
+  // main.mjs bundles electron/ and core/ (the controller, engine client, installer, server).
+  const built = Math.min(mtimeOf("electron/dist/main.mjs"), mtimeOf("electron/dist/preload.cjs"));
+  const sources = newestMtime([
+    "electron",
+    "core",
+    "scripts/build-electron.mjs",
+    "package-lock.json",
+  ]);
+  if (built >= sources) return;
+  log("building the Electron shell (electron/dist)");
+  run(process.execPath, ["scripts/build-electron.mjs"]);
 }
 
 function ensureNativeBuild() {
@@ -85,6 +161,10 @@ try {
   ensureDebianPackages();
   if (!nativeOnly) ensureNodeModules();
   ensureNativeBuild();
+  if (!nativeOnly) {
+    ensureRenderer();
+    ensureElectronShell();
+  }
 } catch (error) {
   log(`failed: ${error instanceof Error ? error.message : String(error)}`);
   process.exit(1);

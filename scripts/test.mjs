@@ -1,18 +1,25 @@
 #!/usr/bin/env node
-// Runs every test suite in order and stops at the first failure:
-// static checks, TypeScript tests (vitest), C++ tests (ctest).
+// Runs every test suite in order and stops at the first failure: static checks, C++ tests
+// (ctest), TypeScript tests (vitest), then the app's end-to-end tests (Playwright in Debian's
+// Chromium against web mode, and in Electron where its binary exists).
 import { spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
+const CHROMIUM = "/usr/bin/chromium";
 const steps = [
   ["typecheck", "npx", ["tsc", "--noEmit", "-p", "."]],
+  ["typecheck (renderer)", "npx", ["tsc", "--noEmit", "-p", "renderer"]],
   ["eslint", "npx", ["eslint", "."]],
   ["prettier", "npx", ["prettier", "--check", "."]],
   ["clang-format", "node", ["scripts/clang-format.mjs", "--check"]],
   ["C++ tests", "ctest", ["--test-dir", "native/build", "--output-on-failure", "-j2"]],
   ["TypeScript tests", "npx", ["vitest", "run"]],
+  // The browser the e2e tests drive: a Debian package, installed only for testing.
+  ...(existsSync(CHROMIUM) ? [] : [["chromium", "node", ["scripts/setup.mjs", "--chromium"]]]),
+  ["e2e", "npx", ["playwright", "test"]],
 ];
 
 for (const [name, command, args] of steps) {

@@ -173,6 +173,9 @@ for (const fixture of FIXTURES) {
             bytes_read: number;
             peak_rss_bytes: number;
             token_stats: { hits: number; misses: number; bytes_read: number }[];
+            decode_compute_ms_per_token: number;
+            decode_io_wait_ms_per_token: number;
+            decode_parts_ms_per_token: Record<string, number>;
           };
           expect(r.tokens).toEqual(ref.greedy);
           expect(r.expert_cache_slots).toBe(2);
@@ -183,6 +186,16 @@ for (const fixture of FIXTURES) {
           expect(r.hit_rate).toBeCloseTo(hits / (hits + misses), 3);
           expect(r.bytes_read).toBe(r.token_stats.reduce((a, t) => a + t.bytes_read, 0));
           expect(r.peak_rss_bytes).toBeGreaterThan(1 << 20);
+          // Where a decode step's time goes: every part measured, the wait for reads inside the
+          // experts' part, and the parts adding up to the step (up to the small "other" rest).
+          const parts = r.decode_parts_ms_per_token;
+          for (const key of ["attention", "router", "dense_mlp", "experts", "head"])
+            expect(parts[key], key).toBeGreaterThan(0);
+          expect(parts.experts_io_wait).toBeCloseTo(r.decode_io_wait_ms_per_token, 2);
+          expect(parts.experts_io_wait!).toBeLessThanOrEqual(parts.experts! + 1e-3);
+          const step = r.decode_compute_ms_per_token + r.decode_io_wait_ms_per_token;
+          expect(parts.other!).toBeGreaterThanOrEqual(-1e-3);
+          expect(parts.other!).toBeLessThan(0.5 * step);
         });
 
         it("memory: the expected memory grows with slots and context", () => {

@@ -8,6 +8,7 @@ import { registerCompleteCommand } from "./complete.ts";
 import { registerModelsCommand } from "./models.ts";
 import { registerInstallCommand } from "./install.ts";
 import { registerServeCommand } from "./serve.ts";
+import { registerUiCommand } from "./ui.ts";
 
 /** Each command lives in its own file and registers itself here. */
 export function registerCommands(program: Command): void {
@@ -21,4 +22,5 @@ export function registerCommands(program: Command): void {
   registerModelsCommand(program);
   registerInstallCommand(program);
   registerServeCommand(program);
+  registerUiCommand(program);
 }

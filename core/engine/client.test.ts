@@ -219,6 +219,9 @@ describe("engine client and decode service", () => {
     expect(stats.expert_cache.hit_rate).toBeGreaterThan(0);
     expect(stats.expert_cache.hit_rate).toBeLessThan(1); // 2 of 8 experts fit: there are misses
     expect(stats.expert_cache.read_bytes_per_token).toBeGreaterThan(0);
+    // Waiting on reads is measured (>= 0 ms; the fixture's experts are tiny, so it may round to 0).
+    expect(stats.expert_cache.io_wait_ms_per_token).toBeGreaterThanOrEqual(0);
+    expect(before.expert_cache.io_wait_ms_per_token).toBeNull();
 
     // Periodic stats while decoding, with a growing token count.
     const { events } = await collect(

@@ -158,6 +158,8 @@ export const StatsEventSchema = z.object({
     slots: z.number().int(),
     hit_rate: z.number().nullable(),
     read_bytes_per_token: z.number().nullable(),
+    /** ms per token the model thread waited on expert reads (absent from older services). */
+    io_wait_ms_per_token: z.number().nullable().optional(),
   }),
 });
 export type StatsEvent = z.infer<typeof StatsEventSchema>;

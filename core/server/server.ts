@@ -67,8 +67,26 @@ export interface ServerOptions {
   expertCacheSlots?: number;
   memoryBudget?: number;
   engine?: EngineClientOptions;
+  /**
+   * An engine that someone else owns (the desktop app's): the server neither starts, loads nor
+   * closes it, and takes turns with the owner's own generations through `queue`. The model must
+   * be loaded already (`model` names its directory, `context` its KV size).
+   */
+  shared?: SharedEngine;
   /** Called with one line per request (method, path, status, ms). */
   log?: (line: string) => void;
+}
+
+/** What the server needs of its admission queue: a RequestQueue, or one an owner shares. */
+export type AdmissionQueue = Pick<RequestQueue, "acquire" | "active" | "waiting" | "limit">;
+
+export interface SharedEngine {
+  /** The engine client to use now (the owner may replace it, e.g. after a crash). */
+  client: () => EngineClient;
+  /** Turns shared with the owner's generations (and loads); `acquire(signal)` is one request. */
+  queue: AdmissionQueue;
+  /** The loaded model's tokenizer and chat template, when the owner has them already. */
+  text?: { tokenizer: ChatTokenizer; template: string };
 }
 
 export interface ServerMetrics {
@@ -86,7 +104,7 @@ export interface RedwingServer {
   modelId: string;
   app: FastifyInstance;
   engine: EngineClient;
-  queue: RequestQueue;
+  queue: AdmissionQueue;
   metrics: ServerMetrics;
   close(): Promise<void>;
 }
@@ -168,32 +186,27 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   const context = options.context ?? 4096;
   const model = await resolveModel(options.model);
   const modelId = modelIdOf(options.model, model);
-  const tokenizer: ChatTokenizer = await loadTokenizer(model.dir);
+  const shared = options.shared;
+  const tokenizer: ChatTokenizer = shared?.text?.tokenizer ?? (await loadTokenizer(model.dir));
   const template = new Template(
-    await loadChatTemplate(model.dir, tokenizer.configTemplate, model.manifest.architecture.family),
+    shared?.text?.template ??
+      (await loadChatTemplate(
+        model.dir,
+        tokenizer.configTemplate,
+        model.manifest.architecture.family,
+      )),
   );
   const stopIds = model.manifest.architecture.eos_token_ids;
   // Gemma 4 hands over to the tool with `<|tool_response>`: the end of a tool-calling turn.
   const toolStopIds = [tokenizer.tokenId("<|tool_response>")].filter((id) => id !== null);
-  const engine = await EngineClient.start({
-    restart: { initialDelayMs: 100, maxDelayMs: 2000 },
-    ...options.engine,
-  });
-  try {
-    await engine.load({
-      model: model.dir,
-      context,
-      threads: options.threads,
-      expert_cache_slots:
-        options.expertCacheSlots ?? (options.memoryBudget === undefined ? 16 : undefined),
-      memory_budget: options.memoryBudget,
-    });
-  } catch (error) {
-    await engine.close();
-    throw error;
-  }
+  const owned = shared ? null : await startOwnEngine(options, model.dir, context);
+  const engineOf = (): EngineClient => (shared ? shared.client() : owned!);
+  const closeOwned = async (): Promise<void> => {
+    await owned?.close();
+  };
   const created = Math.floor(Date.now() / 1000);
-  const queue = new RequestQueue(options.queueLimit ?? DEFAULT_QUEUE_LIMIT);
+  const queue: AdmissionQueue =
+    shared?.queue ?? new RequestQueue(options.queueLimit ?? DEFAULT_QUEUE_LIMIT);
   const metrics: ServerMetrics = {
     requests: 0,
     completed: 0,
@@ -272,7 +285,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   app.get("/health", async () => ({
     status: "ok",
     model: modelId,
-    engine_pid: engine.pid ?? null,
+    engine_pid: engineOf().pid ?? null,
     queue: { active: queue.active, waiting: queue.waiting, limit: queue.limit },
     metrics,
   }));
@@ -434,7 +447,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       system_fingerprint: null,
     });
     try {
-      const events = generate(engine, tokenizer, prepared.params, abort.signal);
+      const events = generate(engineOf(), tokenizer, prepared.params, abort.signal);
       if (!prepared.stream) {
         let summary: GenerationSummary | null = null;
         for await (const event of events) if (event.type === "done") summary = event.summary;
@@ -609,7 +622,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     await app.listen({ host, port: options.port ?? DEFAULT_PORT });
     address = app.server.address() as AddressInfo;
   } catch (error) {
-    await engine.close();
+    await closeOwned();
     throw new UserError(
       `cannot listen on ${host}:${options.port ?? DEFAULT_PORT}: ${(error as Error).message}`,
       "listen_failed",
@@ -620,12 +633,40 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     url: `http://${shownHost}:${address.port}`,
     modelId,
     app,
-    engine,
+    get engine() {
+      return engineOf();
+    },
     queue,
     metrics,
     async close() {
       await app.close();
-      await engine.close();
+      await closeOwned();
     },
   };
+}
+
+/** The server's own engine (`redwing serve`): started, restarted after crashes, loaded. */
+async function startOwnEngine(
+  options: ServerOptions,
+  modelDir: string,
+  context: number,
+): Promise<EngineClient> {
+  const engine = await EngineClient.start({
+    restart: { initialDelayMs: 100, maxDelayMs: 2000 },
+    ...options.engine,
+  });
+  try {
+    await engine.load({
+      model: modelDir,
+      context,
+      threads: options.threads,
+      expert_cache_slots:
+        options.expertCacheSlots ?? (options.memoryBudget === undefined ? 16 : undefined),
+      memory_budget: options.memoryBudget,
+    });
+  } catch (error) {
+    await engine.close();
+    throw error;
+  }
+  return engine;
 }

@@ -241,6 +241,12 @@ std::string expert_stats_json(const redwing::Engine& engine, const redwing::Gene
     decode.bytes_read += t.bytes_read;
     decode.io_wait_ms += t.io_wait_ms;
     decode.compute_ms += t.compute_ms;
+    decode.parts.embed_ms += t.parts.embed_ms;
+    decode.parts.attention_ms += t.parts.attention_ms;
+    decode.parts.router_ms += t.parts.router_ms;
+    decode.parts.dense_mlp_ms += t.parts.dense_mlp_ms;
+    decode.parts.experts_ms += t.parts.experts_ms;
+    decode.parts.head_ms += t.parts.head_ms;
   }
   const double n = steps ? static_cast<double>(steps) : 1.0;
   const uint64_t uses = decode.expert_hits + decode.expert_misses;
@@ -259,6 +265,19 @@ std::string expert_stats_json(const redwing::Engine& engine, const redwing::Gene
                 static_cast<double>(decode.bytes_read) / n, decode.io_wait_ms / n,
                 decode.compute_ms / n);
   std::string out = buf;
+  // Where a decode step's time goes; experts_ms includes the wait for reads, so the routed
+  // experts' compute is experts_ms - io_wait_ms; "other" is norms, residual adds and sampling.
+  const auto& p = decode.parts;
+  const double other =
+      (decode.compute_ms + decode.io_wait_ms) -
+      (p.embed_ms + p.attention_ms + p.router_ms + p.dense_mlp_ms + p.experts_ms + p.head_ms);
+  std::snprintf(buf, sizeof(buf),
+                ", \"decode_parts_ms_per_token\": {\"embed\": %.3f, \"attention\": %.3f, "
+                "\"router\": %.3f, \"dense_mlp\": %.3f, \"experts\": %.3f, "
+                "\"experts_io_wait\": %.3f, \"head\": %.3f, \"other\": %.3f}",
+                p.embed_ms / n, p.attention_ms / n, p.router_ms / n, p.dense_mlp_ms / n,
+                p.experts_ms / n, decode.io_wait_ms / n, p.head_ms / n, other / n);
+  out += buf;
   out += ", \"token_stats\": [";
   for (size_t i = 0; i < r.token_stats.size(); ++i) {
     const auto& t = r.token_stats[i];

@@ -91,11 +91,13 @@ class Gemma4 final : public Model {
     const int64_t hidden = arch_.hidden_size;
 
     Mat x = scratch_.get(gemma::kResidual, T, hidden);
-    backend_.embed(*embed_, tokens, arch_.embed_scale, x);
+    timed(parts_.embed_ms, [&] { backend_.embed(*embed_, tokens, arch_.embed_scale, x); });
 
     for (int i = 0; i < arch_.num_layers; ++i) {
       const Layer& l = layers_[static_cast<size_t>(i)];
-      gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_);
+      timed(parts_.attention_ms, [&] {
+        gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_);
+      });
 
       // Feed-forward: x is the residual r from here on.
       // MoE layers route first and announce their experts, so a streaming expert source
@@ -103,17 +105,23 @@ class Gemma4 final : public Model {
       const bool moe = arch_.layers[static_cast<size_t>(i)].moe;
       Routing routing;
       if (moe) {
-        routing = route(i, l, x);
-        experts_->prefetch(i, routing.ids);
+        timed(parts_.router_ms, [&] {
+          routing = route(i, l, x);
+          experts_->prefetch(i, routing.ids);
+        });
       }
       Mat h = scratch_.get(gemma::kNormed, T, hidden);
       Mat m = scratch_.get(kFfnOut, T, hidden);
-      backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
-      gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
+      timed(parts_.dense_mlp_ms, [&] {
+        backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
+        gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
+      });
       if (moe) {
         backend_.rms_norm(m, l.post_ffn_norm_1.get(), off, eps, m);  // h1
-        Mat h2 = moe_branch(i, l, x, routing);
-        backend_.add(m, h2, m);
+        timed(parts_.experts_ms, [&] {
+          Mat h2 = moe_branch(i, l, x, routing);
+          backend_.add(m, h2, m);
+        });
       }
       backend_.rms_norm(m, l.post_ffn_norm.get(), off, eps, m);
       backend_.add(x, m, x);
@@ -121,10 +129,12 @@ class Gemma4 final : public Model {
     }
     cache.advance(T);
 
-    if (which == LogitsFor::all)
-      gemma::output_logits(backend_, arch_, *norm_, *embed_, x, 0, T, scratch_, logits);
-    else if (which == LogitsFor::last)
-      gemma::output_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_, logits);
+    timed(parts_.head_ms, [&] {
+      if (which == LogitsFor::all)
+        gemma::output_logits(backend_, arch_, *norm_, *embed_, x, 0, T, scratch_, logits);
+      else if (which == LogitsFor::last)
+        gemma::output_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_, logits);
+    });
   }
 
  private:

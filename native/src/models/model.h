@@ -1,6 +1,7 @@
 // A loaded language model: runs tokens through the network on a backend.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,11 +28,21 @@ class RoutingHook {
   virtual void apply(int layer, int64_t rows, int top_k, int num_experts, int32_t* idx) = 0;
 };
 
+// Wall time spent in each part of forward() since the model was built, for benchmarks ("where
+// the time goes per token"). The CPU backend runs ops synchronously, so these are exact there; a
+// backend that queues work must synchronize before they mean anything. `experts` includes any
+// wait for expert reads (the expert source counts that wait on its own).
+struct ForwardParts {
+  double embed_ms = 0, attention_ms = 0, router_ms = 0, dense_mlp_ms = 0, experts_ms = 0,
+         head_ms = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
   virtual const Architecture& arch() const = 0;
   void set_routing_hook(RoutingHook* hook) { routing_hook_ = hook; }
+  const ForwardParts& forward_parts() const { return parts_; }
 
   // Runs `tokens` at positions cache.length() .. cache.length() + tokens.size() - 1, stores their
   // keys and values in `cache` and advances it. Appends the logits of the positions `which`
@@ -42,6 +53,15 @@ class Model {
 
  protected:
   RoutingHook* routing_hook_ = nullptr;
+  ForwardParts parts_;
+
+  // Runs f() and adds its wall time to `ms`.
+  template <class F>
+  static void timed(double& ms, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
 };
 
 // Builds the model the manifest describes. `experts` must outlive the model and is required

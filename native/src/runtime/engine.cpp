@@ -97,9 +97,15 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
   std::vector<float> logits;
 
   // Per forward pass: expert counters and time, split into I/O wait and the rest.
+  ForwardParts parts_before = model_->forward_parts();
   auto step_stats = [&](const ExpertStats& before, double seconds) {
     const ExpertStats now = expert_stats();
+    const ForwardParts& p = model_->forward_parts();
     TokenStats s;
+    s.parts = {p.embed_ms - parts_before.embed_ms,     p.attention_ms - parts_before.attention_ms,
+               p.router_ms - parts_before.router_ms,   p.dense_mlp_ms - parts_before.dense_mlp_ms,
+               p.experts_ms - parts_before.experts_ms, p.head_ms - parts_before.head_ms};
+    parts_before = p;
     s.expert_hits = now.hits - before.hits;
     s.expert_misses = now.misses - before.misses;
     s.bytes_read = now.bytes_read - before.bytes_read;

@@ -49,6 +49,7 @@ struct TokenStats {
   uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
   double io_wait_ms = 0;  // waiting for expert reads with nothing else to do
   double compute_ms = 0;  // the rest of the forward pass
+  ForwardParts parts;     // wall time per part of the forward pass (experts include io_wait_ms)
 };
 
 struct GenerateResult {

@@ -145,6 +145,11 @@ json Service::stats_event(const json& id) {
         {"read_bytes_per_token", measured && stats_.expert_tokens > 0
                                      ? json(static_cast<double>(stats_.expert_bytes_read) /
                                             static_cast<double>(stats_.expert_tokens))
+                                     : json(nullptr)},
+        // Time the model thread waited on expert reads with nothing else to compute.
+        {"io_wait_ms_per_token", measured && stats_.expert_tokens > 0
+                                     ? json(1000.0 * stats_.expert_io_wait_seconds /
+                                            static_cast<double>(stats_.expert_tokens))
                                      : json(nullptr)}};
   }
   return e;
@@ -416,6 +421,7 @@ void Service::do_generate(const Job& job) {
     stats_.expert_hits = now.hits - experts_at_start.hits;
     stats_.expert_bytes_read = now.bytes_read - experts_at_start.bytes_read;
     stats_.expert_tokens = tokens;
+    stats_.expert_io_wait_seconds = now.io_wait_seconds - experts_at_start.io_wait_seconds;
   };
   {
     std::lock_guard lock(stats_mutex_);

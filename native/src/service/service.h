@@ -66,6 +66,7 @@ class Service {
     int expert_slots = 0;
     uint64_t expert_requests = 0, expert_hits = 0, expert_bytes_read = 0;
     int64_t expert_tokens = 0;
+    double expert_io_wait_seconds = 0;
   };
 
   void emit(const nlohmann::json& event);

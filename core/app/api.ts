@@ -1,0 +1,559 @@
+/**
+ * The app's API: every call the renderer makes and every event it receives, as zod schemas.
+ * One definition serves both transports (Electron IPC through the preload, and web mode's HTTP +
+ * server-sent events) and the renderer, which imports this file too: so this module must stay
+ * free of Node imports.
+ *
+ * A call is `{ method, params }` and answers `result` or an `AppError`. Events are pushed on one
+ * channel, in order, to every connected window.
+ */
+import { z } from "zod";
+
+// ---- shared shapes ----------------------------------------------------------------------------
+
+/**
+ * An error as the user sees it: `message` says what happened in plain words, `action` the next
+ * step the UI offers as a button.
+ */
+export const AppErrorSchema = z.object({
+  /** Stable machine-readable code (`engine_crashed`, `model_corrupt`, `disk_full`, ...). */
+  code: z.string(),
+  message: z.string(),
+  action: z
+    .enum([
+      "restart_engine",
+      "verify_model",
+      "reinstall_model",
+      "free_space",
+      "retry",
+      "load_model",
+      "reduce_context",
+    ])
+    .nullable(),
+  /** Technical detail (file, offset, exit status) shown on request. */
+  detail: z.string().optional(),
+});
+export type AppError = z.infer<typeof AppErrorSchema>;
+
+const bytes = z.number().nonnegative();
+const modelName = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(/^[^/\\]+$/, "a model name, not a path")
+  .refine((s) => s !== "." && s !== "..", "a model name, not a path");
+const id = z.string().min(1).max(100);
+
+// ---- settings ---------------------------------------------------------------------------------
+
+export const SamplingSettingsSchema = z.object({
+  /** 0: greedy. */
+  temperature: z.number().min(0).max(2),
+  /** 0: off. */
+  topK: z.number().int().min(0).max(1000),
+  topP: z.number().min(0).max(1),
+  repetitionPenalty: z.number().min(1).max(2),
+  /** null: a random seed per reply. */
+  seed: z
+    .number()
+    .int()
+    .min(0)
+    .max(2 ** 31 - 1)
+    .nullable(),
+  maxNewTokens: z.number().int().min(1).max(32768),
+});
+export type SamplingSettings = z.infer<typeof SamplingSettingsSchema>;
+
+/** Settings the engine is loaded with: changing any of them needs a reload. */
+export const EngineSettingsSchema = z.object({
+  /** KV-cache positions (prompt plus reply). */
+  context: z.number().int().min(256).max(131072),
+  /** Expert slots per MoE layer; ignored when `memoryBudgetBytes` is set. */
+  expertCacheSlots: z.number().int().min(4).max(128),
+  /** When set, the engine picks the slot count that fits. */
+  memoryBudgetBytes: bytes.nullable(),
+  /** 0: one per core. */
+  threads: z.number().int().min(0).max(256),
+  backend: z.enum(["cpu"]),
+  kvDtype: z.enum(["f16", "f32"]),
+});
+export type EngineSettings = z.infer<typeof EngineSettingsSchema>;
+
+export const SettingsSchema = z.object({
+  sampling: SamplingSettingsSchema,
+  engine: EngineSettingsSchema,
+  /** System prompt for new conversations. */
+  systemPrompt: z.string().max(100_000),
+  /** The model loaded at start and chatted with; null: the demo model. */
+  activeModel: modelName.nullable(),
+  server: z.object({
+    enabled: z.boolean(),
+    port: z.number().int().min(1).max(65535),
+  }),
+});
+export type Settings = z.infer<typeof SettingsSchema>;
+
+export const DEFAULT_SETTINGS: Settings = {
+  sampling: {
+    temperature: 0.2,
+    topK: 64,
+    topP: 0.95,
+    repetitionPenalty: 1.0,
+    seed: null,
+    maxNewTokens: 1024,
+  },
+  engine: {
+    context: 4096,
+    expertCacheSlots: 16,
+    memoryBudgetBytes: null,
+    threads: 0,
+    backend: "cpu",
+    kvDtype: "f16",
+  },
+  systemPrompt: "",
+  activeModel: null,
+  server: { enabled: false, port: 8080 },
+};
+
+/** A partial update: any subset of fields, nested objects merged. */
+export const SettingsPatchSchema = z.object({
+  sampling: SamplingSettingsSchema.partial().optional(),
+  engine: EngineSettingsSchema.partial().optional(),
+  systemPrompt: SettingsSchema.shape.systemPrompt.optional(),
+  activeModel: SettingsSchema.shape.activeModel.optional(),
+  server: SettingsSchema.shape.server.partial().optional(),
+});
+export type SettingsPatch = z.infer<typeof SettingsPatchSchema>;
+
+// ---- app --------------------------------------------------------------------------------------
+
+export const AppInfoSchema = z.object({
+  version: z.string(),
+  /** "electron": the desktop app; "web": `redwing ui` in a browser. */
+  shell: z.enum(["electron", "web"]),
+  platform: z.string(),
+  arch: z.string(),
+  dataDir: z.string(),
+  modelsDir: z.string(),
+  hardwareThreads: z.number().int(),
+  totalMemoryBytes: bytes,
+  /** What the live panel can show on this machine (hidden otherwise). */
+  features: z.object({ energy: z.boolean(), thermal: z.boolean(), reveal: z.boolean() }),
+  /** Things from start-up the user should know (e.g. a damaged settings file was set aside). */
+  notices: z.array(z.string()).optional(),
+});
+export type AppInfo = z.infer<typeof AppInfoSchema>;
+
+// ---- models -----------------------------------------------------------------------------------
+
+export const CatalogItemSchema = z.object({
+  id: z.string(),
+  title: z.string(),
+  description: z.string(),
+  kind: z.enum(["demo", "hub"]),
+  repo: z.string().nullable(),
+  downloadBytes: bytes.nullable(),
+  installBytes: bytes,
+  /** Memory needed at the current settings on this machine. */
+  memoryBytes: bytes,
+  memoryNote: z.string(),
+  /** Whether it fits in this machine's total memory. */
+  fits: z.boolean(),
+  licence: z.object({ name: z.string(), url: z.string(), gated: z.boolean(), note: z.string() }),
+  /** The installed model's name, or null. */
+  installedAs: z.string().nullable(),
+});
+export type CatalogItem = z.infer<typeof CatalogItemSchema>;
+
+export const VerifyStateSchema = z.object({
+  state: z.enum(["unchecked", "checking", "ok", "corrupt"]),
+  /** Files hashed so far while checking. */
+  fraction: z.number().min(0).max(1).optional(),
+  /** What is wrong (the file named) when corrupt. */
+  message: z.string().optional(),
+  checkedAt: z.string().optional(),
+});
+export type VerifyState = z.infer<typeof VerifyStateSchema>;
+
+export const InstalledModelSchema = z.object({
+  name: z.string(),
+  dir: z.string(),
+  sizeBytes: bytes,
+  /** At the current engine settings. */
+  memoryEstimateBytes: bytes,
+  family: z.string(),
+  moe: z.boolean(),
+  isDemo: z.boolean(),
+  verify: VerifyStateSchema,
+  /** Loaded in the engine now. */
+  loaded: z.boolean(),
+});
+export type InstalledModel = z.infer<typeof InstalledModelSchema>;
+
+export const DownloadStateSchema = z.enum(["running", "paused", "done", "failed", "cancelled"]);
+
+export const DownloadSchema = z.object({
+  taskId: id,
+  /** What was asked for: a catalog id or `owner/repo[@revision]`. */
+  ref: z.string(),
+  /** The model directory name it installs to. */
+  name: z.string(),
+  state: DownloadStateSchema,
+  phase: z.enum([
+    "resolving",
+    "planning",
+    "verifying",
+    "downloading",
+    "paused",
+    "finishing",
+    "done",
+  ]),
+  bytesDone: bytes,
+  bytesTotal: bytes,
+  /** Bytes/s; null until measured. */
+  rate: z.number().nullable(),
+  etaSeconds: z.number().nullable(),
+  file: z.string().nullable(),
+  /** The latest note from the installer (a retry, a resume). */
+  note: z.string().nullable(),
+  error: AppErrorSchema.nullable(),
+});
+export type Download = z.infer<typeof DownloadSchema>;
+
+// ---- engine -----------------------------------------------------------------------------------
+
+export const EngineStatusSchema = z.object({
+  state: z.enum(["stopped", "starting", "loading", "ready", "generating", "crashed"]),
+  /** Installed model name (or "demo"). */
+  model: z.string().nullable(),
+  pid: z.number().int().nullable(),
+  /** Load progress 0..1 while loading. */
+  loadFraction: z.number().min(0).max(1).nullable(),
+  /** The engine settings it was loaded with. */
+  loadedWith: EngineSettingsSchema.nullable(),
+  /** Slots per MoE layer actually used (a memory budget picks them); 0: all resident. */
+  expertCacheSlots: z.number().int().nullable(),
+  /** Saved engine settings differ from what is loaded: a reload applies them. */
+  reloadNeeded: z.boolean(),
+  memory: z
+    .object({ modelBytes: bytes, kvBytes: bytes, estimateBytes: bytes, rssBytes: bytes })
+    .nullable(),
+  /** Why the engine is not usable (crashed, load failed), with the next step. */
+  error: AppErrorSchema.nullable(),
+});
+export type EngineStatus = z.infer<typeof EngineStatusSchema>;
+
+/** What a setting costs in memory, for the Tuning view (model = active model). */
+export const MemoryPlanSchema = z.object({
+  model: z.string().nullable(),
+  weightsBytes: bytes,
+  kvBytes: bytes,
+  /** Expert slots in all MoE layers; 0 for dense models. */
+  expertCacheBytes: bytes,
+  totalBytes: bytes,
+  /** Expert slots the plan uses (budget applied); null for dense models. */
+  expertCacheSlots: z.number().int().nullable(),
+  /** Expected hit rate at that slot count, measured or estimated; null when unknown. */
+  expectedHitRate: z.number().min(0).max(1).nullable(),
+  hitRateSource: z.enum(["measured", "estimate"]).nullable(),
+  freeMemoryBytes: bytes,
+  fits: z.boolean(),
+});
+export type MemoryPlan = z.infer<typeof MemoryPlanSchema>;
+
+// ---- chat -------------------------------------------------------------------------------------
+
+export const MessageStatsSchema = z.object({
+  /** `19.9 t/s, TTFT: 660.1ms (19.7 t/s, 13 tokens), 53 tokens` */
+  line: z.string(),
+  decodeTokensPerSecond: z.number(),
+  ttftMs: z.number(),
+  prefillTokensPerSecond: z.number(),
+  promptTokens: z.number().int(),
+  generatedTokens: z.number().int(),
+  peakRssBytes: bytes.nullable(),
+  hitRate: z.number().nullable(),
+});
+export type MessageStats = z.infer<typeof MessageStatsSchema>;
+
+export const MessageSchema = z.object({
+  id,
+  role: z.enum(["user", "assistant"]),
+  content: z.string(),
+  createdAt: z.string(),
+  /** Assistant messages: the model that wrote it. */
+  model: z.string().optional(),
+  stats: MessageStatsSchema.optional(),
+  finishReason: z.enum(["eos", "stop", "length", "cancelled", "error"]).optional(),
+  error: AppErrorSchema.optional(),
+});
+export type Message = z.infer<typeof MessageSchema>;
+
+export const ConversationSchema = z.object({
+  id,
+  title: z.string(),
+  systemPrompt: z.string(),
+  createdAt: z.string(),
+  updatedAt: z.string(),
+  messages: z.array(MessageSchema),
+});
+export type Conversation = z.infer<typeof ConversationSchema>;
+
+export const ConversationSummarySchema = z.object({
+  id,
+  title: z.string(),
+  updatedAt: z.string(),
+  messageCount: z.number().int(),
+});
+export type ConversationSummary = z.infer<typeof ConversationSummarySchema>;
+
+// ---- server -----------------------------------------------------------------------------------
+
+export const ServerStatusSchema = z.object({
+  running: z.boolean(),
+  /** http://127.0.0.1:8080/v1 when running. */
+  url: z.string().nullable(),
+  modelId: z.string().nullable(),
+  /** A ready-to-paste curl command against the running server. */
+  example: z.string().nullable(),
+  error: AppErrorSchema.nullable(),
+});
+export type ServerStatus = z.infer<typeof ServerStatusSchema>;
+
+// ---- live -------------------------------------------------------------------------------------
+
+export const LiveSampleSchema = z.object({
+  /** ms since the epoch. */
+  t: z.number(),
+  generating: z.boolean(),
+  /** Engine process memory; null while no engine runs. */
+  rssBytes: bytes.nullable(),
+  peakRssBytes: bytes.nullable(),
+  /** The memory budget, or the load-time estimate when no budget is set. */
+  budgetBytes: bytes.nullable(),
+  freeMemoryBytes: bytes,
+  totalMemoryBytes: bytes,
+  /** Of the running (else the last) generation. */
+  decodeTokensPerSecond: z.number().nullable(),
+  ttftMs: z.number().nullable(),
+  generatedTokens: z.number().int().nullable(),
+  expertCache: z
+    .object({
+      slots: z.number().int(),
+      hitRate: z.number().nullable(),
+      readBytesPerToken: z.number().nullable(),
+    })
+    .nullable(),
+  /** Package power where the machine exposes it (RAPL, NVML); null otherwise. */
+  powerWatts: z.number().nullable(),
+  joulesPerToken: z.number().nullable(),
+  /** macOS thermal state ("nominal", "fair", "serious", "critical"); null elsewhere. */
+  thermal: z.string().nullable(),
+});
+export type LiveSample = z.infer<typeof LiveSampleSchema>;
+
+// ---- calls ------------------------------------------------------------------------------------
+
+const none = z.object({}).strict();
+const ok = z.object({ ok: z.literal(true) });
+const byName = z.object({ name: modelName }).strict();
+const byTask = z.object({ taskId: id }).strict();
+const byConversation = z.object({ conversationId: id }).strict();
+
+/** Every call: its params and result schemas. */
+export const API = {
+  "app.info": { params: none, result: AppInfoSchema },
+
+  "settings.get": { params: none, result: SettingsSchema },
+  /** Saves a patch; engine settings take effect on the next load (`engine.reload`). */
+  "settings.update": {
+    params: SettingsPatchSchema.strict(),
+    result: z.object({ settings: SettingsSchema, reloadNeeded: z.boolean() }),
+  },
+  "settings.reset": { params: none, result: SettingsSchema },
+  /** Memory a model would need at the given engine settings (default: saved ones). */
+  "settings.memoryPlan": {
+    params: z
+      .object({ model: modelName.optional(), engine: EngineSettingsSchema.partial().optional() })
+      .strict(),
+    result: MemoryPlanSchema,
+  },
+
+  "models.catalog": { params: none, result: z.array(CatalogItemSchema) },
+  "models.list": { params: none, result: z.array(InstalledModelSchema) },
+  /** Starts a download: a catalog id or `owner/repo[@revision]`; `name` the directory. */
+  "models.install": {
+    params: z.object({ ref: z.string().min(1).max(300), name: modelName.optional() }).strict(),
+    result: DownloadSchema,
+  },
+  "models.downloads": { params: none, result: z.array(DownloadSchema) },
+  /** Stops a download, keeping what was fetched. */
+  "models.pause": { params: byTask, result: DownloadSchema },
+  "models.resume": { params: byTask, result: DownloadSchema },
+  /** Stops a download and deletes what was fetched. */
+  "models.cancel": { params: byTask, result: DownloadSchema },
+  /** Forgets a finished, failed or cancelled download. */
+  "models.dismiss": { params: byTask, result: ok },
+  /** Rehashes every file (progress in `models` events). */
+  "models.verify": { params: byName, result: VerifyStateSchema },
+  "models.remove": { params: byName, result: ok },
+  /** Shows the model folder in the file manager (Electron); web mode answers the path. */
+  "models.reveal": { params: byName, result: z.object({ path: z.string(), shown: z.boolean() }) },
+
+  "engine.status": { params: none, result: EngineStatusSchema },
+  /** Loads a model (default: the active one) with the saved engine settings; sets it active. */
+  "engine.load": {
+    params: z.object({ model: modelName.optional() }).strict(),
+    result: EngineStatusSchema,
+  },
+  "engine.unload": { params: none, result: EngineStatusSchema },
+  /** Reloads the loaded (or active) model with the saved settings; restarts a crashed engine. */
+  "engine.reload": { params: none, result: EngineStatusSchema },
+
+  "chat.list": { params: none, result: z.array(ConversationSummarySchema) },
+  "chat.get": { params: z.object({ id }).strict(), result: ConversationSchema },
+  "chat.create": {
+    params: z
+      .object({
+        title: z.string().max(200).optional(),
+        systemPrompt: z.string().max(100_000).optional(),
+      })
+      .strict(),
+    result: ConversationSchema,
+  },
+  "chat.rename": {
+    params: z.object({ id, title: z.string().min(1).max(200) }).strict(),
+    result: ConversationSchema,
+  },
+  "chat.setSystemPrompt": {
+    params: z.object({ id, systemPrompt: z.string().max(100_000) }).strict(),
+    result: ConversationSchema,
+  },
+  "chat.delete": { params: z.object({ id }).strict(), result: ok },
+  /**
+   * Appends a user message and starts the reply; answers at once with the conversation holding
+   * the new user message and an empty assistant message, whose text arrives in `chat.delta`
+   * events and ends with `chat.done`.
+   */
+  "chat.send": {
+    params: z.object({ conversationId: id, content: z.string().min(1).max(1_000_000) }).strict(),
+    result: ConversationSchema,
+  },
+  /** Replaces the last assistant reply with a new one. */
+  "chat.regenerate": { params: byConversation, result: ConversationSchema },
+  /** Replaces a user message's text, drops everything after it, and replies anew. */
+  "chat.edit": {
+    params: z
+      .object({ conversationId: id, messageId: id, content: z.string().min(1).max(1_000_000) })
+      .strict(),
+    result: ConversationSchema,
+  },
+  /** Stops the reply being written (the text so far is kept). */
+  "chat.stop": { params: byConversation, result: ok },
+
+  "server.status": { params: none, result: ServerStatusSchema },
+  /** Starts or stops the OpenAI-compatible server (port from settings); saves `server.enabled`. */
+  "server.set": {
+    params: z
+      .object({ enabled: z.boolean(), port: z.number().int().min(1).max(65535).optional() })
+      .strict(),
+    result: ServerStatusSchema,
+  },
+
+  /** The last samples (about 2 minutes at 2 per second), oldest first. */
+  "live.history": { params: none, result: z.array(LiveSampleSchema) },
+} as const;
+
+export type Method = keyof typeof API;
+export type Params<M extends Method> = z.input<(typeof API)[M]["params"]>;
+export type Result<M extends Method> = z.infer<(typeof API)[M]["result"]>;
+
+export const METHODS = Object.keys(API) as Method[];
+
+export function isMethod(name: string): name is Method {
+  return Object.prototype.hasOwnProperty.call(API, name);
+}
+
+// ---- events -----------------------------------------------------------------------------------
+
+export const AppEventSchema = z.discriminatedUnion("type", [
+  z.object({ type: z.literal("settings"), settings: SettingsSchema, reloadNeeded: z.boolean() }),
+  /** The installed models or a verify state changed: refetch `models.list`. */
+  z.object({ type: z.literal("models"), models: z.array(InstalledModelSchema) }),
+  z.object({ type: z.literal("download"), download: DownloadSchema }),
+  z.object({ type: z.literal("engine"), status: EngineStatusSchema }),
+  /** A piece of the reply being written. */
+  z.object({
+    type: z.literal("chat.delta"),
+    conversationId: id,
+    messageId: id,
+    text: z.string(),
+  }),
+  /** The reply is complete (or stopped, or failed: see `message.finishReason` / `error`). */
+  z.object({ type: z.literal("chat.done"), conversationId: id, message: MessageSchema }),
+  /** The conversation list changed (created, renamed, deleted, new title). */
+  z.object({ type: z.literal("conversations"), conversations: z.array(ConversationSummarySchema) }),
+  z.object({ type: z.literal("server"), status: ServerStatusSchema }),
+  /** About twice a second while the app runs. */
+  z.object({ type: z.literal("live"), sample: LiveSampleSchema }),
+]);
+export type AppEvent = z.infer<typeof AppEventSchema>;
+
+// ---- the backend both transports carry ---------------------------------------------------------
+
+/** A call's answer on the wire: one of the two. */
+export type CallOutcome<M extends Method> =
+  { ok: true; result: Result<M> } | { ok: false; error: AppError };
+
+/**
+ * What the main process implements and both transports expose: `call` takes params already
+ * validated against `API[method].params`; events go to every subscriber.
+ */
+export interface AppBackend {
+  call<M extends Method>(method: M, params: z.infer<(typeof API)[M]["params"]>): Promise<Result<M>>;
+  subscribe(listener: (event: AppEvent) => void): () => void;
+}
+
+/** What the renderer uses: the same, with unvalidated params (the transport validates). */
+export interface AppClient {
+  call<M extends Method>(method: M, params?: Params<M>): Promise<Result<M>>;
+  subscribe(listener: (event: AppEvent) => void): () => void;
+}
+
+/** Thrown by clients when a call answers an AppError. */
+export class AppCallError extends Error {
+  constructor(readonly error: AppError) {
+    super(error.message);
+    this.name = "AppCallError";
+  }
+}
+
+/**
+ * Validates a call's params against its schema; a bad call answers an AppError (never throws),
+ * so both transports reject malformed messages the same way.
+ */
+export function parseCall(
+  method: string,
+  params: unknown,
+): { ok: true; method: Method; params: unknown } | { ok: false; error: AppError } {
+  if (!isMethod(method)) {
+    return {
+      ok: false,
+      error: { code: "unknown_method", message: `unknown call "${method}"`, action: null },
+    };
+  }
+  const parsed = API[method].params.safeParse(params ?? {});
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    const where = issue.path.map(String).join(".") || "params";
+    return {
+      ok: false,
+      error: {
+        code: "bad_request",
+        message: `invalid ${method} call: ${where}: ${issue.message}`,
+        action: null,
+      },
+    };
+  }
+  return { ok: true, method, params: parsed.data };
+}

@@ -1,0 +1,366 @@
+/**
+ * Chat replies: the conversation is rendered with the model's chat template, tokenized, and
+ * generated through the app's one engine (taking its turn in the engine queue, shared with the
+ * OpenAI-compatible server). Generated ids become text with core/chat's TextStream
+ * (incremental detokenization, end-of-turn ids); the text goes out as `chat.delta` events, at
+ * most ~30 a second, then one `chat.done` with the finished message and the same statistics
+ * line the CLI prints. The message is saved when the reply ends, however it ends: the text so
+ * far is kept on stop and on an engine crash.
+ */
+import { randomUUID } from "node:crypto";
+import { formatStats, type GenerationStats } from "../chat/stats.ts";
+import { renderChat, type ChatMessage } from "../chat/template.ts";
+import { TextStream } from "../chat/text-stream.ts";
+import type { FinishedEvent, StatsEvent } from "../engine/index.ts";
+import { QueueAbortedError } from "../server/queue.ts";
+import type { AppError, AppEvent, Conversation, Message, MessageStats, Settings } from "./api.ts";
+import type { ConversationStore } from "./conversations.ts";
+import type { EngineManager } from "./engine.ts";
+import { AppFailure, toAppError } from "./errors.ts";
+import type { HitRateBook } from "./memory.ts";
+
+/** Deltas are sent at most this often (about 30 a second). */
+export const DELTA_INTERVAL_MS = 33;
+/** Periodic service statistics while generating (the live panel). */
+const STATS_INTERVAL_MS = 500;
+
+/** The running (or last) generation, for the live panel. */
+export interface GenerationTracker {
+  generating: boolean;
+  startedAt: number;
+  firstTokenAt: number | null;
+  tokens: number;
+  /** Of the last finished generation. */
+  last: { decodeTokensPerSecond: number; ttftMs: number; tokens: number } | null;
+  /** The service's latest stats event during the generation. */
+  stats: StatsEvent | null;
+}
+
+export interface ChatManagerOptions {
+  engine: EngineManager;
+  store: ConversationStore;
+  settings: () => Settings;
+  emit: (event: AppEvent) => void;
+  /** The conversation list changed. */
+  onConversations: () => void;
+  hitRates: HitRateBook;
+  now?: () => Date;
+}
+
+interface Reply {
+  abort: AbortController;
+  messageId: string;
+  done: Promise<void>;
+}
+
+/** Collects text pieces and emits them at most every DELTA_INTERVAL_MS. */
+class DeltaCoalescer {
+  private buffer = "";
+  private timer: NodeJS.Timeout | null = null;
+  private last = 0;
+  constructor(private readonly send: (text: string) => void) {}
+  push(text: string): void {
+    this.buffer += text;
+    if (this.timer) return;
+    const wait = Math.max(0, this.last + DELTA_INTERVAL_MS - Date.now());
+    this.timer = setTimeout(() => this.flush(), wait);
+  }
+  flush(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    if (this.buffer === "") return;
+    const text = this.buffer;
+    this.buffer = "";
+    this.last = Date.now();
+    this.send(text);
+  }
+}
+
+/** MessageStats from the engine's finished event and a stats reading right after it. */
+export function messageStats(finished: FinishedEvent, after: StatsEvent | null): MessageStats {
+  const t = finished.timings;
+  const s: GenerationStats = {
+    promptTokens: finished.prompt_tokens,
+    generatedTokens: finished.tokens.length,
+    ttftSeconds: t?.ttft_seconds ?? 0,
+    decodeSeconds: t?.decode_seconds ?? 0,
+    peakMemoryBytes: after?.memory.peak_rss_bytes ?? null,
+    cacheHitRate: after?.expert_cache.hit_rate ?? null,
+  };
+  const decoded = Math.max(0, s.generatedTokens - 1);
+  return {
+    line: formatStats(s),
+    decodeTokensPerSecond: s.decodeSeconds > 0 ? decoded / s.decodeSeconds : 0,
+    ttftMs: s.ttftSeconds * 1000,
+    prefillTokensPerSecond: s.ttftSeconds > 0 ? s.promptTokens / s.ttftSeconds : 0,
+    promptTokens: s.promptTokens,
+    generatedTokens: s.generatedTokens,
+    peakRssBytes: s.peakMemoryBytes ?? null,
+    hitRate: s.cacheHitRate ?? null,
+  };
+}
+
+export class ChatManager {
+  private readonly replies = new Map<string, Reply>();
+  readonly tracker: GenerationTracker = {
+    generating: false,
+    startedAt: 0,
+    firstTokenAt: null,
+    tokens: 0,
+    last: null,
+    stats: null,
+  };
+  private readonly now: () => Date;
+
+  constructor(private readonly opts: ChatManagerOptions) {
+    this.now = opts.now ?? (() => new Date());
+  }
+
+  /** True while a reply in this conversation is being written. */
+  replying(conversationId: string): boolean {
+    return this.replies.has(conversationId);
+  }
+
+  private refuseWhileReplying(conversationId: string): void {
+    if (this.replies.has(conversationId)) {
+      throw new AppFailure(
+        "busy",
+        "A reply is still being written in this conversation. Wait for it, or stop it.",
+        null,
+      );
+    }
+  }
+
+  async send(conversationId: string, content: string): Promise<Conversation> {
+    this.refuseWhileReplying(conversationId);
+    const c = await this.opts.store.get(conversationId);
+    c.messages.push({
+      id: randomUUID(),
+      role: "user",
+      content,
+      createdAt: this.now().toISOString(),
+    });
+    return this.begin(c);
+  }
+
+  async regenerate(conversationId: string): Promise<Conversation> {
+    this.refuseWhileReplying(conversationId);
+    const c = await this.opts.store.get(conversationId);
+    const last = c.messages.at(-1);
+    if (last?.role === "assistant") c.messages.pop();
+    if (c.messages.at(-1)?.role !== "user") {
+      throw new AppFailure("nothing_to_regenerate", "There is no message to reply to.", null);
+    }
+    return this.begin(c);
+  }
+
+  async edit(conversationId: string, messageId: string, content: string): Promise<Conversation> {
+    this.refuseWhileReplying(conversationId);
+    const c = await this.opts.store.get(conversationId);
+    const i = c.messages.findIndex((m) => m.id === messageId);
+    if (i === -1 || c.messages[i]!.role !== "user") {
+      throw new AppFailure(
+        "message_not_found",
+        "That message cannot be edited: it is not one of your messages in this conversation.",
+        null,
+      );
+    }
+    c.messages[i] = { ...c.messages[i]!, content, createdAt: this.now().toISOString() };
+    c.messages.splice(i + 1);
+    return this.begin(c);
+  }
+
+  /** Stops the reply being written in a conversation (no-op when there is none). */
+  async stop(conversationId: string): Promise<void> {
+    const reply = this.replies.get(conversationId);
+    if (!reply) return;
+    reply.abort.abort();
+    await reply.done;
+  }
+
+  async stopAll(): Promise<void> {
+    await Promise.all([...this.replies.keys()].map((id) => this.stop(id)));
+  }
+
+  /** Appends the empty assistant message, saves, and starts the reply in the background. */
+  private async begin(c: Conversation): Promise<Conversation> {
+    const engine = this.opts.engine;
+    const reply: Message = {
+      id: randomUUID(),
+      role: "assistant",
+      content: "",
+      createdAt: this.now().toISOString(),
+      model: engine.loaded?.name ?? engine.status().model ?? "demo",
+    };
+    c.messages.push(reply);
+    const saved = await this.opts.store.save(c);
+    this.opts.onConversations();
+    const abort = new AbortController();
+    const entry: Reply = { abort, messageId: reply.id, done: Promise.resolve() };
+    this.replies.set(c.id, entry);
+    entry.done = this.run(c.id, reply.id, abort.signal).finally(() => {
+      if (this.replies.get(c.id) === entry) this.replies.delete(c.id);
+    });
+    return saved;
+  }
+
+  /** The messages the model sees: the system prompt, then everything before the reply. */
+  private chatMessages(c: Conversation, replyId: string): ChatMessage[] {
+    const out: ChatMessage[] = [];
+    if (c.systemPrompt.trim() !== "") out.push({ role: "system", content: c.systemPrompt });
+    for (const m of c.messages) {
+      if (m.id === replyId) break;
+      out.push({ role: m.role, content: m.content });
+    }
+    return out;
+  }
+
+  private async run(conversationId: string, messageId: string, signal: AbortSignal): Promise<void> {
+    const { engine, emit } = this.opts;
+    const deltas = new DeltaCoalescer((text) =>
+      emit({ type: "chat.delta", conversationId, messageId, text }),
+    );
+    let text = "";
+    let finishReason: Message["finishReason"];
+    let stats: MessageStats | undefined;
+    let error: AppError | undefined;
+    const tracker = this.tracker;
+    try {
+      await engine.settled();
+      const release = await engine.queue.acquire(signal, { kind: "generate", unbounded: true });
+      try {
+        const { client, model } = engine.requireLoaded();
+        const c = await this.opts.store.get(conversationId);
+        const prompt = renderChat(model.template, this.chatMessages(c, messageId), {
+          bosToken: model.tokenizer.bosToken,
+          eosToken: model.tokenizer.eosToken,
+        });
+        const tokens = model.tokenizer.encode(prompt, { addBos: true });
+        const context = model.settings.context;
+        if (tokens.length >= context) {
+          throw new AppFailure(
+            "context_overflow",
+            `The conversation (${tokens.length} tokens) no longer fits the context length (${context}). Start a new chat, or raise the context length in Tuning.`,
+            "reduce_context",
+          );
+        }
+        const s = this.opts.settings().sampling;
+        const stream = new TextStream((ids) => model.tokenizer.decode(ids), {
+          stopIds: model.stopIds,
+        });
+        Object.assign(tracker, {
+          generating: true,
+          startedAt: Date.now(),
+          firstTokenAt: null,
+          tokens: 0,
+          stats: null,
+        });
+        let finished: FinishedEvent | null = null;
+        for await (const event of client.generate(
+          {
+            tokens,
+            max_new_tokens: Math.min(s.maxNewTokens, context - tokens.length),
+            sampling: {
+              temperature: s.temperature,
+              top_k: s.topK,
+              top_p: s.topP,
+              repetition_penalty: s.repetitionPenalty,
+              ...(s.seed !== null ? { seed: s.seed } : {}),
+            },
+            stop_token_ids: model.stopIds,
+            stats_interval_ms: STATS_INTERVAL_MS,
+          },
+          { signal },
+        )) {
+          if (event.type === "tokens") {
+            for (const id of event.tokens) {
+              tracker.firstTokenAt ??= Date.now();
+              tracker.tokens++;
+              const piece = stream.push(id);
+              if (piece) {
+                text += piece;
+                deltas.push(piece);
+              }
+            }
+          } else if (event.type === "stats") {
+            tracker.stats = event;
+          } else if (event.type === "finished") {
+            finished = event;
+          }
+        }
+        const rest = signal.aborted ? "" : stream.end();
+        if (rest) {
+          text += rest;
+          deltas.push(rest);
+        }
+        if (signal.aborted) finishReason = "cancelled";
+        else if (stream.finishReason === "stop_token") finishReason = "eos";
+        else if (stream.finishReason === "stop_string") finishReason = "stop";
+        else
+          finishReason =
+            finished?.reason === "cancelled" ? "cancelled" : (finished?.reason ?? "length");
+        if (finished?.timings) {
+          stats = messageStats(finished, await engine.stats());
+          const slots = model.ready.expert_cache_slots;
+          if (stats.hitRate !== null && slots > 0) {
+            this.opts.hitRates.record(model.name, slots, stats.hitRate);
+          }
+          tracker.last = {
+            decodeTokensPerSecond: stats.decodeTokensPerSecond,
+            ttftMs: stats.ttftMs,
+            tokens: stats.generatedTokens,
+          };
+        }
+      } finally {
+        tracker.generating = false;
+        release();
+      }
+    } catch (e) {
+      if (e instanceof QueueAbortedError || (signal.aborted && !(e instanceof AppFailure))) {
+        finishReason = "cancelled";
+      } else {
+        finishReason = "error";
+        error = toAppError(e);
+      }
+    }
+    deltas.flush();
+    await this.finish(conversationId, messageId, { text, finishReason, stats, error });
+  }
+
+  /** Saves the finished reply and announces it. */
+  private async finish(
+    conversationId: string,
+    messageId: string,
+    r: {
+      text: string;
+      finishReason: Message["finishReason"];
+      stats?: MessageStats;
+      error?: AppError;
+    },
+  ): Promise<void> {
+    let c: Conversation;
+    try {
+      c = await this.opts.store.get(conversationId);
+    } catch {
+      return; // deleted meanwhile
+    }
+    const i = c.messages.findIndex((m) => m.id === messageId);
+    if (i === -1) return;
+    const message: Message = {
+      ...c.messages[i]!,
+      content: r.text,
+      finishReason: r.finishReason,
+      ...(r.stats ? { stats: r.stats } : {}),
+      ...(r.error ? { error: r.error } : {}),
+    };
+    c.messages[i] = message;
+    try {
+      await this.opts.store.save(c);
+    } catch (e) {
+      // The reply is still shown; say why it was not kept.
+      message.error ??= toAppError(e);
+    }
+    this.opts.emit({ type: "chat.done", conversationId, message });
+    this.opts.onConversations();
+  }
+}

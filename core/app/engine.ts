@@ -1,0 +1,399 @@
+/**
+ * The app's one engine: a single EngineClient (the decode service as a child process), the model
+ * loaded in it with its text side (tokenizer, chat template), and the status the UI shows.
+ *
+ * - Loads take the engine queue exclusively, so they never overlap a chat reply or a server
+ *   request; the saved engine settings become the load parameters.
+ * - The client does not restart the service by itself (restart: false): when the service dies,
+ *   the status turns "crashed" with an AppError whose action is restart_engine, requests in
+ *   flight fail with EngineCrashError, and `reload()` starts a fresh service and loads the model
+ *   again.
+ */
+import { stat } from "node:fs/promises";
+import { join } from "node:path";
+import { loadChatTemplate } from "../chat/template.ts";
+import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
+import { DEMO_MODEL_NAME, ensureDemoModel, isDemoCreatedBy } from "../demo/demo.ts";
+import {
+  EngineClient,
+  type EngineClientOptions,
+  type EngineCrashError,
+  type LoadParams,
+  type ReadyEvent,
+  type StatsEvent,
+} from "../engine/index.ts";
+import type { Manifest } from "../format/manifest.ts";
+import { readModelDir } from "../format/read.ts";
+import type { AppError, EngineSettings, EngineStatus, Settings, VerifyState } from "./api.ts";
+import { AppFailure, toAppError } from "./errors.ts";
+import { EngineQueue } from "./queue.ts";
+import { engineSettingsDiffer } from "./settings.ts";
+
+/** A loaded model and what the chat needs to talk to it. */
+export interface LoadedModel {
+  name: string;
+  dir: string;
+  manifest: Manifest;
+  isDemo: boolean;
+  tokenizer: ChatTokenizer;
+  /** The chat template (Jinja source). */
+  template: string;
+  stopIds: number[];
+  settings: EngineSettings;
+  ready: ReadyEvent;
+}
+
+interface TextSide {
+  tokenizer: ChatTokenizer;
+  template: string;
+}
+
+export interface EngineManagerOptions {
+  modelsDir: string;
+  client?: EngineClientOptions;
+  settings: () => Settings;
+  /** Called on every status change. */
+  onStatus: (status: EngineStatus) => void;
+  /** The verify state of an installed model (a known-corrupt model is not loaded). */
+  verifyState?: (name: string) => VerifyState | undefined;
+  log?: (line: string) => void;
+}
+
+/** Requests of the server: at most this many wait behind the running one. */
+const SERVER_QUEUE_LIMIT = 4;
+
+/** The load parameters for saved engine settings. */
+export function loadParams(dir: string, s: EngineSettings): LoadParams {
+  return {
+    model: dir,
+    context: s.context,
+    threads: s.threads,
+    backend: s.backend,
+    kv_dtype: s.kvDtype,
+    // With a budget the engine picks the slot count that fits (slots 0 = "pick").
+    ...(s.memoryBudgetBytes !== null
+      ? { memory_budget: Math.floor(s.memoryBudgetBytes) }
+      : { expert_cache_slots: s.expertCacheSlots }),
+  };
+}
+
+export class EngineManager {
+  readonly queue = new EngineQueue(SERVER_QUEUE_LIMIT);
+  private client: EngineClient | null = null;
+  private clientStarting: Promise<EngineClient> | null = null;
+  /** Shown as "crashed" until a reload starts. */
+  private crashed = false;
+  /** The client's service died: the next load starts a fresh one. */
+  private clientDead = false;
+  private state: "stopped" | "starting" | "loading" | "ready" = "stopped";
+  private modelName: string | null = null;
+  private loadFraction: number | null = null;
+  private error: AppError | null = null;
+  private rssBytes: number | null = null;
+  private closing = false;
+  /** The model to load again after a crash. */
+  private lastModel: string | null = null;
+  private textSides = new Map<string, Promise<TextSide>>();
+  /** Loads under way (the chat waits for them before it decides there is no model). */
+  private pendingLoads = new Set<Promise<unknown>>();
+  loaded: LoadedModel | null = null;
+
+  constructor(private readonly opts: EngineManagerOptions) {
+    this.queue.onChange = () => this.emit();
+  }
+
+  private log(line: string): void {
+    this.opts.log?.(line);
+  }
+
+  status(): EngineStatus {
+    const loaded = this.loaded;
+    let state: EngineStatus["state"] = this.crashed ? "crashed" : this.state;
+    if (state === "ready" && this.queue.generating) state = "generating";
+    return {
+      state,
+      model: this.modelName,
+      pid: this.clientDead ? null : (this.client?.pid ?? null),
+      loadFraction: this.state === "loading" ? (this.loadFraction ?? 0) : null,
+      loadedWith: loaded?.settings ?? null,
+      expertCacheSlots: loaded ? loaded.ready.expert_cache_slots : null,
+      reloadNeeded: loaded
+        ? engineSettingsDiffer(this.opts.settings().engine, loaded.settings)
+        : false,
+      memory: loaded
+        ? {
+            modelBytes: loaded.ready.memory.model_bytes,
+            kvBytes: loaded.ready.memory.kv_bytes,
+            estimateBytes: loaded.ready.memory.estimate_bytes,
+            rssBytes: this.rssBytes ?? loaded.ready.memory.rss_bytes,
+          }
+        : null,
+      error: this.error,
+    };
+  }
+
+  emit(): void {
+    if (!this.closing) this.opts.onStatus(this.status());
+  }
+
+  get isCrashed(): boolean {
+    return this.crashed;
+  }
+
+  /** The client for the server (may be a crashed one: its requests then fail with the crash). */
+  currentClient(): EngineClient {
+    if (!this.client)
+      throw new AppFailure("engine_down", "The engine is not running.", "restart_engine");
+    return this.client;
+  }
+
+  /** The running client and loaded model, or an AppError saying what to do. */
+  requireLoaded(): { client: EngineClient; model: LoadedModel } {
+    if (this.crashed) {
+      throw new AppFailure(
+        this.error?.code ?? "engine_crashed",
+        this.error?.message ?? "The engine stopped unexpectedly. Restart it to go on.",
+        "restart_engine",
+        this.error?.detail,
+      );
+    }
+    if (!this.client || !this.loaded) {
+      throw new AppFailure("no_model", "No model is loaded. Load a model to chat.", "load_model");
+    }
+    return { client: this.client, model: this.loaded };
+  }
+
+  /** Waits until no load is under way. */
+  async settled(): Promise<void> {
+    while (this.pendingLoads.size > 0) {
+      await Promise.allSettled([...this.pendingLoads]);
+    }
+  }
+
+  /** Latest engine memory from a stats reading (the live sampler). */
+  setRss(rss: number | null): void {
+    this.rssBytes = rss;
+  }
+
+  /** Service statistics, or null while no healthy service runs. */
+  async stats(): Promise<StatsEvent | null> {
+    if (!this.client || this.clientDead || this.clientStarting) return null;
+    try {
+      return await this.client.stats();
+    } catch {
+      return null;
+    }
+  }
+
+  /** Counts `p` as a load under way (start-up work before the first load, too). */
+  track<T>(p: Promise<T>): Promise<T> {
+    this.pendingLoads.add(p);
+    void p.then(
+      () => this.pendingLoads.delete(p),
+      () => this.pendingLoads.delete(p),
+    );
+    return p;
+  }
+
+  private async ensureClient(): Promise<EngineClient> {
+    if (this.client && !this.clientDead) return this.client;
+    if (this.clientStarting) return this.clientStarting;
+    const old = this.client;
+    this.client = null;
+    this.state = "starting";
+    this.emit();
+    // onCrash may fire before start() returns (a service that dies during hello): it then
+    // finds no client here and start() itself rejects.
+    const ref: { client: EngineClient | null } = { client: null };
+    this.clientStarting = (async () => {
+      await old?.close().catch(() => undefined);
+      const client = await EngineClient.start({
+        ...this.opts.client,
+        restart: false,
+        onCrash: (error) => {
+          if (ref.client) this.onCrash(ref.client, error);
+        },
+      });
+      ref.client = client;
+      return client;
+    })();
+    try {
+      const client = await this.clientStarting;
+      this.client = client;
+      this.clientDead = false;
+      return client;
+    } finally {
+      this.clientStarting = null;
+    }
+  }
+
+  private onCrash(client: EngineClient, error: EngineCrashError): void {
+    if (this.closing || client !== this.client) return;
+    this.log(`engine crashed: ${error.message.split("\n")[0]}`);
+    this.crashed = true;
+    this.clientDead = true;
+    this.lastModel = this.loaded?.name ?? this.modelName ?? this.lastModel;
+    this.loaded = null;
+    this.rssBytes = null;
+    this.loadFraction = null;
+    this.error = toAppError(error);
+    this.emit();
+  }
+
+  /** The text side of a model directory, read once per manifest version. */
+  private async textSide(dir: string, manifest: Manifest): Promise<TextSide> {
+    const key = `${dir}\0${(await stat(join(dir, "manifest.json"))).mtimeMs}`;
+    let side = this.textSides.get(key);
+    if (!side) {
+      side = (async () => {
+        const tokenizer = await loadTokenizer(dir);
+        const template = await loadChatTemplate(
+          dir,
+          tokenizer.configTemplate,
+          manifest.architecture.family,
+        );
+        return { tokenizer, template };
+      })();
+      this.textSides.set(key, side);
+      side.catch(() => this.textSides.delete(key));
+    }
+    return side;
+  }
+
+  /** Forgets what was read of a model directory (removed or reinstalled). */
+  forget(dir: string): void {
+    for (const key of this.textSides.keys())
+      if (key.startsWith(`${dir}\0`)) this.textSides.delete(key);
+  }
+
+  /** The directory of an installed model name; the demo is made when missing. */
+  async modelDir(name: string): Promise<string> {
+    const dir = join(this.opts.modelsDir, name);
+    if (name === DEMO_MODEL_NAME) await ensureDemoModel(dir);
+    return dir;
+  }
+
+  /** Loads `name` (null: the demo) with the saved engine settings. */
+  load(name: string | null): Promise<EngineStatus> {
+    return this.track(this.doLoad(name ?? DEMO_MODEL_NAME));
+  }
+
+  private async doLoad(name: string): Promise<EngineStatus> {
+    const release = await this.queue.acquire(undefined, { kind: "exclusive", unbounded: true });
+    try {
+      // Refusals first: they leave the loaded model (and the status) as they are.
+      if (this.closing) throw new AppFailure("closing", "The app is closing.");
+      const known = this.opts.verifyState?.(name);
+      if (known?.state === "corrupt") {
+        throw new AppFailure(
+          "model_corrupt",
+          `The model "${name}" has damaged files (${known.message ?? "see Verify"}). Reinstall it.`,
+          "reinstall_model",
+        );
+      }
+      const dir = await this.modelDir(name);
+      // Structure, sizes and names of every file: a damaged directory is refused before the
+      // engine maps it (UserErrors that name the file).
+      const { manifest } = await readModelDir(dir);
+      return await this.loadChecked(name, dir, manifest);
+    } finally {
+      release();
+    }
+  }
+
+  /** Loads a checked model directory (the caller holds the queue). */
+  private async loadChecked(name: string, dir: string, manifest: Manifest): Promise<EngineStatus> {
+    try {
+      const settings = structuredClone(this.opts.settings().engine);
+      this.crashed = false;
+      this.modelName = name;
+      this.state = "loading";
+      this.loadFraction = 0;
+      this.error = null;
+      this.emit();
+      const client = await this.ensureClient();
+      this.state = "loading";
+      this.emit();
+      if (this.loaded) {
+        this.loaded = null;
+        await client.unload();
+      }
+      let lastEmit = 0;
+      const [ready, side] = await Promise.all([
+        client.load(loadParams(dir, settings), (p) => {
+          this.loadFraction = p.fraction;
+          const now = Date.now();
+          if (now - lastEmit > 100) {
+            lastEmit = now;
+            this.emit();
+          }
+        }),
+        this.textSide(dir, manifest),
+      ]);
+      this.loaded = {
+        name,
+        dir,
+        manifest,
+        isDemo: isDemoCreatedBy(manifest.created_by),
+        tokenizer: side.tokenizer,
+        template: side.template,
+        stopIds: manifest.architecture.eos_token_ids,
+        settings,
+        ready,
+      };
+      this.lastModel = name;
+      this.rssBytes = ready.memory.rss_bytes;
+      this.state = "ready";
+      this.loadFraction = null;
+      this.emit();
+      return this.status();
+    } catch (error) {
+      if (!this.crashed) {
+        this.state = "stopped";
+        this.loaded = null;
+        this.modelName = null;
+        this.loadFraction = null;
+        this.error = toAppError(error);
+        this.emit();
+      }
+      throw error;
+    }
+  }
+
+  async unload(): Promise<EngineStatus> {
+    const release = await this.queue.acquire(undefined, { kind: "exclusive", unbounded: true });
+    try {
+      if (this.loaded && this.client && !this.clientDead) {
+        this.loaded = null;
+        await this.client.unload();
+      }
+      this.loaded = null;
+      if (!this.crashed) {
+        this.modelName = null;
+        this.state = "stopped";
+        this.error = null;
+      }
+      this.emit();
+      return this.status();
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Loads the loaded (else last, else `fallback`) model again with the saved settings; after a
+   * crash this starts a fresh service first.
+   */
+  reload(fallback: string | null): Promise<EngineStatus> {
+    const name = this.loaded?.name ?? this.lastModel ?? fallback;
+    return this.load(name);
+  }
+
+  async close(): Promise<void> {
+    this.closing = true;
+    await this.clientStarting?.catch(() => undefined);
+    const client = this.client;
+    this.client = null;
+    await client?.close().catch(() => undefined);
+  }
+}

@@ -1,0 +1,172 @@
+/**
+ * Settings through the real conf store in a temporary directory: defaults, patches, the v0
+ * migration, damaged files, and when a reload is needed.
+ */
+import { existsSync } from "node:fs";
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { AppInfoSchema, DEFAULT_SETTINGS, SettingsSchema } from "./api.ts";
+import { createAppController } from "./controller.ts";
+import {
+  applyPatch,
+  engineSettingsDiffer,
+  openSettingsStore,
+  readSettings,
+  saveChanged,
+  settingsStoreOptions,
+} from "./settings.ts";
+
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "redwing-settings-"));
+});
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+async function fileJson(): Promise<Record<string, unknown>> {
+  return JSON.parse(await readFile(join(dir, "settings.json"), "utf8")) as Record<string, unknown>;
+}
+
+describe("settings store", () => {
+  it("starts from the defaults and keeps a patch across reopening", () => {
+    const first = openSettingsStore(dir);
+    expect(first.recoveredFrom).toBeNull();
+    const { settings, repaired } = readSettings(first.store);
+    expect(repaired).toEqual([]);
+    expect(settings).toEqual(DEFAULT_SETTINGS);
+
+    const next = applyPatch(settings, {
+      sampling: { temperature: 0.7, seed: 42 },
+      engine: { context: 8192 },
+      server: { port: 9090 },
+    });
+    // Nested sections are merged, not replaced.
+    expect(next.sampling).toEqual({ ...DEFAULT_SETTINGS.sampling, temperature: 0.7, seed: 42 });
+    expect(next.server).toEqual({ enabled: false, port: 9090 });
+    saveChanged(first.store, settings, next);
+
+    const again = readSettings(openSettingsStore(dir).store);
+    expect(again.settings).toEqual(next);
+    expect(SettingsSchema.parse(again.settings)).toEqual(next);
+  });
+
+  it("rejects a patch that breaks the schema", () => {
+    expect(() => applyPatch(DEFAULT_SETTINGS, { sampling: { topP: 3 } })).toThrow();
+  });
+
+  it("migrates the v0 flat shape into sections", async () => {
+    await writeFile(
+      join(dir, "settings.json"),
+      JSON.stringify({ temperature: 1.3, topK: 7, contextLength: 2048, model: "gemma-3-4b-it" }),
+    );
+    const { settings } = readSettings(openSettingsStore(dir).store);
+    expect(settings.sampling.temperature).toBe(1.3);
+    expect(settings.sampling.topK).toBe(7);
+    expect(settings.sampling.topP).toBe(DEFAULT_SETTINGS.sampling.topP);
+    expect(settings.engine.context).toBe(2048);
+    expect(settings.activeModel).toBe("gemma-3-4b-it");
+    const json = await fileJson();
+    expect(json).not.toHaveProperty("temperature");
+    expect(json).not.toHaveProperty("contextLength");
+    // conf records the migration, so it does not run again.
+    expect(json.__internal__).toEqual({
+      migrations: { version: settingsStoreOptions().projectVersion },
+    });
+  });
+
+  it("fills fields a section lacks (a file from an older version) with defaults", async () => {
+    await writeFile(
+      join(dir, "settings.json"),
+      JSON.stringify({
+        sampling: { temperature: 0.5 },
+        __internal__: { migrations: { version: "0.1.0" } },
+      }),
+    );
+    const { settings, repaired } = readSettings(openSettingsStore(dir).store);
+    expect(repaired).toEqual([]);
+    expect(settings.sampling).toEqual({ ...DEFAULT_SETTINGS.sampling, temperature: 0.5 });
+  });
+
+  it("keeps a damaged file aside and starts from the defaults", async () => {
+    for (const bad of ["{ not json", JSON.stringify({ sampling: { temperature: "hot" } })]) {
+      await rm(dir, { recursive: true, force: true });
+      dir = await mkdtemp(join(tmpdir(), "redwing-settings-"));
+      await writeFile(join(dir, "settings.json"), bad);
+      const opened = openSettingsStore(dir);
+      expect(opened.recoveredFrom).toMatch(/settings\.json\.corrupt-/);
+      expect(opened.problem).toBeTruthy();
+      expect(await readFile(opened.recoveredFrom!, "utf8")).toBe(bad);
+      expect(readSettings(opened.store).settings).toEqual(DEFAULT_SETTINGS);
+      expect((await readdir(dir)).filter((f) => f.includes("corrupt"))).toHaveLength(1);
+      expect(existsSync(join(dir, "settings.json"))).toBe(true);
+    }
+  });
+
+  it("replaces an invalid section read through another store with its default", () => {
+    const values: Record<string, unknown> = {
+      ...structuredClone(DEFAULT_SETTINGS),
+      engine: { context: 12 },
+    };
+    const store = {
+      get: (k: string) => values[k],
+      set: (k: string, v: unknown) => void (values[k] = v),
+    };
+    const { settings, repaired } = readSettings(store);
+    expect(repaired).toEqual(["engine"]);
+    expect(settings.engine).toEqual(DEFAULT_SETTINGS.engine);
+  });
+});
+
+describe("the controller's settings", () => {
+  it("reports a damaged settings file in app.info and starts from the defaults", async () => {
+    await writeFile(join(dir, "settings.json"), "{ damaged");
+    const lines: string[] = [];
+    const app = await createAppController({
+      shell: "web",
+      dataDir: dir,
+      modelsDir: join(dir, "models"),
+      autoLoad: false,
+      power: null,
+      log: (l) => lines.push(l),
+    });
+    try {
+      const info = AppInfoSchema.parse(await app.call("app.info", {}));
+      expect(info.notices?.[0]).toMatch(
+        /settings file could not be read.*settings\.json\.corrupt-/,
+      );
+      expect(lines.join("\n")).toMatch(/corrupt-/);
+      expect(await app.call("settings.get", {})).toEqual(DEFAULT_SETTINGS);
+      const r = await app.call("settings.update", { sampling: { topK: 5 } });
+      expect(r).toEqual({
+        settings: { ...DEFAULT_SETTINGS, sampling: { ...DEFAULT_SETTINGS.sampling, topK: 5 } },
+        reloadNeeded: false, // nothing loaded
+      });
+      const reset = await app.call("settings.reset", {});
+      expect(reset).toEqual(DEFAULT_SETTINGS);
+      await expect(app.call("settings.memoryPlan", { model: "absent" })).rejects.toMatchObject({
+        error: { code: "model_not_found" },
+      });
+    } finally {
+      await app.close();
+    }
+  });
+});
+
+describe("engineSettingsDiffer", () => {
+  const base = DEFAULT_SETTINGS.engine;
+  it("is false for equal settings and true for each field a load uses", () => {
+    expect(engineSettingsDiffer(base, { ...base })).toBe(false);
+    expect(engineSettingsDiffer({ ...base, context: 8192 }, base)).toBe(true);
+    expect(engineSettingsDiffer({ ...base, kvDtype: "f32" }, base)).toBe(true);
+    expect(engineSettingsDiffer({ ...base, threads: 2 }, base)).toBe(true);
+    expect(engineSettingsDiffer({ ...base, expertCacheSlots: 8 }, base)).toBe(true);
+    expect(engineSettingsDiffer({ ...base, memoryBudgetBytes: 2e9 }, base)).toBe(true);
+  });
+  it("ignores the slot count while a memory budget picks it", () => {
+    const budget = { ...base, memoryBudgetBytes: 2e9 };
+    expect(engineSettingsDiffer({ ...budget, expertCacheSlots: 32 }, budget)).toBe(false);
+  });
+});

@@ -1,0 +1,291 @@
+/**
+ * The app end to end, as a person uses it: web mode in Chromium (project "web") and the same
+ * specs in Electron (project "electron", skipped without an Electron binary). Each test starts
+ * the app on a fresh data directory; downloads come from the fake hub in this process.
+ */
+import { join } from "node:path";
+import type { Locator, Page } from "@playwright/test";
+import { alive, expect, RESULTS, test } from "./fixtures.ts";
+import { E2E_REPO } from "./hub.ts";
+import {
+  engineState,
+  gotoView,
+  lastReply,
+  memoryMeter,
+  messages,
+  numberInput,
+  send,
+  setNumber,
+  STATS_LINE,
+  valueNow,
+  VIEWS,
+  waitReady,
+  waitReply,
+} from "./ui.ts";
+
+test("first run: the demo model is installed and the engine gets ready", async ({ app }) => {
+  const { page } = app;
+  await gotoView(page, "Models");
+  const installed = page.getByRole("region", { name: "Installed models" });
+  const demo = installed.getByRole("article", { name: "demo", exact: true });
+  await expect(demo).toBeVisible({ timeout: 60_000 });
+  await expect(
+    page.getByRole("region", { name: "Catalog" }).getByRole("article").first(),
+  ).toBeVisible();
+  await waitReady(page, "demo");
+  await expect(demo.getByRole("button", { name: "Unload", exact: true })).toBeVisible();
+  const meter = memoryMeter(page);
+  await expect(meter).toBeVisible();
+  await expect
+    .poll(() => valueNow(meter), { message: "engine RSS in the meter" })
+    .toBeGreaterThan(0);
+});
+
+test("chat: the reply streams in, then its statistics line; the memory meter moves", async ({
+  app,
+}) => {
+  const { page } = app;
+  await gotoView(page, "Chat");
+  await waitReady(page);
+  const meter = memoryMeter(page);
+  await expect.poll(() => valueNow(meter)).toBeGreaterThan(0);
+  const memory = new Set<number>([await valueNow(meter)]);
+  await send(page, "Tell me a long story about a red bird.");
+  const reply = lastReply(page);
+  const stats = reply.getByTestId("stats-line");
+  // Sample the reply while it is being written: the text must grow in several steps.
+  const lengths: number[] = [];
+  const deadline = Date.now() + 120_000;
+  let sawStop = false;
+  while (Date.now() < deadline) {
+    const [text, done, now, stop] = await Promise.all([
+      reply.innerText(),
+      stats.count(),
+      valueNow(meter),
+      page.getByRole("button", { name: "Stop", exact: true }).count(),
+    ]);
+    if (done > 0) break;
+    lengths.push(text.length);
+    memory.add(now);
+    if (stop > 0) sawStop = true;
+    await page.waitForTimeout(100);
+  }
+  expect(sawStop, "a Stop button while replying").toBe(true);
+  const growing = [...new Set(lengths)].filter((n) => n > 0);
+  expect(
+    growing.length,
+    `reply lengths seen while streaming: ${lengths.join(",")}`,
+  ).toBeGreaterThanOrEqual(3);
+  expect(Math.max(...lengths)).toBeGreaterThan(Math.min(...lengths));
+  const line = await waitReply(page);
+  expect(line).toMatch(STATS_LINE);
+  // Samples arrive twice a second: a few more after the reply.
+  for (let i = 0; i < 6; i++) {
+    memory.add(await valueNow(meter));
+    await page.waitForTimeout(250);
+  }
+  expect(memory.size, `engine memory values seen: ${[...memory].join(", ")}`).toBeGreaterThan(1);
+  await expect(messages(page).locator("li")).toHaveCount(2);
+});
+
+test("stop mid-answer keeps the text so far and frees the engine", async ({ app }) => {
+  const { page } = app;
+  await gotoView(page, "Tuning");
+  await setNumber(page, "Max new tokens", "30000");
+  await gotoView(page, "Chat");
+  await waitReady(page);
+  await send(page, "Write forever.");
+  const reply = lastReply(page);
+  const stop = page.getByRole("button", { name: "Stop", exact: true });
+  await expect(stop).toBeVisible();
+  await expect.poll(async () => (await reply.innerText()).length).toBeGreaterThan(40);
+  await stop.click();
+  await expect(stop).toHaveCount(0);
+  await expect(page.getByRole("button", { name: "Send", exact: true })).toBeVisible();
+  await waitReady(page);
+  const kept = await reply.innerText();
+  await page.waitForTimeout(1500);
+  expect(await reply.innerText(), "no text after Stop").toBe(kept);
+  const [summary] = await app.call("chat.list");
+  const conversation = await app.call("chat.get", { id: summary!.id });
+  const last = conversation.messages.at(-1)!;
+  expect(last.role).toBe("assistant");
+  expect(last.finishReason).toBe("cancelled");
+  expect(last.content.length).toBeGreaterThan(0);
+  expect(last.stats?.generatedTokens ?? 0).toBeLessThan(30000);
+});
+
+test("sampling and context settings persist across a restart", async ({ app }) => {
+  let { page } = app;
+  await waitReady(page);
+  await gotoView(page, "Tuning");
+  const values: [string, string][] = [
+    ["Temperature", "0.7"],
+    ["Top-k", "40"],
+    ["Top-p", "0.9"],
+    ["Repetition penalty", "1.1"],
+    ["Seed", "1234"],
+    ["Max new tokens", "300"],
+  ];
+  for (const [label, value] of values) await setNumber(page, label, value);
+  await setNumber(page, "Context length", "2048");
+  await expect(page.getByText("needs reload").first()).toBeVisible();
+  const apply = page.getByRole("button", { name: "Apply and reload", exact: true });
+  await expect(apply).toBeEnabled();
+  await apply.click();
+  await waitReady(page);
+  await expect(apply).toBeDisabled();
+  const loaded = await app.call("engine.status");
+  expect(loaded.loadedWith?.context).toBe(2048);
+  expect(loaded.reloadNeeded).toBe(false);
+
+  await app.restart();
+  page = app.page;
+  await gotoView(page, "Tuning");
+  for (const [label, value] of [...values, ["Context length", "2048"] as [string, string]]) {
+    await expect(numberInput(page, label), label).toHaveValue(value);
+  }
+  const settings = await app.call("settings.get");
+  expect(settings.sampling).toMatchObject({
+    temperature: 0.7,
+    topK: 40,
+    topP: 0.9,
+    repetitionPenalty: 1.1,
+    seed: 1234,
+    maxNewTokens: 300,
+  });
+  expect(settings.engine.context).toBe(2048);
+  await waitReady(page);
+  expect((await app.call("engine.status")).loadedWith?.context).toBe(2048);
+});
+
+test("download from the hub: progress, cancel, pause and resume, verified install, chat", async ({
+  app,
+  hub,
+}) => {
+  const { page } = app;
+  // Slow enough to watch: the weights file trickles at about 25 kB/s.
+  hub.faults.push({
+    on: "data",
+    path: "model.safetensors",
+    action: { kind: "trickle", chunkBytes: 1024, delayMs: 40 },
+  });
+  await gotoView(page, "Models");
+  const repo = page.getByRole("textbox", { name: "Hugging Face repository", exact: true });
+  const start = page.getByRole("button", { name: "Download repository", exact: true });
+  const downloads = page.getByRole("region", { name: "Downloads" });
+
+  // 1. Start, see progress with a rate, cancel: nothing is installed.
+  await repo.fill(E2E_REPO);
+  await start.click();
+  let item = downloads.getByRole("article").first();
+  const bar = (): Locator => item.getByRole("progressbar");
+  await expect(item).toBeVisible();
+  await expect.poll(() => valueNow(bar())).toBeGreaterThan(0);
+  expect(await valueNow(bar())).toBeLessThan(100);
+  await expect(item).toContainText(/\/s/);
+  await item.getByRole("button", { name: "Cancel", exact: true }).click();
+  const [cancelled] = await app.call("models.downloads");
+  await expect.poll(async () => (await app.call("models.downloads"))[0]?.state).toBe("cancelled");
+  const name = cancelled!.name;
+  const installed = page.getByRole("region", { name: "Installed models" });
+  await expect(installed.getByRole("article", { name, exact: true })).toHaveCount(0);
+  const dismiss = item.getByRole("button", { name: "Dismiss", exact: true });
+  if ((await dismiss.count()) > 0) await dismiss.click();
+  await expect(downloads.getByRole("article", { name, exact: true })).toHaveCount(0);
+
+  // 2. Again; pause (no progress while paused), resume from where it was, finish.
+  await repo.fill(E2E_REPO);
+  await start.click();
+  item = downloads.getByRole("article", { name, exact: true });
+  await expect.poll(() => valueNow(bar())).toBeGreaterThan(5);
+  await item.getByRole("button", { name: "Pause", exact: true }).click();
+  await expect(item.getByRole("button", { name: "Resume", exact: true })).toBeVisible();
+  const paused = await valueNow(bar());
+  await page.waitForTimeout(1500);
+  const pausedAt = Date.now();
+  expect(await valueNow(bar()), "progress while paused").toBe(paused);
+  await item.getByRole("button", { name: "Resume", exact: true }).click();
+  await expect.poll(() => valueNow(bar())).toBeGreaterThan(paused);
+  const model = installed.getByRole("article", { name, exact: true });
+  await expect(model).toBeVisible({ timeout: 90_000 });
+  // Resume fetched the rest after the pause (the installer keeps whole verified units; a file
+  // this small is one unit, so it comes again from its start).
+  const fetchedAfterPause = hub.log.filter(
+    (r) => r.t > pausedAt && r.method === "GET" && r.server === "cdn",
+  );
+  expect(fetchedAfterPause.length).toBeGreaterThan(0);
+
+  // 3. Verify, load, chat.
+  await model.getByRole("button", { name: "Verify", exact: true }).click();
+  await expect(model.getByTestId("verify-state")).toHaveText("verified", { timeout: 60_000 });
+  await model.getByRole("button", { name: "Load", exact: true }).click();
+  await waitReady(page, name);
+  await gotoView(page, "Chat");
+  await page.getByRole("button", { name: "New chat", exact: true }).click();
+  await send(page, "Hello, tiny model!");
+  expect(await waitReply(page)).toMatch(STATS_LINE);
+  const [summary] = await app.call("chat.list");
+  const conversation = await app.call("chat.get", { id: summary!.id });
+  expect(conversation.messages.at(-1)?.model).toBe(name);
+});
+
+test("a killed engine shows the error with Restart engine, which recovers", async ({ app }) => {
+  const { page } = app;
+  await gotoView(page, "Chat");
+  await waitReady(page);
+  const before = await app.call("engine.status");
+  expect(before.pid).not.toBeNull();
+  process.kill(before.pid!, "SIGKILL");
+  await expect.poll(() => alive(before.pid!)).toBe(false);
+  const restart = page.getByRole("button", { name: "Restart engine", exact: true }).first();
+  const alert = page.getByRole("alert").filter({ has: restart });
+  await expect(alert.first()).toBeVisible({ timeout: 30_000 });
+  await expect(engineState(page)).toContainText("crashed");
+  await restart.click();
+  await waitReady(page);
+  await expect(alert).toHaveCount(0);
+  const after = await app.call("engine.status");
+  expect(after.pid).not.toBe(before.pid);
+  expect(alive(after.pid!)).toBe(true);
+  await send(page, "Are you back?");
+  expect(await waitReply(page)).toMatch(STATS_LINE);
+});
+
+test("screenshots of every main view at 1280x800 and 420x800", async ({ app }, testInfo) => {
+  const { page } = app;
+  await gotoView(page, "Tuning");
+  await setNumber(page, "Max new tokens", "120");
+  await gotoView(page, "Chat");
+  await waitReady(page);
+  await send(page, "Say something in *markdown* with a `code` sample.");
+  await waitReply(page);
+  const saved: string[] = [];
+  for (const width of [1280, 420]) {
+    await page.setViewportSize({ width, height: 800 });
+    for (const view of VIEWS) {
+      await openView(page, view);
+      await page.waitForTimeout(400); // a live sample or two
+      const path = join(
+        RESULTS,
+        "screenshots",
+        `${app.shell}-${view.toLowerCase()}-${width}x800.png`,
+      );
+      await page.screenshot({ path });
+      await testInfo.attach(`${view} ${width}x800`, { path, contentType: "image/png" });
+      saved.push(path);
+    }
+  }
+  console.log(`screenshots:\n${saved.map((p) => `  ${p}`).join("\n")}`);
+});
+
+/** gotoView, also at narrow widths where the navigation may sit behind a menu button. */
+async function openView(page: Page, view: (typeof VIEWS)[number]) {
+  const nav = page.getByRole("navigation", { name: "Main" });
+  const button = nav.getByRole("button", { name: view, exact: true });
+  if (!(await button.isVisible())) {
+    const menu = page.getByRole("button", { name: /menu|navigation/i }).first();
+    if ((await menu.count()) > 0) await menu.click();
+  }
+  await gotoView(page, view);
+}

@@ -1,0 +1,70 @@
+import { engineStateText } from "../lib/format.ts";
+import { useAppState, type View } from "../state/context.tsx";
+
+const ITEMS: { view: View; label: string; icon: string }[] = [
+  { view: "models", label: "Models", icon: "▦" },
+  { view: "chat", label: "Chat", icon: "✎" },
+  { view: "tuning", label: "Tuning", icon: "⚙" },
+  { view: "live", label: "Live", icon: "∿" },
+  { view: "server", label: "Server", icon: "⇄" },
+];
+
+const STATE_TONE: Record<string, string> = {
+  ready: "bg-ok",
+  generating: "bg-accent animate-pulse",
+  loading: "bg-warn animate-pulse",
+  starting: "bg-warn animate-pulse",
+  crashed: "bg-danger",
+  stopped: "bg-muted",
+};
+
+/** Left column on wide windows, a top bar on narrow ones. */
+export function Sidebar({ view, onNavigate }: { view: View; onNavigate: (v: View) => void }) {
+  const engine = useAppState((s) => s.engine);
+  const tone = STATE_TONE[engine?.state ?? "stopped"] ?? "bg-muted";
+  return (
+    <header className="flex shrink-0 flex-col gap-2 border-b border-line bg-panel px-3 py-2 md:w-48 md:border-r md:border-b-0 md:px-3 md:py-4">
+      <div className="flex items-center justify-between gap-2 md:flex-col md:items-start">
+        <span className="text-base font-semibold tracking-tight">
+          <span aria-hidden="true" className="text-accent">
+            ◆{" "}
+          </span>
+          Redwing
+        </span>
+        <p className="flex min-w-0 items-center gap-1.5 text-xs text-muted">
+          <span
+            aria-hidden="true"
+            className={`inline-block size-2 shrink-0 rounded-full ${tone}`}
+          />
+          <span className="sr-only">Engine: </span>
+          <span data-testid="engine-state" className="truncate">
+            {engineStateText(engine)}
+          </span>
+        </p>
+      </div>
+      <nav aria-label="Main" className="-mx-1 overflow-x-auto md:mx-0 md:mt-4 md:overflow-visible">
+        <ul className="flex gap-1 md:flex-col">
+          {ITEMS.map((item) => (
+            <li key={item.view}>
+              <button
+                type="button"
+                aria-current={view === item.view ? "page" : undefined}
+                onClick={() => onNavigate(item.view)}
+                className={`flex w-full items-center gap-2 rounded-md px-2.5 py-1.5 text-sm whitespace-nowrap transition-colors ${
+                  view === item.view
+                    ? "bg-accent/15 font-semibold text-accent"
+                    : "text-fg hover:bg-panel-2"
+                }`}
+              >
+                <span aria-hidden="true" className="hidden w-4 text-center md:inline">
+                  {item.icon}
+                </span>
+                {item.label}
+              </button>
+            </li>
+          ))}
+        </ul>
+      </nav>
+    </header>
+  );
+}

@@ -1,0 +1,86 @@
+/**
+ * A uPlot line chart over time (seconds on the x axis). The canvas is hidden from assistive tech:
+ * the figure's caption and the numbers beside it say the same in text.
+ */
+import { useEffect, useRef } from "react";
+import uPlot from "uplot";
+import "uplot/dist/uPlot.min.css";
+
+const HEIGHT = 180;
+/** Two minutes: what the main process keeps. */
+const WINDOW_S = 120;
+
+function clock(seconds: number): string {
+  return new Date(seconds * 1000).toLocaleTimeString([], {
+    hourCycle: "h23",
+    hour: "2-digit",
+    minute: "2-digit",
+    second: "2-digit",
+  });
+}
+
+export function TimeChart({
+  data,
+  label,
+  format,
+}: {
+  data: [number[], (number | null)[]];
+  label: string;
+  format: (v: number) => string;
+}) {
+  const host = useRef<HTMLDivElement>(null);
+  const plot = useRef<uPlot | null>(null);
+  const latest = useRef(data);
+  const fmt = useRef(format);
+
+  useEffect(() => {
+    latest.current = data;
+    plot.current?.setData(data);
+  }, [data]);
+
+  useEffect(() => {
+    const el = host.current;
+    if (!el) return;
+    const style = getComputedStyle(el);
+    const muted = style.getPropertyValue("--color-muted").trim() || "#666";
+    const line = style.getPropertyValue("--color-gauge").trim() || "#2f6fd6";
+    const grid = style.getPropertyValue("--color-line").trim() || "#ddd";
+    const axis = {
+      stroke: muted,
+      grid: { stroke: grid, width: 1 },
+      ticks: { stroke: grid, width: 1 },
+    };
+    const u = new uPlot(
+      {
+        width: Math.max(200, el.clientWidth),
+        height: HEIGHT,
+        legend: { show: false },
+        cursor: { show: true, points: { show: false } },
+        scales: {
+          // A rolling window: the newest sample at the right edge.
+          x: { time: true, range: (_u, _min, max) => [max - WINDOW_S, max] },
+          y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.2 : 1] },
+        },
+        axes: [
+          { ...axis, space: 90, values: (_u, splits) => splits.map(clock) },
+          { ...axis, size: 72, values: (_u, splits) => splits.map((v) => fmt.current(v)) },
+        ],
+        series: [{}, { label, stroke: line, width: 2, spanGaps: false, points: { show: false } }],
+      },
+      latest.current,
+      el,
+    );
+    plot.current = u;
+    const ro = new ResizeObserver(() =>
+      u.setSize({ width: Math.max(200, el.clientWidth), height: HEIGHT }),
+    );
+    ro.observe(el);
+    return () => {
+      ro.disconnect();
+      u.destroy();
+      plot.current = null;
+    };
+  }, [label]);
+
+  return <div ref={host} aria-hidden="true" className="w-full min-w-0 overflow-hidden" />;
+}

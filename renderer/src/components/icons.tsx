@@ -1,0 +1,30 @@
+/** Small inline icons (decorative: the buttons carrying them have their own names). */
+export function PencilIcon() {
+  return (
+    <svg
+      aria-hidden="true"
+      viewBox="0 0 16 16"
+      className="size-3.5"
+      fill="none"
+      stroke="currentColor"
+      strokeWidth="1.5"
+    >
+      <path d="M11 2.5l2.5 2.5L6 12.5 3 13l.5-3z" strokeLinejoin="round" />
+    </svg>
+  );
+}
+
+export function TrashIcon() {
+  return (
+    <svg
+      aria-hidden="true"
+      viewBox="0 0 16 16"
+      className="size-3.5"
+      fill="none"
+      stroke="currentColor"
+      strokeWidth="1.5"
+    >
+      <path d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.7 8.5h5.6l.7-8.5" strokeLinejoin="round" />
+    </svg>
+  );
+}

@@ -1,0 +1,53 @@
+/**
+ * The store React reads: one mutable holder of the reducer's state with useSyncExternalStore, so
+ * a component re-renders only when the slice it selects changes (a streaming delta re-renders the
+ * chat, not the Models view). Selectors must return stored references or primitives.
+ */
+import { createContext, useContext, useSyncExternalStore } from "react";
+import type { AppError } from "../../../core/app/api.ts";
+import type { RendererClient } from "../api/types.ts";
+import { initialState, reduce, type Action, type State } from "./store.ts";
+
+export class Store {
+  private state: State = initialState;
+  private readonly listeners = new Set<() => void>();
+
+  getState = (): State => this.state;
+
+  dispatch = (action: Action): void => {
+    const next = reduce(this.state, action);
+    if (next === this.state) return;
+    this.state = next;
+    for (const l of this.listeners) l();
+  };
+
+  subscribe = (listener: () => void): (() => void) => {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  };
+}
+
+export type View = "models" | "chat" | "tuning" | "live" | "server";
+
+export interface AppActions {
+  client: RendererClient;
+  store: Store;
+  navigate(view: View, focusId?: string): void;
+  /** Shows a call error as a dismissible toast; `retry` repeats what failed. */
+  notify(error: AppError, retry?: () => void): void;
+  /** Runs a call and turns a failure into a toast (with Retry). Resolves to undefined on failure. */
+  run<T>(what: () => Promise<T>): Promise<T | undefined>;
+}
+
+export const ActionsContext = createContext<AppActions | null>(null);
+
+export function useActions(): AppActions {
+  const actions = useContext(ActionsContext);
+  if (!actions) throw new Error("useActions outside the app");
+  return actions;
+}
+
+export function useAppState<T>(selector: (s: State) => T): T {
+  const { store } = useActions();
+  return useSyncExternalStore(store.subscribe, () => selector(store.getState()));
+}

@@ -1,0 +1,49 @@
+import { useState } from "react";
+import { ConversationList } from "../chat/ConversationList.tsx";
+import { Composer } from "../chat/Composer.tsx";
+import { MessageList } from "../chat/MessageList.tsx";
+import { SystemPrompt } from "../chat/SystemPrompt.tsx";
+import { useAppState } from "../state/context.tsx";
+import { isReplying, type State } from "../state/store.ts";
+
+/** What screen readers hear: the start and end of a reply, never every token. */
+function replyStatus(s: State): string {
+  if (isReplying(s)) return "Writing a reply…";
+  const last = s.current?.messages.at(-1);
+  if (!last || last.role !== "assistant" || !last.finishReason) return "";
+  if (last.finishReason === "error") return "The reply failed.";
+  if (last.finishReason === "cancelled") return "Reply stopped.";
+  return "Reply finished.";
+}
+
+export function ChatView() {
+  const current = useAppState((s) => s.current);
+  const model = useAppState((s) => s.engine?.model ?? null);
+  const status = useAppState(replyStatus);
+  const [systemPromptDraft, setSystemPromptDraft] = useState("");
+  return (
+    <div className="flex h-full min-h-0 flex-col md:flex-row">
+      <ConversationList />
+      <section aria-label="Conversation" className="flex min-h-0 min-w-0 flex-1 flex-col">
+        <div className="flex shrink-0 items-baseline gap-3 px-4 pt-3 pb-1">
+          <h1 className="text-lg font-semibold">Chat</h1>
+          <p className="min-w-0 truncate text-sm text-muted">
+            {current?.title ?? "New conversation"}
+            {model && <span> · {model}</span>}
+          </p>
+        </div>
+        <SystemPrompt
+          key={current?.id ?? "new"}
+          conversation={current}
+          draft={systemPromptDraft}
+          setDraft={setSystemPromptDraft}
+        />
+        <MessageList />
+        <p aria-live="polite" className="sr-only">
+          {status}
+        </p>
+        <Composer systemPromptDraft={systemPromptDraft} />
+      </section>
+    </div>
+  );
+}

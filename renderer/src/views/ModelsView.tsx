@@ -1,0 +1,391 @@
+/**
+ * Models: the catalog (what can be downloaded, what it costs on this machine), downloads in
+ * progress, and the installed models.
+ */
+import { useState, type FormEvent } from "react";
+import type { CatalogItem, Download, InstalledModel } from "../../../core/app/api.ts";
+import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
+import { ErrorAlert } from "../components/ErrorAlert.tsx";
+import { Badge, Button } from "../components/ui.tsx";
+import {
+  downloadPercent,
+  formatBytes,
+  formatEta,
+  formatRate,
+  verifyStateText,
+} from "../lib/format.ts";
+import { useActions, useAppState } from "../state/context.tsx";
+
+export function ModelsView() {
+  return (
+    <div className="mx-auto flex max-w-5xl flex-col gap-8 p-4 md:p-6">
+      <h1 className="text-xl font-semibold">Models</h1>
+      <InstalledSection />
+      <DownloadsSection />
+      <CatalogSection />
+    </div>
+  );
+}
+
+function SectionTitle({ id, children }: { id: string; children: string }) {
+  return (
+    <h2 id={id} className="mb-3 text-base font-semibold">
+      {children}
+    </h2>
+  );
+}
+
+// ---- catalog ------------------------------------------------------------------------------------
+
+function CatalogSection() {
+  const catalog = useAppState((s) => s.catalog);
+  const downloads = useAppState((s) => s.downloads);
+  const { client, store, run } = useActions();
+  const [repo, setRepo] = useState("");
+
+  async function install(ref: string): Promise<boolean> {
+    const download = await run(() => client.call("models.install", { ref }));
+    if (download) store.dispatch({ type: "event", event: { type: "download", download } });
+    return !!download;
+  }
+
+  async function onRepoSubmit(e: FormEvent): Promise<void> {
+    e.preventDefault();
+    const ref = repo.trim();
+    if (ref && (await install(ref))) setRepo("");
+  }
+
+  const active = (ref: string) =>
+    downloads.some((d) => d.ref === ref && (d.state === "running" || d.state === "paused"));
+
+  return (
+    <section aria-label="Catalog">
+      <SectionTitle id="catalog-title">Catalog</SectionTitle>
+      {!catalog && <p className="text-sm text-muted">Loading the catalog…</p>}
+      <div className="grid gap-3 sm:grid-cols-2">
+        {catalog?.map((item) => (
+          <CatalogCard
+            key={item.id}
+            item={item}
+            downloading={active(item.id)}
+            onDownload={() => void install(item.id)}
+          />
+        ))}
+      </div>
+      <form
+        onSubmit={(e) => void onRepoSubmit(e)}
+        className="mt-4 flex flex-col gap-2 rounded-lg border border-line bg-panel p-4"
+      >
+        <label htmlFor="hf-repo" className="text-sm font-medium">
+          Hugging Face repository
+        </label>
+        <p id="hf-repo-hint" className="text-xs text-muted">
+          An MLX 4-bit repository such as <code>mlx-community/gemma-3-1b-it-4bit</code>; add{" "}
+          <code>@revision</code> to pin one.
+        </p>
+        <div className="flex flex-wrap gap-2">
+          <input
+            id="hf-repo"
+            value={repo}
+            onChange={(e) => setRepo(e.target.value)}
+            placeholder="owner/repository"
+            aria-describedby="hf-repo-hint"
+            spellCheck={false}
+            autoComplete="off"
+            className="min-w-0 flex-1 basis-56 rounded-md border border-line bg-bg px-3 py-1.5 text-sm"
+          />
+          <Button type="submit" variant="primary" disabled={!repo.trim()}>
+            Download repository
+          </Button>
+        </div>
+      </form>
+    </section>
+  );
+}
+
+function CatalogCard({
+  item,
+  downloading,
+  onDownload,
+}: {
+  item: CatalogItem;
+  downloading: boolean;
+  onDownload: () => void;
+}) {
+  return (
+    <article
+      aria-label={item.title}
+      className="flex flex-col gap-2 rounded-lg border border-line bg-panel p-4"
+    >
+      <div className="flex items-start justify-between gap-2">
+        <h3 className="font-semibold">{item.title}</h3>
+        {item.kind === "demo" && <Badge>demo</Badge>}
+      </div>
+      <p className="text-sm text-muted">{item.description}</p>
+      <dl className="grid grid-cols-[auto_1fr] gap-x-3 gap-y-0.5 text-sm">
+        <dt className="text-muted">Download</dt>
+        <dd className="tabular-nums">
+          {item.downloadBytes == null ? "built in" : formatBytes(item.downloadBytes)}
+        </dd>
+        <dt className="text-muted">On disk</dt>
+        <dd className="tabular-nums">{formatBytes(item.installBytes)}</dd>
+        <dt className="text-muted">Memory</dt>
+        <dd className="tabular-nums">
+          {formatBytes(item.memoryBytes)}{" "}
+          {item.fits ? (
+            <Badge tone="ok">fits this machine</Badge>
+          ) : (
+            <Badge tone="danger">more than this machine has</Badge>
+          )}
+        </dd>
+      </dl>
+      {item.memoryNote && <p className="text-xs text-muted">{item.memoryNote}</p>}
+      <p className="text-xs text-muted">
+        Licence:{" "}
+        <a href={item.licence.url} target="_blank" rel="noreferrer noopener">
+          {item.licence.name}
+        </a>
+        {item.licence.gated && (
+          <span className="ml-1">
+            <Badge tone="warn">gated</Badge>
+          </span>
+        )}
+        {item.licence.note && <span className="block">{item.licence.note}</span>}
+      </p>
+      <div className="mt-auto flex items-center gap-2 pt-1">
+        {item.installedAs ? (
+          <span className="text-sm font-medium text-ok">Installed</span>
+        ) : (
+          <Button variant="primary" onClick={onDownload} disabled={downloading}>
+            Download
+          </Button>
+        )}
+        {downloading && <span className="text-xs text-muted">Downloading…</span>}
+      </div>
+    </article>
+  );
+}
+
+// ---- downloads ----------------------------------------------------------------------------------
+
+function DownloadsSection() {
+  const downloads = useAppState((s) => s.downloads);
+  return (
+    <section aria-label="Downloads" className={downloads.length ? "" : "hidden"}>
+      <SectionTitle id="downloads-title">Downloads</SectionTitle>
+      <div className="flex flex-col gap-3">
+        {downloads.map((d) => (
+          <DownloadRow key={d.taskId} download={d} />
+        ))}
+      </div>
+    </section>
+  );
+}
+
+const PHASES: Record<Download["phase"], string> = {
+  resolving: "Looking up the repository",
+  planning: "Planning",
+  verifying: "Checking files already here",
+  downloading: "Downloading",
+  paused: "Paused",
+  finishing: "Finishing",
+  done: "Installed",
+};
+
+function DownloadRow({ download: d }: { download: Download }) {
+  const { client, store, run } = useActions();
+  const pct = downloadPercent(d);
+  const labelId = `download-${d.taskId}`;
+
+  async function act(method: "models.pause" | "models.resume" | "models.cancel"): Promise<void> {
+    const download = await run(() => client.call(method, { taskId: d.taskId }));
+    if (download) store.dispatch({ type: "event", event: { type: "download", download } });
+  }
+
+  async function dismiss(): Promise<void> {
+    const ok = await run(() => client.call("models.dismiss", { taskId: d.taskId }));
+    if (ok) store.dispatch({ type: "downloadDismissed", taskId: d.taskId });
+  }
+
+  const status =
+    d.state === "cancelled"
+      ? "Cancelled"
+      : d.state === "failed"
+        ? "Failed"
+        : d.state === "paused"
+          ? "Paused"
+          : PHASES[d.phase];
+  const finished = d.state === "done" || d.state === "failed" || d.state === "cancelled";
+
+  return (
+    <article
+      aria-label={d.name}
+      className="flex flex-col gap-2 rounded-lg border border-line bg-panel p-4"
+    >
+      <div className="flex flex-wrap items-baseline justify-between gap-2">
+        <h3 id={labelId} className="font-semibold break-all">
+          {d.name}
+        </h3>
+        <span className="text-xs text-muted">{d.ref}</span>
+      </div>
+      <div
+        role="progressbar"
+        aria-labelledby={labelId}
+        aria-valuemin={0}
+        aria-valuemax={100}
+        aria-valuenow={pct}
+        aria-valuetext={`${pct}% (${formatBytes(d.bytesDone)} of ${formatBytes(d.bytesTotal)})`}
+        className="h-2 w-full overflow-hidden rounded-full bg-panel-2"
+      >
+        <div
+          className={`h-full rounded-full transition-[width] ${
+            d.state === "failed" ? "bg-danger" : d.state === "done" ? "bg-ok" : "bg-gauge"
+          }`}
+          style={{ width: `${pct}%` }}
+        />
+      </div>
+      <p className="flex flex-wrap gap-x-3 text-sm text-muted tabular-nums">
+        <span className="font-medium text-fg">{status}</span>
+        <span>
+          {pct}% · {formatBytes(d.bytesDone)} of {formatBytes(d.bytesTotal)}
+        </span>
+        {d.state === "running" && <span>{formatRate(d.rate)}</span>}
+        {d.state === "running" && <span>{formatEta(d.etaSeconds)}</span>}
+      </p>
+      {d.file && d.state === "running" && (
+        <p className="truncate text-xs text-muted" title={d.file}>
+          {d.file}
+        </p>
+      )}
+      {d.note && <p className="text-xs text-muted">{d.note}</p>}
+      {d.error && (
+        <ErrorAlert error={d.error} onRetry={() => void act("models.resume")} model={d.name} />
+      )}
+      <div className="flex flex-wrap gap-2">
+        {d.state === "running" && <Button onClick={() => void act("models.pause")}>Pause</Button>}
+        {d.state === "paused" && (
+          <Button variant="primary" onClick={() => void act("models.resume")}>
+            Resume
+          </Button>
+        )}
+        {(d.state === "running" || d.state === "paused") && (
+          <Button variant="danger" onClick={() => void act("models.cancel")}>
+            Cancel
+          </Button>
+        )}
+        {finished && <Button onClick={() => void dismiss()}>Dismiss</Button>}
+      </div>
+    </article>
+  );
+}
+
+// ---- installed ----------------------------------------------------------------------------------
+
+function InstalledSection() {
+  const models = useAppState((s) => s.models);
+  return (
+    <section aria-label="Installed models" id="installed-models" tabIndex={-1}>
+      <SectionTitle id="installed-title">Installed models</SectionTitle>
+      {!models && <p className="text-sm text-muted">Loading…</p>}
+      {models?.length === 0 && (
+        <p className="text-sm text-muted">
+          No models installed yet: download one from the catalog.
+        </p>
+      )}
+      <div className="flex flex-col gap-3">
+        {models?.map((m) => (
+          <InstalledRow key={m.name} model={m} />
+        ))}
+      </div>
+    </section>
+  );
+}
+
+function InstalledRow({ model: m }: { model: InstalledModel }) {
+  const { client, run } = useActions();
+  const engine = useAppState((s) => s.engine);
+  const [confirming, setConfirming] = useState(false);
+  const [revealed, setRevealed] = useState<string | null>(null);
+  const busy =
+    m.loaded || engine?.model === m.name
+      ? engine?.state === "loading" || engine?.state === "starting"
+      : false;
+  const tone =
+    m.verify.state === "ok"
+      ? "ok"
+      : m.verify.state === "corrupt"
+        ? "danger"
+        : m.verify.state === "checking"
+          ? "accent"
+          : "neutral";
+
+  async function doReveal(): Promise<void> {
+    const r = await run(() => client.call("models.reveal", { name: m.name }));
+    if (r) setRevealed(r.shown ? null : r.path);
+  }
+
+  return (
+    <article
+      aria-label={m.name}
+      className="flex flex-col gap-2 rounded-lg border border-line bg-panel p-4"
+    >
+      <div className="flex flex-wrap items-center gap-2">
+        <h3 className="font-semibold break-all">{m.name}</h3>
+        {m.isDemo && <Badge>demo</Badge>}
+        {m.loaded && <Badge tone="ok">loaded</Badge>}
+        <span className="text-xs text-muted">
+          {m.family}
+          {m.moe ? " · mixture of experts" : ""}
+        </span>
+      </div>
+      <p className="flex flex-wrap gap-x-4 text-sm text-muted tabular-nums">
+        <span>{formatBytes(m.sizeBytes)} on disk</span>
+        <span>about {formatBytes(m.memoryEstimateBytes)} of memory at the current settings</span>
+      </p>
+      <p className="flex items-center gap-2 text-sm">
+        <span className="text-muted">Integrity:</span>
+        <Badge tone={tone}>
+          <span data-testid="verify-state">{verifyStateText(m.verify)}</span>
+        </Badge>
+      </p>
+      <div className="flex flex-wrap gap-2">
+        {m.loaded ? (
+          <Button onClick={() => void run(() => client.call("engine.unload", {}))}>Unload</Button>
+        ) : (
+          <Button
+            variant="primary"
+            disabled={busy}
+            onClick={() => void run(() => client.call("engine.load", { model: m.name }))}
+          >
+            Load
+          </Button>
+        )}
+        <Button
+          disabled={m.verify.state === "checking"}
+          onClick={() => void run(() => client.call("models.verify", { name: m.name }))}
+        >
+          Verify
+        </Button>
+        {/* Electron opens the file manager; web mode answers the path, shown below. */}
+        <Button onClick={() => void doReveal()}>Reveal in folder</Button>
+        <Button variant="danger" onClick={() => setConfirming(true)}>
+          Remove
+        </Button>
+      </div>
+      {revealed && (
+        <p className="text-xs text-muted">
+          Folder: <code className="break-all select-all">{revealed}</code>
+        </p>
+      )}
+      {confirming && (
+        <ConfirmDialog
+          title={`Remove ${m.name}?`}
+          body={`Its files (${formatBytes(m.sizeBytes)}) will be deleted from this machine. You can download it again later.`}
+          confirmLabel="Remove model"
+          onConfirm={() => void run(() => client.call("models.remove", { name: m.name }))}
+          onClose={() => setConfirming(false)}
+        />
+      )}
+    </article>
+  );
+}

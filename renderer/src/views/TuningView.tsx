@@ -1,0 +1,419 @@
+/**
+ * Tuning: sampling (applies to the next reply) and engine settings (applied by a reload), with
+ * what the engine settings cost in memory. Every change is saved at once; engine fields that
+ * differ from what the engine was loaded with say "needs reload".
+ */
+import { useEffect, useState, type ReactNode } from "react";
+import type {
+  EngineSettings,
+  MemoryPlan,
+  SamplingSettings,
+  SettingsPatch,
+} from "../../../core/app/api.ts";
+import { NumberField, numberParser, type Parsed } from "../components/NumberField.tsx";
+import { Badge, Button } from "../components/ui.tsx";
+import { bytesToGigabytesText, formatBytes, formatPercent, parseGigabytes } from "../lib/format.ts";
+import { useActions, useAppState } from "../state/context.tsx";
+
+const PLAN_DELAY_MS = 250;
+
+function parseBudget(text: string): Parsed {
+  const v = parseGigabytes(text);
+  return v === undefined
+    ? { ok: false, error: "Enter a size in GB, or leave empty for no budget." }
+    : { ok: true, value: v };
+}
+
+export function TuningView() {
+  const settings = useAppState((s) => s.settings);
+  const engine = useAppState((s) => s.engine);
+  const reloadNeeded = useAppState((s) => s.reloadNeeded);
+  const hardwareThreads = useAppState((s) => s.info?.hardwareThreads ?? null);
+  const { client, store, run } = useActions();
+  const plan = useMemoryPlan(settings?.engine ?? null);
+
+  if (!settings) {
+    return (
+      <div className="p-6">
+        <h1 className="text-xl font-semibold">Tuning</h1>
+        <p className="mt-2 text-sm text-muted">Loading settings…</p>
+      </div>
+    );
+  }
+
+  async function save(patch: SettingsPatch): Promise<void> {
+    const r = await run(() => client.call("settings.update", patch));
+    if (r) {
+      store.dispatch({
+        type: "event",
+        event: { type: "settings", settings: r.settings, reloadNeeded: r.reloadNeeded },
+      });
+    }
+  }
+  const sampling = (patch: Partial<SamplingSettings>) => void save({ sampling: patch });
+  const engineSet = (patch: Partial<EngineSettings>) => void save({ engine: patch });
+
+  const loaded = engine?.loadedWith ?? null;
+  const reloadBadge = (key: keyof EngineSettings): ReactNode =>
+    loaded && loaded[key] !== settings.engine[key] ? <Badge tone="warn">needs reload</Badge> : null;
+  const e = settings.engine;
+  const s = settings.sampling;
+  const budgetSet = e.memoryBudgetBytes != null;
+
+  return (
+    <div className="mx-auto flex max-w-5xl flex-col gap-6 p-4 md:p-6">
+      <div className="flex flex-wrap items-center justify-between gap-3">
+        <h1 className="text-xl font-semibold">Tuning</h1>
+        <Button
+          variant="ghost"
+          onClick={() =>
+            void run(() => client.call("settings.reset", {})).then((settings) => {
+              if (settings) {
+                store.dispatch({
+                  type: "event",
+                  event: {
+                    type: "settings",
+                    settings,
+                    reloadNeeded: store.getState().reloadNeeded,
+                  },
+                });
+              }
+            })
+          }
+        >
+          Reset to defaults
+        </Button>
+      </div>
+
+      <section
+        aria-labelledby="sampling-title"
+        className="rounded-lg border border-line bg-panel p-4"
+      >
+        <h2 id="sampling-title" className="font-semibold">
+          Sampling
+        </h2>
+        <p className="mb-4 text-xs text-muted">Applies to the next reply.</p>
+        <div className="grid gap-4 sm:grid-cols-2 lg:grid-cols-3">
+          <NumberField
+            id="field-temperature"
+            label="Temperature"
+            value={s.temperature}
+            parse={numberParser({ min: 0, max: 2 })}
+            onCommit={(v) => sampling({ temperature: v ?? 0 })}
+            min={0}
+            max={2}
+            step={0.05}
+            help="0 always picks the most likely token."
+          />
+          <NumberField
+            id="field-top-k"
+            label="Top-k"
+            value={s.topK}
+            parse={numberParser({ min: 0, max: 1000, integer: true })}
+            onCommit={(v) => sampling({ topK: v ?? 0 })}
+            min={0}
+            max={1000}
+            step={1}
+            help="0 turns it off."
+          />
+          <NumberField
+            id="field-top-p"
+            label="Top-p"
+            value={s.topP}
+            parse={numberParser({ min: 0, max: 1 })}
+            onCommit={(v) => sampling({ topP: v ?? 1 })}
+            min={0}
+            max={1}
+            step={0.01}
+          />
+          <NumberField
+            id="field-repetition-penalty"
+            label="Repetition penalty"
+            value={s.repetitionPenalty}
+            parse={numberParser({ min: 1, max: 2 })}
+            onCommit={(v) => sampling({ repetitionPenalty: v ?? 1 })}
+            min={1}
+            max={2}
+            step={0.01}
+            help="1 turns it off."
+          />
+          <NumberField
+            id="field-seed"
+            label="Seed"
+            value={s.seed}
+            parse={numberParser({ min: 0, max: 2 ** 31 - 1, integer: true, empty: null })}
+            onCommit={(v) => sampling({ seed: v })}
+            min={0}
+            step={1}
+            placeholder="random"
+            help="Empty: a random seed for each reply."
+          />
+          <NumberField
+            id="field-max-new-tokens"
+            label="Max new tokens"
+            value={s.maxNewTokens}
+            parse={numberParser({ min: 1, max: 32768, integer: true })}
+            onCommit={(v) => sampling({ maxNewTokens: v ?? 1 })}
+            min={1}
+            max={32768}
+            step={1}
+          />
+        </div>
+      </section>
+
+      <section
+        aria-labelledby="engine-title"
+        className="rounded-lg border border-line bg-panel p-4"
+      >
+        <div className="flex flex-wrap items-start justify-between gap-3">
+          <div>
+            <h2 id="engine-title" className="font-semibold">
+              Engine
+            </h2>
+            <p className="mb-4 text-xs text-muted">Applied when the model is reloaded.</p>
+          </div>
+          <div className="flex items-center gap-2">
+            {reloadNeeded && <span className="text-xs text-warn">Changes wait for a reload.</span>}
+            <Button
+              variant="primary"
+              disabled={!reloadNeeded}
+              onClick={() => void run(() => client.call("engine.reload", {}))}
+            >
+              Apply and reload
+            </Button>
+          </div>
+        </div>
+        <div className="grid gap-4 sm:grid-cols-2 lg:grid-cols-3">
+          <NumberField
+            id="field-context"
+            label="Context length"
+            value={e.context}
+            parse={numberParser({ min: 256, max: 131072, integer: true })}
+            onCommit={(v) => engineSet({ context: v ?? 4096 })}
+            min={256}
+            max={131072}
+            step={256}
+            badge={reloadBadge("context")}
+            help="Tokens of prompt and reply the model can see."
+            extra={<Cost label="KV cache" bytes={plan?.kvBytes} />}
+          />
+          <NumberField
+            id="field-expert-cache-slots"
+            label="Expert cache slots"
+            value={e.expertCacheSlots}
+            parse={numberParser({ min: 4, max: 128, integer: true })}
+            onCommit={(v) => engineSet({ expertCacheSlots: v ?? 16 })}
+            min={4}
+            max={128}
+            step={1}
+            badge={reloadBadge("expertCacheSlots")}
+            help={
+              budgetSet
+                ? "Ignored while a memory budget is set: the budget picks the slots."
+                : "Experts kept in memory per MoE layer (MoE models only)."
+            }
+            extra={
+              <>
+                <Cost label="Expert cache" bytes={plan?.expertCacheBytes} />
+                {plan?.expertCacheSlots != null && <HitRate plan={plan} />}
+              </>
+            }
+          />
+          <NumberField
+            id="field-memory-budget"
+            label="Memory budget (GB)"
+            value={e.memoryBudgetBytes}
+            parse={parseBudget}
+            format={bytesToGigabytesText}
+            onCommit={(v) => engineSet({ memoryBudgetBytes: v })}
+            min={0}
+            step="any"
+            placeholder="none"
+            badge={reloadBadge("memoryBudgetBytes")}
+            help="Empty: no budget. With one, the engine picks the expert slots that fit."
+          />
+          <NumberField
+            id="field-threads"
+            label="Threads"
+            value={e.threads}
+            parse={numberParser({ min: 0, max: 256, integer: true })}
+            onCommit={(v) => engineSet({ threads: v ?? 0 })}
+            min={0}
+            max={256}
+            step={1}
+            badge={reloadBadge("threads")}
+            help={`0: one per core${hardwareThreads ? ` (${hardwareThreads} here)` : ""}.`}
+          />
+          <SelectField
+            id="field-backend"
+            label="Backend"
+            value={e.backend}
+            options={[["cpu", "CPU"]]}
+            onChange={(v) => engineSet({ backend: v as EngineSettings["backend"] })}
+            badge={reloadBadge("backend")}
+          />
+          <SelectField
+            id="field-kv-dtype"
+            label="KV cache precision"
+            value={e.kvDtype}
+            options={[
+              ["f16", "16-bit (half the memory)"],
+              ["f32", "32-bit"],
+            ]}
+            onChange={(v) => engineSet({ kvDtype: v as EngineSettings["kvDtype"] })}
+            badge={reloadBadge("kvDtype")}
+          />
+        </div>
+      </section>
+
+      <PlanPanel plan={plan} />
+    </div>
+  );
+}
+
+function useMemoryPlan(engine: EngineSettings | null): MemoryPlan | null {
+  const { client } = useActions();
+  const [plan, setPlan] = useState<MemoryPlan | null>(null);
+  useEffect(() => {
+    if (!engine) return;
+    let cancelled = false;
+    const t = setTimeout(() => {
+      client.call("settings.memoryPlan", { engine }).then(
+        (p) => {
+          if (!cancelled) setPlan(p);
+        },
+        () => {
+          // No active model or a transient failure: keep showing the previous plan.
+        },
+      );
+    }, PLAN_DELAY_MS);
+    return () => {
+      cancelled = true;
+      clearTimeout(t);
+    };
+  }, [client, engine]);
+  return plan;
+}
+
+function Cost({ label, bytes }: { label: string; bytes: number | undefined }) {
+  if (bytes == null) return null;
+  return (
+    <p className="text-xs text-muted tabular-nums">
+      {label}: <span className="font-medium text-fg">{formatBytes(bytes)}</span>
+    </p>
+  );
+}
+
+function HitRate({ plan }: { plan: MemoryPlan }) {
+  return (
+    <p className="text-xs text-muted tabular-nums">
+      {plan.expertCacheSlots} slots · expected hit rate{" "}
+      <span className="font-medium text-fg">{formatPercent(plan.expectedHitRate)}</span>
+      {plan.hitRateSource && <> ({plan.hitRateSource === "measured" ? "measured" : "estimate"})</>}
+    </p>
+  );
+}
+
+function SelectField({
+  id,
+  label,
+  value,
+  options,
+  onChange,
+  badge,
+}: {
+  id: string;
+  label: string;
+  value: string;
+  options: [string, string][];
+  onChange: (v: string) => void;
+  badge?: ReactNode;
+}) {
+  return (
+    <div className="flex flex-col gap-1">
+      <label htmlFor={id} className="truncate text-sm font-medium">
+        {label}
+      </label>
+      <select
+        id={id}
+        value={value}
+        onChange={(e) => onChange(e.target.value)}
+        aria-describedby={badge ? `${id}-badge` : undefined}
+        className="w-full rounded-md border border-line bg-bg px-3 py-1.5 text-sm"
+      >
+        {options.map(([v, text]) => (
+          <option key={v} value={v}>
+            {text}
+          </option>
+        ))}
+      </select>
+      {badge && <span id={`${id}-badge`}>{badge}</span>}
+    </div>
+  );
+}
+
+function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
+  if (!plan) return null;
+  const free = plan.freeMemoryBytes;
+  const fraction = free > 0 ? plan.totalBytes / free : 1;
+  return (
+    <section aria-labelledby="plan-title" className="rounded-lg border border-line bg-panel p-4">
+      <div className="flex flex-wrap items-center justify-between gap-2">
+        <h2 id="plan-title" className="font-semibold">
+          Memory plan{plan.model ? ` for ${plan.model}` : ""}
+        </h2>
+        {plan.fits ? (
+          <Badge tone="ok">fits in free memory</Badge>
+        ) : (
+          <Badge tone="danger">more than the free memory</Badge>
+        )}
+      </div>
+      <dl className="mt-3 grid grid-cols-2 gap-3 text-sm sm:grid-cols-4">
+        <PlanStat label="Weights" value={formatBytes(plan.weightsBytes)} />
+        <PlanStat label="KV cache" value={formatBytes(plan.kvBytes)} />
+        <PlanStat
+          label="Expert cache"
+          value={plan.expertCacheSlots == null ? "dense model" : formatBytes(plan.expertCacheBytes)}
+        />
+        <PlanStat
+          label="Total"
+          value={`${formatBytes(plan.totalBytes)} of ${formatBytes(free)} free`}
+        />
+      </dl>
+      <div
+        role="meter"
+        aria-label="Planned memory"
+        aria-valuemin={0}
+        aria-valuemax={free}
+        aria-valuenow={plan.totalBytes}
+        aria-valuetext={`${formatBytes(plan.totalBytes)} of ${formatBytes(free)} free memory`}
+        className="mt-3 h-2 w-full overflow-hidden rounded-full bg-panel-2"
+      >
+        <div
+          className={`h-full rounded-full ${plan.fits ? "bg-gauge" : "bg-danger"}`}
+          style={{ width: `${Math.min(100, fraction * 100).toFixed(1)}%` }}
+        />
+      </div>
+      {plan.expertCacheSlots != null && (
+        <p className="mt-2 text-xs text-muted">
+          Expected expert-cache hit rate: {formatPercent(plan.expectedHitRate)}
+          {plan.hitRateSource === "measured"
+            ? " (measured on this machine)"
+            : plan.hitRateSource === "estimate"
+              ? " (estimate)"
+              : ""}
+          .
+        </p>
+      )}
+    </section>
+  );
+}
+
+function PlanStat({ label, value }: { label: string; value: string }) {
+  return (
+    <div className="min-w-0">
+      <dt className="text-xs text-muted">{label}</dt>
+      <dd className="font-medium tabular-nums">{value}</dd>
+    </div>
+  );
+}
