@@ -85,3 +85,31 @@ export function numberInput(page: Page, label: string): Locator {
 export async function valueNow(locator: Locator): Promise<number> {
   return Number(await locator.getAttribute("aria-valuenow"));
 }
+
+/** The conversation list in the Chat view. */
+export function conversationList(page: Page): Locator {
+  return page.getByRole("navigation", { name: "Conversations" });
+}
+
+/** The list item of the conversation titled `title` (its link, Rename and Delete buttons). */
+export function conversationItem(page: Page, title: string): Locator {
+  return conversationList(page)
+    .getByRole("listitem")
+    .filter({ has: page.getByRole("link", { name: title, exact: true }) });
+}
+
+/**
+ * Lets the page use the Clipboard API (web mode: Chromium asks for permission; Electron's
+ * window has it already).
+ */
+export async function allowClipboard(page: Page): Promise<void> {
+  const origin = new URL(page.url()).origin;
+  if (origin.startsWith("http")) {
+    await page.context().grantPermissions(["clipboard-read", "clipboard-write"], { origin });
+  }
+}
+
+/** What the page's clipboard holds now. */
+export function readClipboard(page: Page): Promise<string> {
+  return page.evaluate(() => navigator.clipboard.readText());
+}

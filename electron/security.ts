@@ -10,6 +10,7 @@
  * header to every response, and keeps file:// free of any extra privileges.
  */
 import { isAbsolute, relative, resolve, sep } from "node:path";
+import { CONTENT_SECURITY_POLICY } from "../core/app/csp.ts";
 
 export const APP_SCHEME = "app";
 export const APP_HOST = "redwing";
@@ -17,29 +18,7 @@ export const APP_ORIGIN = `${APP_SCHEME}://${APP_HOST}`;
 /** What the window loads. */
 export const APP_INDEX_URL = `${APP_ORIGIN}/index.html`;
 
-/**
- * The renderer's policy: only its own bundled scripts and styles, no eval, no plugins, no frames,
- * no remote anything (markdown images from a model's reply pointing at the network stay blank).
- * `style-src 'unsafe-inline'` is deliberately absent: React and uPlot set styles through the
- * CSSOM, which CSP does not restrict; Tailwind's output is a stylesheet file.
- */
-export const CONTENT_SECURITY_POLICY = [
-  "default-src 'none'",
-  "script-src 'self'",
-  "style-src 'self'",
-  "img-src 'self' data: blob:",
-  "font-src 'self' data:",
-  // The renderer talks to main only through the preload bridge; 'self' only lets it read its own
-  // bundled assets.
-  "connect-src 'self'",
-  "object-src 'none'",
-  "base-uri 'none'",
-  "form-action 'none'",
-  "frame-ancestors 'none'",
-  "frame-src 'none'",
-  "worker-src 'none'",
-  "manifest-src 'none'",
-].join("; ");
+export { CONTENT_SECURITY_POLICY };
 
 /** Headers sent with every response of the app protocol. */
 export const RESPONSE_HEADERS: Readonly<Record<string, string>> = {

@@ -326,6 +326,12 @@ export const LiveSampleSchema = z.object({
   /** ms since the epoch. */
   t: z.number(),
   generating: z.boolean(),
+  /**
+   * A generation (chat reply or server request) finished since the previous sample, and this
+   * sample carries its final figures: charts plot it even when the reply was shorter than the
+   * sampling interval. Absent means false.
+   */
+  finished: z.boolean().optional(),
   /** Engine process memory; null while no engine runs. */
   rssBytes: bytes.nullable(),
   peakRssBytes: bytes.nullable(),
@@ -342,6 +348,8 @@ export const LiveSampleSchema = z.object({
       slots: z.number().int(),
       hitRate: z.number().nullable(),
       readBytesPerToken: z.number().nullable(),
+      /** ms per token the model thread waited on expert reads; null or absent when unmeasured. */
+      ioWaitMsPerToken: z.number().nullable().optional(),
     })
     .nullable(),
   /** Package power where the machine exposes it (RAPL, NVML); null otherwise. */

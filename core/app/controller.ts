@@ -8,7 +8,6 @@
  * At start the demo model is made if missing and the active model (the demo when none) is
  * loaded in the background; `ready` settles when that is done.
  */
-import { access } from "node:fs/promises";
 import { arch, availableParallelism, platform, totalmem } from "node:os";
 import { join, resolve } from "node:path";
 import { DEMO_MODEL_NAME, ensureDemoModel } from "../demo/demo.ts";
@@ -45,6 +44,7 @@ import {
   saveChanged,
   type SettingsStore,
 } from "./settings.ts";
+import { exists } from "../fs.ts";
 
 export interface AppControllerOptions {
   shell: "electron" | "web";
@@ -84,15 +84,6 @@ export interface AppController extends AppBackend {
 type Handlers = {
   [M in Method]: (params: z.infer<(typeof API)[M]["params"]>) => Promise<Result<M>>;
 };
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 export async function createAppController(options: AppControllerOptions): Promise<AppController> {
   const env = options.env ?? process.env;

@@ -9,7 +9,6 @@
  * - Progress events at most ~4 a second (a state change goes out at once).
  */
 import { randomUUID } from "node:crypto";
-import { access } from "node:fs/promises";
 import { join } from "node:path";
 import { resolveModelRef } from "../catalog/catalog.ts";
 import { DEMO_MODEL_NAME, ensureDemoModel } from "../demo/demo.ts";
@@ -22,6 +21,7 @@ import {
 } from "../install/installer.ts";
 import type { Download } from "./api.ts";
 import { AppFailure, toAppError } from "./errors.ts";
+import { exists } from "../fs.ts";
 
 /** Progress events per download at most this often. */
 export const PROGRESS_INTERVAL_MS = 250;
@@ -49,15 +49,6 @@ interface Entry {
   stopping: "pause" | "cancel" | null;
   lastEmit: number;
   timer: NodeJS.Timeout | null;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 export class DownloadManager {

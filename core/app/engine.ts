@@ -26,7 +26,7 @@ import type { Manifest } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
 import type { AppError, EngineSettings, EngineStatus, Settings, VerifyState } from "./api.ts";
 import { AppFailure, toAppError } from "./errors.ts";
-import { EngineQueue } from "./queue.ts";
+import { EngineQueue } from "../server/queue.ts";
 import { engineSettingsDiffer } from "./settings.ts";
 
 /** A loaded model and what the chat needs to talk to it. */

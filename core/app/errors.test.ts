@@ -6,7 +6,7 @@ import { EngineCrashError, EngineError } from "../engine/index.ts";
 import { UserError } from "../errors.ts";
 import { QueueAbortedError, QueueFullError } from "../server/queue.ts";
 import { AppFailure, toAppError } from "./errors.ts";
-import { EngineQueue } from "./queue.ts";
+import { EngineQueue } from "../server/queue.ts";
 
 function errno(code: string, message = code): Error {
   return Object.assign(new Error(message), { code });

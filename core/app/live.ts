@@ -47,6 +47,14 @@ export class LiveSampler {
   readonly history: LiveSample[] = [];
   private timer: NodeJS.Timeout | null = null;
   private busy = false;
+  /** The chat tracker's `last` at the previous sample (undefined before the first one). */
+  private seenLast: GenerationTracker["last"] | undefined = undefined;
+  /** The service's finished-generation count already accounted for; null before the first. */
+  private seenGenerations: number | null = null;
+  /** Chat replies flagged as finished whose increment of the service's count is still to come. */
+  private chatCredit = 0;
+  /** Whose figures idle samples show: the chat's last reply or the service's last generation. */
+  private lastFrom: "chat" | "service" = "chat";
 
   constructor(
     private readonly sources: LiveSources,
@@ -90,6 +98,7 @@ export class LiveSampler {
     ]);
     const generating = s.generating();
     const t = s.tracker;
+    const finished = this.noteFinished(stats);
     let decode: number | null = null;
     let ttft: number | null = null;
     let tokens: number | null = null;
@@ -107,8 +116,14 @@ export class LiveSampler {
       ttft = t.last.ttftMs;
       tokens = t.last.tokens;
     }
-    if (!t.generating && stats && stats.generations > 0 && (generating || !t.last)) {
-      // A server request (or nothing from the chat yet): the service's own figures.
+    if (
+      !t.generating &&
+      stats &&
+      stats.generations > 0 &&
+      (generating || !t.last || this.lastFrom === "service")
+    ) {
+      // A server request (running or the latest to finish), or nothing from the chat yet: the
+      // service's own figures.
       decode = stats.decode_tokens_per_second;
       ttft = stats.ttft_seconds * 1000;
       tokens = stats.generating ? (stats.tokens_so_far ?? null) : stats.generated_tokens;
@@ -116,6 +131,7 @@ export class LiveSampler {
     return {
       t: (s.now ?? Date.now)(),
       generating,
+      ...(finished ? { finished: true } : {}),
       rssBytes: stats?.memory.rss_bytes ?? null,
       peakRssBytes: stats?.memory.peak_rss_bytes ?? null,
       budgetBytes: s.budget(),
@@ -130,11 +146,48 @@ export class LiveSampler {
               slots: stats.expert_cache.slots,
               hitRate: stats.expert_cache.hit_rate,
               readBytesPerToken: stats.expert_cache.read_bytes_per_token,
+              ioWaitMsPerToken: stats.expert_cache.io_wait_ms_per_token ?? null,
             }
           : null,
       powerWatts: watts,
       joulesPerToken: generating ? joulesPerToken(watts, decode) : null,
       thermal: s.thermal?.() ?? null,
     };
+  }
+
+  /**
+   * Whether a generation finished since the previous sample. A chat reply shows as a new
+   * `tracker.last` (set just before `tracker.generating` goes false, in the same tick); any other
+   * generation (a server request) as a rise of the service's `generations` count, which a chat
+   * reply raises too, a little earlier (the service counts it before the chat has its figures).
+   * So each chat reply earns a credit that absorbs its own rise, whichever sample sees it, and
+   * rises are not judged while the chat is still finishing its reply.
+   */
+  private noteFinished(stats: StatsEvent | null): boolean {
+    const t = this.sources.tracker;
+    let finished = false;
+    if (this.seenLast !== undefined && !t.generating && t.last && t.last !== this.seenLast) {
+      finished = true;
+      this.chatCredit++;
+      this.lastFrom = "chat";
+    }
+    this.seenLast = t.last;
+    if (!stats) return finished;
+    const n = stats.generations;
+    if (this.seenGenerations === null || n < this.seenGenerations) {
+      // The first sample, or a new engine process counting from zero.
+      this.seenGenerations = n;
+      this.chatCredit = 0;
+    } else if (n > this.seenGenerations && !t.generating) {
+      const rise = n - this.seenGenerations;
+      const fromChat = Math.min(rise, this.chatCredit);
+      this.chatCredit -= fromChat;
+      this.seenGenerations = n;
+      if (rise > fromChat) {
+        finished = true;
+        this.lastFrom = "service";
+      }
+    }
+    return finished;
   }
 }

@@ -18,7 +18,8 @@ import {
   type Method,
   type Result,
 } from "./api.ts";
-import { CONTENT_SECURITY_POLICY, startWebServer, type WebServer } from "./web.ts";
+import { CONTENT_SECURITY_POLICY } from "./csp.ts";
+import { startWebServer, type WebServer } from "./web.ts";
 
 const ENGINE: EngineStatus = {
   state: "ready",

@@ -26,6 +26,7 @@ import Fastify, { type FastifyReply, type FastifyRequest } from "fastify";
 import { UserError } from "../errors.ts";
 import { parseCall, type AppBackend, type AppError, type AppEvent, type Method } from "./api.ts";
 import { toAppError } from "./errors.ts";
+import { CONTENT_SECURITY_POLICY } from "./csp.ts";
 
 export const DEFAULT_UI_HOST = "127.0.0.1";
 /** 0: any free port (the URL carries a fresh token each launch, so a fixed port buys nothing). */
@@ -39,25 +40,6 @@ const MAX_SSE_BACKLOG_BYTES = 8 * 1024 * 1024;
 
 /** Where `npm run setup` builds the renderer. */
 export const RENDERER_DIST = fileURLToPath(new URL("../../renderer/dist", import.meta.url));
-
-/**
- * The renderer's policy: its own scripts, styles and images only, network to this origin only
- * (calls and the event stream), never framed. Shared with nothing else on purpose: Electron sets
- * its own (it has no server).
- */
-export const CONTENT_SECURITY_POLICY = [
-  "default-src 'none'",
-  "script-src 'self'",
-  "style-src 'self'",
-  "img-src 'self' data: blob:",
-  "font-src 'self' data:",
-  "connect-src 'self'",
-  "manifest-src 'self'",
-  "base-uri 'none'",
-  "form-action 'none'",
-  "frame-ancestors 'none'",
-  "object-src 'none'",
-].join("; ");
 
 const SECURITY_HEADERS: Record<string, string> = {
   "content-security-policy": CONTENT_SECURITY_POLICY,

@@ -5,11 +5,12 @@
  * package), so prompts are tokenized and rendered exactly as for a real model, but the text it
  * produces is nonsense. Generation is deterministic: the same seed gives the same model bytes.
  */
-import { access, readFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import { modelsDir } from "../paths.ts";
 import { synthesizeModel } from "../synth/synth.ts";
+import { exists } from "../fs.ts";
 
 export const DEMO_MODEL_NAME = "demo";
 const DEMO_PRESET = "demo-gemma4-moe";
@@ -41,15 +42,6 @@ export function demoTokenizerFiles(): { tokenizer: string; config: string } {
 /** True when a manifest's `created_by` says the model is the demo. */
 export function isDemoCreatedBy(createdBy: string): boolean {
   return createdBy.startsWith("redwing demo");
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** The `created_by` of the model in `dir`, or null when there is none (or it is unreadable). */

@@ -36,6 +36,7 @@ import {
   type TensorEntry,
 } from "./manifest.ts";
 import { LEFTOVER_DIR_RE, partialDirName } from "./paths.ts";
+import { exists } from "../fs.ts";
 
 export interface ModelWriterOptions {
   /** Replace an existing model at the destination. */
@@ -439,15 +440,6 @@ export class ModelWriter {
     await this.weights.discard();
     for (const { file } of this.expertLayers.values()) await file.discard();
     await rm(this.partialDir, { recursive: true, force: true });
-  }
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await lstat(path);
-    return true;
-  } catch {
-    return false;
   }
 }
 

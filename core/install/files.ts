@@ -1,18 +1,10 @@
 /** File-system helpers of the installer. */
 import { randomBytes } from "node:crypto";
-import { lstat, open, rename, rm, type FileHandle } from "node:fs/promises";
+import { open, rename, rm, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { UserError } from "../errors.ts";
 import { checkDestination } from "../format/writer.ts";
-
-export async function exists(path: string): Promise<boolean> {
-  try {
-    await lstat(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
+import { exists } from "../fs.ts";
 
 export async function fsyncDir(path: string): Promise<void> {
   const h = await open(path, "r");

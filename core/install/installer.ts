@@ -53,7 +53,8 @@ import { checkDestination } from "../format/writer.ts";
 import { type QuantVariant } from "../import/quantize.ts";
 import { safetensorsHeaderLength } from "../import/safetensors.ts";
 import { CancelledError, Downloader, InstallState, PausedError } from "./download.ts";
-import { exists, fsyncDir, mapWriteError, moveIntoPlace, readFully } from "./files.ts";
+import { exists } from "../fs.ts";
+import { fsyncDir, mapWriteError, moveIntoPlace, readFully } from "./files.ts";
 import { HashWorker } from "./hasher.ts";
 import {
   HubClient,

@@ -1,7 +1,10 @@
 /**
- * The server's admission queue: the engine runs one generation at a time, so requests take
- * turns. At most `limit` requests wait behind the running one; beyond that the caller is told to
- * come back later (HTTP 429), so a burst cannot pile up unbounded work and memory.
+ * The one line in front of the engine: the decode service runs one thing at a time, so its users
+ * take turns. Server requests are bounded: at most `limit` of them wait behind the running turn,
+ * beyond that the caller is told to come back later (HTTP 429), so a burst cannot pile up
+ * unbounded work and memory. In the app the chat and model loads share the same line with the
+ * server; their turns always wait and do not count towards the limit. Whoever holds the engine is
+ * known, so the app's status can say "generating" for chat and server alike.
  */
 export class QueueFullError extends Error {
   constructor(readonly limit: number) {
@@ -17,43 +20,60 @@ export class QueueAbortedError extends Error {
   }
 }
 
+export type TurnKind = "generate" | "exclusive";
+
 interface Waiter {
+  kind: TurnKind;
+  /** A server request: counts towards `limit`. */
+  bounded: boolean;
   grant: () => void;
-  fail: (error: Error) => void;
 }
 
-export class RequestQueue {
-  private busy = false;
+export class EngineQueue {
+  private holder: TurnKind | null = null;
   private readonly waiters: Waiter[] = [];
+  /** Called whenever the holder changes. */
+  onChange: (holder: TurnKind | null) => void = () => undefined;
 
   constructor(readonly limit: number) {}
 
-  /** Requests waiting behind the running one. */
+  get active(): boolean {
+    return this.holder !== null;
+  }
+
   get waiting(): number {
     return this.waiters.length;
   }
 
-  /** True while a request holds the engine. */
-  get active(): boolean {
-    return this.busy;
+  /** A generation (chat or server) holds the engine. */
+  get generating(): boolean {
+    return this.holder === "generate";
   }
 
   /**
-   * Waits for the engine; resolves with a release function that must be called exactly once.
-   * Throws QueueFullError at once when `limit` requests already wait, QueueAbortedError when
-   * `signal` aborts while waiting (the request leaves the queue).
+   * Waits for the engine and resolves with a release function (call it once). Without options
+   * this is one server request: bounded by `limit` (QueueFullError). A signal that aborts while
+   * waiting leaves the line (QueueAbortedError).
    */
-  async acquire(signal?: AbortSignal): Promise<() => void> {
+  async acquire(
+    signal?: AbortSignal,
+    options: { kind?: TurnKind; unbounded?: boolean } = {},
+  ): Promise<() => void> {
+    const kind = options.kind ?? "generate";
     if (signal?.aborted) throw new QueueAbortedError();
-    if (this.busy) {
-      if (this.waiters.length >= this.limit) throw new QueueFullError(this.limit);
+    if (this.holder !== null || this.waiters.length > 0) {
+      const bounded = this.waiters.filter((w) => w.bounded).length;
+      if (!options.unbounded && bounded >= this.limit) {
+        throw new QueueFullError(this.limit);
+      }
       await new Promise<void>((resolve, reject) => {
         const waiter: Waiter = {
+          kind,
+          bounded: !options.unbounded,
           grant: () => {
             signal?.removeEventListener("abort", onAbort);
             resolve();
           },
-          fail: reject,
         };
         const onAbort = (): void => {
           const i = this.waiters.indexOf(waiter);
@@ -63,15 +83,26 @@ export class RequestQueue {
         signal?.addEventListener("abort", onAbort, { once: true });
         this.waiters.push(waiter);
       });
+    } else {
+      this.setHolder(kind);
     }
-    this.busy = true;
     let released = false;
     return () => {
       if (released) return;
       released = true;
       const next = this.waiters.shift();
-      if (next) next.grant();
-      else this.busy = false;
+      if (next) {
+        this.setHolder(next.kind);
+        next.grant();
+      } else {
+        this.setHolder(null);
+      }
     };
+  }
+
+  private setHolder(kind: TurnKind | null): void {
+    const changed = this.holder !== kind;
+    this.holder = kind;
+    if (changed) this.onChange(kind);
   }
 }

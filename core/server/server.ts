@@ -25,7 +25,7 @@ import { EngineClient, type EngineClientOptions, type Sampling } from "../engine
 import { UserError } from "../errors.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import { generate, type GenerationParams, type GenerationSummary } from "./generate.ts";
-import { QueueAbortedError, QueueFullError, RequestQueue } from "./queue.ts";
+import { EngineQueue, QueueAbortedError, QueueFullError } from "./queue.ts";
 import {
   ChatRequestSchema,
   CompletionRequestSchema,
@@ -77,8 +77,8 @@ export interface ServerOptions {
   log?: (line: string) => void;
 }
 
-/** What the server needs of its admission queue: a RequestQueue, or one an owner shares. */
-export type AdmissionQueue = Pick<RequestQueue, "acquire" | "active" | "waiting" | "limit">;
+/** What the server needs of its admission queue: its own, or the one an owner shares. */
+export type AdmissionQueue = Pick<EngineQueue, "acquire" | "active" | "waiting" | "limit">;
 
 export interface SharedEngine {
   /** The engine client to use now (the owner may replace it, e.g. after a crash). */
@@ -206,7 +206,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   };
   const created = Math.floor(Date.now() / 1000);
   const queue: AdmissionQueue =
-    shared?.queue ?? new RequestQueue(options.queueLimit ?? DEFAULT_QUEUE_LIMIT);
+    shared?.queue ?? new EngineQueue(options.queueLimit ?? DEFAULT_QUEUE_LIMIT);
   const metrics: ServerMetrics = {
     requests: 0,
     completed: 0,

@@ -68,20 +68,24 @@ export function createHttpClient(token: string | null, base = "/"): RendererClie
   async function call(method: string, params: unknown): Promise<unknown> {
     if (!token) throw new AppCallError(UNAUTHORIZED);
     let response: Response;
+    const body = JSON.stringify(params ?? {});
     try {
       response = await fetch(`${base}api/call/${encodeURIComponent(method)}`, {
         method: "POST",
         headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
-        body: JSON.stringify(params ?? {}),
+        body,
+        // A save made as the page closes (pagehide) must still reach the server; browsers cap
+        // keepalive bodies at 64 KiB, so larger ones go as ordinary requests.
+        keepalive: body.length < 60_000,
       });
     } catch {
       throw new AppCallError(
         appError("unreachable", "Cannot reach Redwing. Is `redwing ui` still running?", "retry"),
       );
     }
-    let body: unknown = null;
+    let answer: unknown = null;
     try {
-      body = await response.json();
+      answer = await response.json();
     } catch {
       // Not JSON (a proxy's error page): handled below by status.
     }
@@ -89,10 +93,12 @@ export function createHttpClient(token: string | null, base = "/"): RendererClie
       setConnection("unauthorized");
       throw new AppCallError(UNAUTHORIZED);
     }
-    if (typeof body === "object" && body !== null && "ok" in body) {
-      if (body.ok === true && "result" in body) return checkResult(method as Method, body.result);
-      if (body.ok === false && "error" in body) {
-        throw toCallError(body.error, `${method} failed (HTTP ${response.status})`);
+    if (typeof answer === "object" && answer !== null && "ok" in answer) {
+      if (answer.ok === true && "result" in answer) {
+        return checkResult(method as Method, answer.result);
+      }
+      if (answer.ok === false && "error" in answer) {
+        throw toCallError(answer.error, `${method} failed (HTTP ${response.status})`);
       }
     }
     throw new AppCallError(

@@ -222,6 +222,8 @@ export function createMockClient(): RendererClient {
   let lastTps: number | null = null;
   let lastTtft: number | null = null;
   let lastTokens: number | null = null;
+  /** A reply finished since the last live sample. */
+  let justFinished = false;
 
   function stats(tokens: number) {
     const tps = 18 + Math.random() * 4;
@@ -242,6 +244,7 @@ export function createMockClient(): RendererClient {
     clearInterval(generating.timer);
     const g = generating;
     generating = null;
+    justFinished = true;
     const c = conversations.get(g.conversationId);
     const done: Message = {
       ...g.message,
@@ -334,6 +337,7 @@ export function createMockClient(): RendererClient {
     const sample: LiveSample = {
       t: Date.now(),
       generating: !!generating,
+      ...(justFinished ? { finished: true } : {}),
       rssBytes: rss,
       peakRssBytes: rss == null ? null : Math.max(rss, 98_000_000),
       budgetBytes: settings.engine.memoryBudgetBytes ?? engine.memory?.estimateBytes ?? null,
@@ -346,11 +350,13 @@ export function createMockClient(): RendererClient {
         slots: settings.engine.expertCacheSlots,
         hitRate: 0.91 + Math.random() * 0.02,
         readBytesPerToken: 3.4e6,
+        ioWaitMsPerToken: 4.2 + Math.random() * 0.6,
       },
       powerWatts: 11 + Math.random() * 3,
       joulesPerToken: 0.62,
       thermal: null,
     };
+    justFinished = false;
     emit({ type: "live", sample });
   }, 500);
 

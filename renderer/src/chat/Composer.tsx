@@ -20,12 +20,8 @@ export function Composer({ systemPromptDraft }: { systemPromptDraft: string }) {
       let conversation = current;
       if (!conversation) {
         conversation =
-          (await run(() =>
-            client.call(
-              "chat.create",
-              systemPromptDraft ? { systemPrompt: systemPromptDraft } : {},
-            ),
-          )) ?? null;
+          (await run(() => client.call("chat.create", { systemPrompt: systemPromptDraft }))) ??
+          null;
         if (!conversation) return;
         store.dispatch({ type: "conversation", conversation, select: true });
       }

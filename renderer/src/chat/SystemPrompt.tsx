@@ -42,10 +42,15 @@ export function SystemPrompt({
     if (p) void run(() => client.call("chat.setSystemPrompt", { id: p.id, systemPrompt: p.text }));
   });
 
-  // Switching conversations (this component is keyed by id) or leaving: save what is pending.
+  // Switching conversations (this component is keyed by id), leaving, or closing / reloading the
+  // page before the save delay is over: save what is pending.
   useEffect(() => {
     const save = flush.current;
-    return () => save();
+    window.addEventListener("pagehide", save);
+    return () => {
+      window.removeEventListener("pagehide", save);
+      save();
+    };
   }, []);
 
   function onChange(value: string): void {

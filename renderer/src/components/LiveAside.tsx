@@ -2,11 +2,12 @@
  * The compact live panel beside every view on wide windows (hidden below 1024 px, where the Live
  * view has the same figures).
  */
+import { useMemo } from "react";
 import { formatBytes, formatMs, formatPercent, formatTokensPerSecond } from "../lib/format.ts";
-import { memoryGauge, tokensPerSecondSeries } from "../lib/live.ts";
+import { formatIoWait, memoryGauge, replyPoints } from "../lib/live.ts";
 import { useAppState } from "../state/context.tsx";
 import { Meter } from "./Meter.tsx";
-import { Sparkline } from "./Sparkline.tsx";
+import { ReplyBars } from "./ReplyBars.tsx";
 import { Stat } from "./ui.tsx";
 
 export function LiveAside() {
@@ -15,7 +16,8 @@ export function LiveAside() {
   const info = useAppState((s) => s.info);
   const last = samples.at(-1);
   const gauge = memoryGauge(last, engine, info?.totalMemoryBytes ?? null);
-  const [, tps] = tokensPerSecondSeries(samples.slice(-60));
+  const current = useAppState((s) => s.current);
+  const replies = useMemo(() => replyPoints(current), [current]);
   const cache = last?.expertCache ?? null;
   return (
     <aside
@@ -48,6 +50,9 @@ export function LiveAside() {
               }
             />
           )}
+          {cache?.ioWaitMsPerToken != null && (
+            <Stat label="I/O wait per token" value={formatIoWait(cache.ioWaitMsPerToken)} />
+          )}
           {info?.features.energy && last?.joulesPerToken != null && (
             <Stat label="Energy" value={`${last.joulesPerToken.toFixed(2)} J/token`} />
           )}
@@ -56,9 +61,8 @@ export function LiveAside() {
           )}
           {info?.features.thermal && last?.thermal && <Stat label="Thermal" value={last.thermal} />}
         </dl>
-        <Sparkline values={tps} className="mt-3" />
-        <p className="text-xs text-muted">Tokens per second, last 30 s</p>
       </div>
+      <ReplyBars replies={replies} />
       {engine?.memory && (
         <dl className="grid grid-cols-2 gap-3 border-t border-line pt-3">
           <Stat label="Weights" value={formatBytes(engine.memory.modelBytes)} />

@@ -1,10 +1,13 @@
 /**
  * A uPlot line chart over time (seconds on the x axis). The canvas is hidden from assistive tech:
- * the figure's caption and the numbers beside it say the same in text.
+ * the figure's caption and the numbers beside it say the same in text. With `markRunEnds`, the
+ * last value of each run between gaps gets a dot, so a run of a single sample (a reply shorter
+ * than the sampling interval) is visible too.
  */
 import { useEffect, useRef } from "react";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
+import { runEnds } from "../lib/live.ts";
 
 const HEIGHT = 180;
 /** Two minutes: what the main process keeps. */
@@ -23,10 +26,12 @@ export function TimeChart({
   data,
   label,
   format,
+  markRunEnds = false,
 }: {
   data: [number[], (number | null)[]];
   label: string;
   format: (v: number) => string;
+  markRunEnds?: boolean;
 }) {
   const host = useRef<HTMLDivElement>(null);
   const plot = useRef<uPlot | null>(null);
@@ -65,7 +70,27 @@ export function TimeChart({
           { ...axis, space: 90, values: (_u, splits) => splits.map(clock) },
           { ...axis, size: 72, values: (_u, splits) => splits.map((v) => fmt.current(v)) },
         ],
-        series: [{}, { label, stroke: line, width: 2, spanGaps: false, points: { show: false } }],
+        series: [
+          {},
+          {
+            label,
+            stroke: line,
+            width: 2,
+            spanGaps: false,
+            points: markRunEnds
+              ? {
+                  show: false,
+                  size: 7,
+                  fill: line,
+                  stroke: line,
+                  filter: (self, i) => {
+                    const ends = runEnds(self.data[i] ?? []);
+                    return ends.length > 0 ? ends : null;
+                  },
+                }
+              : { show: false },
+          },
+        ],
       },
       latest.current,
       el,
@@ -80,7 +105,7 @@ export function TimeChart({
       u.destroy();
       plot.current = null;
     };
-  }, [label]);
+  }, [label, markRunEnds]);
 
   return <div ref={host} aria-hidden="true" className="w-full min-w-0 overflow-hidden" />;
 }

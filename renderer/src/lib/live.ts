@@ -1,5 +1,5 @@
 /** Derived numbers for the live panels, from the latest sample and the engine status. */
-import type { EngineStatus, LiveSample } from "../../../core/app/api.ts";
+import type { Conversation, EngineStatus, LiveSample } from "../../../core/app/api.ts";
 import { formatBytes } from "./format.ts";
 
 export interface MemoryGauge {
@@ -30,13 +30,68 @@ export function memoryGauge(
   return { rss: rss ?? 0, max, maxKind, free: sample?.freeMemoryBytes ?? null, total, text };
 }
 
-/** Tokens/s samples while generating (null elsewhere, so charts show gaps between replies). */
+/**
+ * Tokens/s samples while generating, plus the sample at which each generation finished (its final
+ * figure: a reply shorter than the sampling interval has only that one); null elsewhere, so
+ * charts show gaps between replies.
+ */
 export function tokensPerSecondSeries(samples: LiveSample[]): [number[], (number | null)[]] {
   const xs: number[] = [];
   const ys: (number | null)[] = [];
   for (const s of samples) {
     xs.push(s.t / 1000);
-    ys.push(s.generating ? s.decodeTokensPerSecond : null);
+    ys.push(s.generating || s.finished ? s.decodeTokensPerSecond : null);
   }
   return [xs, ys];
+}
+
+/** Indices of the last non-null value of each run of non-null values (where charts put a dot). */
+export function runEnds(ys: ArrayLike<number | null | undefined>): number[] {
+  const ends: number[] = [];
+  for (let i = 0; i < ys.length; i++) {
+    if (ys[i] != null && (i + 1 >= ys.length || ys[i + 1] == null)) ends.push(i);
+  }
+  return ends;
+}
+
+/** One finished assistant reply's figures, for the per-reply charts and table. */
+export interface ReplyPoint {
+  /** 1-based position among the conversation's assistant messages. */
+  n: number;
+  messageId: string;
+  tokensPerSecond: number;
+  ttftMs: number;
+  tokens: number;
+  promptTokens: number;
+  hitRate: number | null;
+}
+
+/**
+ * The conversation's assistant replies that have statistics (finished ones; a failed or running
+ * reply has none and leaves a gap in the numbering), oldest first.
+ */
+export function replyPoints(conversation: Conversation | null | undefined): ReplyPoint[] {
+  const points: ReplyPoint[] = [];
+  let n = 0;
+  for (const m of conversation?.messages ?? []) {
+    if (m.role !== "assistant") continue;
+    n++;
+    if (!m.stats) continue;
+    points.push({
+      n,
+      messageId: m.id,
+      tokensPerSecond: m.stats.decodeTokensPerSecond,
+      ttftMs: m.stats.ttftMs,
+      tokens: m.stats.generatedTokens,
+      promptTokens: m.stats.promptTokens,
+      hitRate: m.stats.hitRate,
+    });
+  }
+  return points;
+}
+
+/** Milliseconds of expert-read wait per token as `1.25 ms`; unknown as an em dash. */
+export function formatIoWait(ms: number | null | undefined): string {
+  if (ms == null || !Number.isFinite(ms)) return "—";
+  return `${ms < 10 ? ms.toFixed(2) : ms.toFixed(1)} ms`;
 }

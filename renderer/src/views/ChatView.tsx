@@ -20,7 +20,11 @@ export function ChatView() {
   const current = useAppState((s) => s.current);
   const model = useAppState((s) => s.engine?.model ?? null);
   const status = useAppState(replyStatus);
-  const [systemPromptDraft, setSystemPromptDraft] = useState("");
+  // Before the first message there is no conversation: the draft starts from the default system
+  // prompt (Tuning) and is what the new conversation is created with.
+  const defaultSystemPrompt = useAppState((s) => s.settings?.systemPrompt ?? "");
+  const [edited, setSystemPromptDraft] = useState<string | null>(null);
+  const systemPromptDraft = edited ?? defaultSystemPrompt;
   return (
     <div className="flex h-full min-h-0 flex-col md:flex-row">
       <ConversationList />
@@ -33,7 +37,7 @@ export function ChatView() {
           </p>
         </div>
         <SystemPrompt
-          key={current?.id ?? "new"}
+          key={current?.id ?? `new:${defaultSystemPrompt}`}
           conversation={current}
           draft={systemPromptDraft}
           setDraft={setSystemPromptDraft}

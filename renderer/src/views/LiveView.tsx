@@ -4,10 +4,17 @@
  */
 import { useMemo } from "react";
 import { Meter } from "../components/Meter.tsx";
+import { ReplyChart } from "../components/ReplyChart.tsx";
 import { TimeChart } from "../components/TimeChart.tsx";
 import { Stat } from "../components/ui.tsx";
 import { formatBytes, formatMs, formatPercent, formatTokensPerSecond } from "../lib/format.ts";
-import { memoryGauge, tokensPerSecondSeries } from "../lib/live.ts";
+import {
+  formatIoWait,
+  memoryGauge,
+  replyPoints,
+  tokensPerSecondSeries,
+  type ReplyPoint,
+} from "../lib/live.ts";
 import { useAppState } from "../state/context.tsx";
 
 export function LiveView() {
@@ -17,11 +24,15 @@ export function LiveView() {
   const last = samples.at(-1);
   const gauge = memoryGauge(last, engine, info?.totalMemoryBytes ?? null);
   const tps = useMemo(() => tokensPerSecondSeries(samples), [samples]);
+  const current = useAppState((s) => s.current);
+  const replies = useMemo(() => replyPoints(current), [current]);
   const rssSeries = useMemo<[number[], (number | null)[]]>(
     () => [samples.map((s) => s.t / 1000), samples.map((s) => s.rssBytes)],
     [samples],
   );
-  const generating = samples.filter((s) => s.generating && s.decodeTokensPerSecond != null);
+  const generating = samples.filter(
+    (s) => (s.generating || s.finished) && s.decodeTokensPerSecond != null,
+  );
   const peakTps = generating.reduce((m, s) => Math.max(m, s.decodeTokensPerSecond ?? 0), 0);
   const cache = last?.expertCache ?? null;
   const energy = info?.features.energy ?? false;
@@ -96,10 +107,19 @@ export function LiveView() {
           <Stat label="Time to first token" value={formatMs(last?.ttftMs)} />
           <Stat label="Tokens in reply" value={last?.generatedTokens ?? "—"} />
         </dl>
+        <h3 className="mb-2 text-sm font-medium">Per reply in this conversation</h3>
+        <RepliesFigure replies={replies} title={current?.title ?? null} />
+        <h3 className="mt-6 mb-2 text-sm font-medium">Over time</h3>
         <figure>
-          <TimeChart data={tps} label="Tokens per second" format={(v) => v.toFixed(0)} />
+          <TimeChart
+            data={tps}
+            label="Tokens per second"
+            format={(v) => v.toFixed(0)}
+            markRunEnds
+          />
           <figcaption className="mt-1 text-xs text-muted">
-            Tokens per second while replying, over the last two minutes (gaps: idle).
+            Tokens per second while replying, over the last two minutes (gaps: idle; a dot: where a
+            reply finished).
           </figcaption>
         </figure>
       </section>
@@ -121,6 +141,13 @@ export function LiveView() {
                     : `${(cache.readBytesPerToken / 1e6).toFixed(2)} MB/token`
                 }
               />
+              {cache.ioWaitMsPerToken != null && (
+                <Stat
+                  label="I/O wait per token"
+                  value={formatIoWait(cache.ioWaitMsPerToken)}
+                  hint="Time the engine waited for expert weights to be read, per token"
+                />
+              )}
             </>
           ) : (
             <p className="col-span-full text-sm text-muted">
@@ -136,6 +163,74 @@ export function LiveView() {
           {thermal && last?.thermal && <Stat label="Thermal state" value={last.thermal} />}
         </dl>
       </section>
+    </div>
+  );
+}
+
+/** How many replies the table lists (the newest). */
+const TABLE_ROWS = 8;
+
+/** The current conversation's replies: tokens/s and TTFT per reply, and the latest in a table. */
+function RepliesFigure({ replies, title }: { replies: ReplyPoint[]; title: string | null }) {
+  if (replies.length === 0) {
+    return (
+      <p className="rounded-md bg-panel-2 px-3 py-4 text-sm text-muted">
+        No replies in this conversation yet: send a message in Chat and each reply&apos;s speed
+        shows up here.
+      </p>
+    );
+  }
+  const rows = replies.slice(-TABLE_ROWS).reverse();
+  return (
+    <div className="flex flex-col gap-4">
+      <figure className="min-w-0">
+        <ReplyChart replies={replies} />
+        <figcaption className="mt-1 text-xs text-muted">
+          Tokens per second per reply (bars) and time to first token (dashed) in{" "}
+          {title ? <q>{title}</q> : "this conversation"}.
+        </figcaption>
+      </figure>
+      <div className="min-w-0 overflow-x-auto">
+        <table className="w-full text-sm tabular-nums">
+          <caption className="mb-1 text-left text-xs text-muted">
+            {replies.length > TABLE_ROWS
+              ? `Last ${TABLE_ROWS} of ${replies.length} replies, newest first`
+              : `${replies.length === 1 ? "The reply" : `All ${replies.length} replies`}, newest first`}
+          </caption>
+          <thead>
+            <tr className="border-b border-line text-xs text-muted">
+              <th scope="col" className="py-1 pr-3 text-left font-normal">
+                #
+              </th>
+              <th scope="col" className="py-1 pr-3 text-right font-normal">
+                t/s
+              </th>
+              <th scope="col" className="py-1 pr-3 text-right font-normal">
+                TTFT
+              </th>
+              <th scope="col" className="py-1 pr-3 text-right font-normal">
+                Tokens
+              </th>
+              <th scope="col" className="py-1 text-right font-normal">
+                Hit rate
+              </th>
+            </tr>
+          </thead>
+          <tbody>
+            {rows.map((r) => (
+              <tr key={r.messageId} className="border-b border-line/60 last:border-0">
+                <th scope="row" className="py-1 pr-3 text-left font-medium">
+                  {r.n}
+                </th>
+                <td className="py-1 pr-3 text-right">{r.tokensPerSecond.toFixed(1)}</td>
+                <td className="py-1 pr-3 text-right">{formatMs(r.ttftMs)}</td>
+                <td className="py-1 pr-3 text-right">{r.tokens}</td>
+                <td className="py-1 text-right">{formatPercent(r.hitRate, 1)}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
     </div>
   );
 }

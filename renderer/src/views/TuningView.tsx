@@ -3,7 +3,7 @@
  * what the engine settings cost in memory. Every change is saved at once; engine fields that
  * differ from what the engine was loaded with say "needs reload".
  */
-import { useEffect, useState, type ReactNode } from "react";
+import { useEffect, useRef, useState, type ReactNode } from "react";
 import type {
   EngineSettings,
   MemoryPlan,
@@ -159,6 +159,11 @@ export function TuningView() {
             step={1}
           />
         </div>
+        <DefaultSystemPrompt
+          key={settings.systemPrompt}
+          value={settings.systemPrompt}
+          onSave={(systemPrompt) => void save({ systemPrompt })}
+        />
       </section>
 
       <section
@@ -267,6 +272,47 @@ export function TuningView() {
       </section>
 
       <PlanPanel plan={plan} />
+    </div>
+  );
+}
+
+/** The system prompt new conversations start with; saved when the field is left or the page closes. */
+function DefaultSystemPrompt({ value, onSave }: { value: string; onSave: (text: string) => void }) {
+  const [text, setText] = useState(value);
+  const latest = useRef({ text, value, onSave });
+  useEffect(() => {
+    latest.current = { text, value, onSave };
+  });
+  useEffect(() => {
+    const save = (): void => {
+      const l = latest.current;
+      if (l.text !== l.value) l.onSave(l.text);
+    };
+    window.addEventListener("pagehide", save);
+    return () => {
+      window.removeEventListener("pagehide", save);
+      save();
+    };
+  }, []);
+  return (
+    <div className="mt-4">
+      <label htmlFor="field-default-system-prompt" className="text-sm font-medium">
+        Default system prompt
+      </label>
+      <textarea
+        id="field-default-system-prompt"
+        value={text}
+        placeholder="Instructions new conversations start with (optional)"
+        onChange={(e) => setText(e.target.value)}
+        onBlur={() => {
+          if (text !== value) onSave(text);
+        }}
+        rows={2}
+        className="field-sizing-content mt-1 max-h-40 min-h-12 w-full rounded-md border border-line bg-bg px-3 py-2 text-sm"
+      />
+      <p className="mt-1 text-xs text-muted">
+        Each conversation keeps its own copy (Chat, System prompt).
+      </p>
     </div>
   );
 }

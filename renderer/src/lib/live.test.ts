@@ -1,0 +1,125 @@
+import { describe, expect, it } from "vitest";
+import type { Conversation, LiveSample, Message } from "../../../core/app/api.ts";
+import { formatIoWait, replyPoints, runEnds, tokensPerSecondSeries } from "./live.ts";
+
+const sample = (t: number, over: Partial<LiveSample> = {}): LiveSample => ({
+  t,
+  generating: false,
+  rssBytes: 1,
+  peakRssBytes: null,
+  budgetBytes: null,
+  freeMemoryBytes: 1,
+  totalMemoryBytes: 2,
+  decodeTokensPerSecond: 42,
+  ttftMs: 10,
+  generatedTokens: 5,
+  expertCache: null,
+  powerWatts: null,
+  joulesPerToken: null,
+  thermal: null,
+  ...over,
+});
+
+describe("tokensPerSecondSeries", () => {
+  it("plots generating samples and the one where a reply finished, gaps elsewhere", () => {
+    const [xs, ys] = tokensPerSecondSeries([
+      sample(1000),
+      sample(1500, { generating: true, decodeTokensPerSecond: 20 }),
+      sample(2000, { finished: true, decodeTokensPerSecond: 22 }),
+      sample(2500, { decodeTokensPerSecond: 22 }),
+      // A reply shorter than the interval: only its finishing sample.
+      sample(3000, { finished: true, decodeTokensPerSecond: 190 }),
+      sample(3500, { decodeTokensPerSecond: 190 }),
+    ]);
+    expect(xs).toEqual([1, 1.5, 2, 2.5, 3, 3.5]);
+    expect(ys).toEqual([null, 20, 22, null, 190, null]);
+  });
+});
+
+describe("runEnds", () => {
+  it("marks the last value of each run, single-sample runs included", () => {
+    expect(runEnds([null, 1, 2, null, 3, null, null, 4, 5])).toEqual([2, 4, 8]);
+    expect(runEnds([7])).toEqual([0]);
+    expect(runEnds([null, undefined])).toEqual([]);
+    expect(runEnds([])).toEqual([]);
+  });
+});
+
+describe("replyPoints", () => {
+  const msg = (id: string, role: Message["role"], tps?: number): Message => ({
+    id,
+    role,
+    content: id,
+    createdAt: "2025-01-01T00:00:00.000Z",
+    ...(tps === undefined
+      ? {}
+      : {
+          stats: {
+            line: "",
+            decodeTokensPerSecond: tps,
+            ttftMs: tps / 10,
+            prefillTokensPerSecond: 100,
+            promptTokens: 7,
+            generatedTokens: Math.round(tps),
+            peakRssBytes: null,
+            hitRate: tps > 100 ? 0.5 : null,
+          },
+        }),
+  });
+  const conversation = (messages: Message[]): Conversation => ({
+    id: "c",
+    title: "t",
+    systemPrompt: "",
+    createdAt: "2025-01-01T00:00:00.000Z",
+    updatedAt: "2025-01-01T00:00:00.000Z",
+    messages,
+  });
+
+  it("numbers assistant replies in order and skips those without statistics", () => {
+    const points = replyPoints(
+      conversation([
+        msg("u1", "user"),
+        msg("a1", "assistant", 191),
+        msg("u2", "user"),
+        msg("a2", "assistant"), // failed: no stats
+        msg("u3", "user"),
+        msg("a3", "assistant", 55.5),
+      ]),
+    );
+    expect(points).toEqual([
+      {
+        n: 1,
+        messageId: "a1",
+        tokensPerSecond: 191,
+        ttftMs: 19.1,
+        tokens: 191,
+        promptTokens: 7,
+        hitRate: 0.5,
+      },
+      {
+        n: 3,
+        messageId: "a3",
+        tokensPerSecond: 55.5,
+        ttftMs: 5.55,
+        tokens: 56,
+        promptTokens: 7,
+        hitRate: null,
+      },
+    ]);
+  });
+
+  it("is empty without a conversation or replies", () => {
+    expect(replyPoints(null)).toEqual([]);
+    expect(replyPoints(conversation([msg("u1", "user")]))).toEqual([]);
+  });
+});
+
+describe("formatIoWait", () => {
+  it("prints milliseconds per token, a dash when unknown", () => {
+    expect(formatIoWait(1.234)).toBe("1.23 ms");
+    expect(formatIoWait(12.34)).toBe("12.3 ms");
+    expect(formatIoWait(0)).toBe("0.00 ms");
+    expect(formatIoWait(null)).toBe("—");
+    expect(formatIoWait(undefined)).toBe("—");
+  });
+});
