@@ -85,7 +85,7 @@ test("chat: the reply streams in, then its statistics line; the memory meter mov
     await page.waitForTimeout(250);
   }
   expect(memory.size, `engine memory values seen: ${[...memory].join(", ")}`).toBeGreaterThan(1);
-  await expect(messages(page).locator("li")).toHaveCount(2);
+  await expect(messages(page).locator(":scope > li")).toHaveCount(2);
 });
 
 test("stop mid-answer keeps the text so far and frees the engine", async ({ app }) => {

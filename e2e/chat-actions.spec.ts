@@ -130,7 +130,7 @@ test("messages: edit and resend, regenerate at temperature 0, copy", async ({ ap
   await waitReply(page);
   await send(page, "And three more.");
   await waitReply(page);
-  await expect(list.locator("li")).toHaveCount(4);
+  await expect(list.locator(":scope > li")).toHaveCount(4);
   const before = await latest(app);
   const firstUser = list.locator('li[data-role="user"]').first();
   await firstUser.getByRole("button", { name: "Edit", exact: true }).click();
@@ -141,7 +141,7 @@ test("messages: edit and resend, regenerate at temperature 0, copy", async ({ ap
   await expect(box).toHaveCount(0);
   await expect.poll(async () => (await latest(app)).messages.at(-1)?.finishReason).toBeTruthy();
   expect(await waitReply(page)).toMatch(STATS_LINE);
-  await expect(list.locator("li")).toHaveCount(2);
+  await expect(list.locator(":scope > li")).toHaveCount(2);
   await expect(list.locator('li[data-role="user"]')).toHaveText(/Name three animals\./);
   const edited = await latest(app);
   expect(edited.id).toBe(before.id);
@@ -169,7 +169,7 @@ test("messages: edit and resend, regenerate at temperature 0, copy", async ({ ap
   expect(line).toMatch(STATS_LINE);
   expect(line).toBe(regenerated.stats?.line);
   expect(regenerated.stats?.line).not.toBe(editedReply.stats?.line);
-  await expect(list.locator("li")).toHaveCount(2);
+  await expect(list.locator(":scope > li")).toHaveCount(2);
 
   // Copy: the reply's text on the clipboard, then the question's.
   await allowClipboard(page);
@@ -201,6 +201,11 @@ test("system prompt: kept per conversation across a reload; new ones start with 
   const prompt = page.getByRole("textbox", { name: "System prompt", exact: true });
   await expect(prompt).toHaveValue("Answer briefly.");
   await page.getByRole("button", { name: "New chat", exact: true }).click();
+  await expect(conversationList(page).getByRole("listitem")).toHaveCount(1);
+  // The new conversation is the current one (until then typing edits the draft for the next).
+  await expect(
+    page.getByRole("region", { name: "Conversation" }).locator("p").first(),
+  ).toContainText("New chat");
   await expect(prompt).toHaveValue("Answer briefly.");
   // A reload right after typing (no pause, focus still in the field) keeps the edit: it is
   // saved as the page goes away.
