@@ -36,6 +36,18 @@ export interface GenerationTracker {
   stats: StatsEvent | null;
 }
 
+/** A tracker before any generation. */
+export function idleTracker(): GenerationTracker {
+  return {
+    generating: false,
+    startedAt: 0,
+    firstTokenAt: null,
+    tokens: 0,
+    last: null,
+    stats: null,
+  };
+}
+
 export interface ChatManagerOptions {
   engine: EngineManager;
   store: ConversationStore;
@@ -102,14 +114,7 @@ export function messageStats(finished: FinishedEvent, after: StatsEvent | null):
 
 export class ChatManager {
   private readonly replies = new Map<string, Reply>();
-  readonly tracker: GenerationTracker = {
-    generating: false,
-    startedAt: 0,
-    firstTokenAt: null,
-    tokens: 0,
-    last: null,
-    stats: null,
-  };
+  readonly tracker: GenerationTracker = idleTracker();
   private readonly now: () => Date;
 
   constructor(private readonly opts: ChatManagerOptions) {

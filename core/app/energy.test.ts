@@ -12,7 +12,7 @@ import {
   raplMeter,
 } from "./energy.ts";
 import { LiveSampleSchema } from "./api.ts";
-import type { GenerationTracker } from "./chat.ts";
+import { idleTracker, type GenerationTracker } from "./chat.ts";
 import type { StatsEvent } from "../engine/index.ts";
 import { freeMemoryBytes, LIVE_HISTORY, LiveSampler } from "./live.ts";
 
@@ -184,14 +184,7 @@ describe("LiveSampler", () => {
     const sampler = new LiveSampler(
       {
         stats: async () => null,
-        tracker: {
-          generating: false,
-          startedAt: 0,
-          firstTokenAt: null,
-          tokens: 0,
-          last: null,
-          stats: null,
-        },
+        tracker: idleTracker(),
         generating: () => false,
         budget: () => null,
         expertCache: () => false,

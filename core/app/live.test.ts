@@ -1,19 +1,12 @@
 import { describe, expect, it } from "vitest";
 import type { StatsEvent } from "../engine/index.ts";
 import { LiveSampleSchema } from "./api.ts";
-import type { GenerationTracker } from "./chat.ts";
+import { idleTracker, type GenerationTracker } from "./chat.ts";
 import { LiveSampler } from "./live.ts";
 
 /** A sampler over a tracker and service stats that the test changes between ticks. */
 function rig() {
-  const tracker: GenerationTracker = {
-    generating: false,
-    startedAt: 0,
-    firstTokenAt: null,
-    tokens: 0,
-    last: null,
-    stats: null,
-  };
+  const tracker: GenerationTracker = idleTracker();
   const service: StatsEvent = {
     type: "stats",
     id: "s",

@@ -10,6 +10,7 @@ import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import { formatMs, formatTokensPerSecond } from "../lib/format.ts";
 import type { ReplyPoint } from "../lib/live.ts";
+import { chartTheme } from "./chart-theme.ts";
 
 const HEIGHT = 200;
 /** The x axis spans at least this many replies, so the first bars are not a wall of colour. */
@@ -55,16 +56,7 @@ export function ReplyChart({ replies }: { replies: ReplyPoint[] }) {
   useEffect(() => {
     const el = host.current;
     if (!el) return;
-    const style = getComputedStyle(el);
-    const muted = style.getPropertyValue("--color-muted").trim() || "#666";
-    const gauge = style.getPropertyValue("--color-gauge").trim() || "#2f6fd6";
-    const ttft = style.getPropertyValue("--color-warn").trim() || "#a15c07";
-    const grid = style.getPropertyValue("--color-line").trim() || "#ddd";
-    const axis = {
-      stroke: muted,
-      grid: { stroke: grid, width: 1 },
-      ticks: { stroke: grid, width: 1 },
-    };
+    const { series: gauge, accent: ttft, axis } = chartTheme(el);
     const u = new uPlot(
       {
         width: Math.max(200, el.clientWidth),

@@ -8,6 +8,7 @@ import { useEffect, useRef } from "react";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import { runEnds } from "../lib/live.ts";
+import { chartTheme } from "./chart-theme.ts";
 
 const HEIGHT = 180;
 /** Two minutes: what the main process keeps. */
@@ -46,15 +47,7 @@ export function TimeChart({
   useEffect(() => {
     const el = host.current;
     if (!el) return;
-    const style = getComputedStyle(el);
-    const muted = style.getPropertyValue("--color-muted").trim() || "#666";
-    const line = style.getPropertyValue("--color-gauge").trim() || "#2f6fd6";
-    const grid = style.getPropertyValue("--color-line").trim() || "#ddd";
-    const axis = {
-      stroke: muted,
-      grid: { stroke: grid, width: 1 },
-      ticks: { stroke: grid, width: 1 },
-    };
+    const { series: line, axis } = chartTheme(el);
     const u = new uPlot(
       {
         width: Math.max(200, el.clientWidth),
