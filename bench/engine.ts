@@ -50,6 +50,11 @@ async function benchModel(layers: number): Promise<string> {
   return dir;
 }
 
+/** A fixed prompt of `length` spread-out token ids, the same in every engine benchmark. */
+export function syntheticPrompt(length: number): number[] {
+  return Array.from({ length }, (_, i) => 1000 + ((i * 7919) % 200000));
+}
+
 export async function runEngineBench(): Promise<void> {
   const layers = flag("layers", 4);
   const promptLength = flag("prompt", 128);
@@ -58,7 +63,7 @@ export async function runEngineBench(): Promise<void> {
   const model = await benchModel(layers);
   // Token ids away from the control range; the synthetic model's eos ids (1, 106, 50) may still
   // be sampled, so rates use the tokens actually produced.
-  const prompt = Array.from({ length: promptLength }, (_, i) => 1000 + ((i * 7919) % 200000));
+  const prompt = syntheticPrompt(promptLength);
   const rows: { threads: number; prefill: number[]; decode: number[] }[] = [];
   for (const threads of [1, 2]) {
     const row = { threads, prefill: [] as number[], decode: [] as number[] };

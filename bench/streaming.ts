@@ -28,6 +28,7 @@ import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
+import { syntheticPrompt } from "./engine.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
@@ -226,7 +227,7 @@ export async function runStreamingBench(): Promise<void> {
     : Math.ceil((Math.max(plan.total_bytes, 2.5 * 2 ** 30) * 1.1) / 2 ** 20) * 2 ** 20;
   const limiter = memoryLimiter(limitBytes);
   const dropped = dropCaches();
-  const prompt = Array.from({ length: promptLength }, (_, i) => 1000 + ((i * 7919) % 200000));
+  const prompt = syntheticPrompt(promptLength);
   const common = [
     "generate",
     "--model",

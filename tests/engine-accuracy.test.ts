@@ -47,6 +47,28 @@ function engine(args: string[]): string {
   return result.stdout;
 }
 
+/** `redwing-engine generate` of the reference's greedy continuation (f32 KV cache), as JSON text. */
+function greedyContinuation(
+  model: string,
+  ref: { prompt: number[]; greedy: number[] },
+  extra: string[],
+): string {
+  return engine([
+    "generate",
+    "--model",
+    model,
+    "--tokens",
+    ref.prompt.join(","),
+    "--max-new",
+    String(ref.greedy.length),
+    "--temperature",
+    "0",
+    "--kv-dtype",
+    "f32",
+    ...extra,
+  ]);
+}
+
 function engineLogits(model: string, tokens: number[], extra: string[]): number[][] {
   const out = engine(["logits", "--model", model, "--tokens", tokens.join(","), ...extra]);
   const parsed = JSON.parse(out) as { logits: number[][] };
@@ -151,21 +173,7 @@ for (const fixture of FIXTURES) {
 
       if (fixture === "gemma4-moe") {
         it("streamed generation: transformers' greedy tokens, with cache statistics", () => {
-          const out = engine([
-            "generate",
-            "--model",
-            model,
-            "--tokens",
-            ref.prompt.join(","),
-            "--max-new",
-            String(ref.greedy.length),
-            "--temperature",
-            "0",
-            "--kv-dtype",
-            "f32",
-            "--expert-cache-slots",
-            "2",
-          ]);
+          const out = greedyContinuation(model, ref, ["--expert-cache-slots", "2"]);
           const r = JSON.parse(out) as {
             tokens: number[];
             expert_cache_slots: number;
@@ -218,21 +226,7 @@ for (const fixture of FIXTURES) {
       }
 
       it("greedy continuation equals transformers' token for token", () => {
-        const out = engine([
-          "generate",
-          "--model",
-          model,
-          "--tokens",
-          ref.prompt.join(","),
-          "--max-new",
-          String(ref.greedy.length),
-          "--temperature",
-          "0",
-          "--kv-dtype",
-          "f32",
-          "--chunk",
-          "7",
-        ]);
+        const out = greedyContinuation(model, ref, ["--chunk", "7"]);
         const result = JSON.parse(out) as { tokens: number[]; stop_reason: string };
         expect(result.tokens).toEqual(ref.greedy);
         expect(result.stop_reason).toBe("length");

@@ -5,12 +5,12 @@
  * figures. The canvas is
  * hidden from assistive tech: the table next to it has the same numbers.
  */
-import { useEffect, useRef } from "react";
+import { useMemo } from "react";
 import uPlot from "uplot";
-import "uplot/dist/uPlot.min.css";
 import { formatMs, formatTokensPerSecond } from "../lib/format.ts";
 import type { ReplyPoint } from "../lib/live.ts";
 import { chartTheme } from "./chart-theme.ts";
+import { useUplot } from "./use-uplot.ts";
 
 const HEIGHT = 200;
 /** The x axis spans at least this many replies, so the first bars are not a wall of colour. */
@@ -44,92 +44,66 @@ function translucent(color: string): string {
 }
 
 export function ReplyChart({ replies }: { replies: ReplyPoint[] }) {
-  const host = useRef<HTMLDivElement>(null);
-  const plot = useRef<uPlot | null>(null);
-  const latest = useRef<Data>(toData(replies));
-
-  useEffect(() => {
-    latest.current = toData(replies);
-    plot.current?.setData(latest.current);
-  }, [replies]);
-
-  useEffect(() => {
-    const el = host.current;
-    if (!el) return;
+  const data = useMemo(() => toData(replies), [replies]);
+  const host = useUplot(data, HEIGHT, (el) => {
     const { series: gauge, accent: ttft, axis } = chartTheme(el);
-    const u = new uPlot(
-      {
-        width: Math.max(200, el.clientWidth),
-        height: HEIGHT,
-        legend: { show: true, live: true },
-        cursor: { drag: { x: false, y: false }, points: { size: 8 } },
-        scales: {
-          x: {
-            time: false,
-            range: (_u, min, max) => [min - 0.5, Math.max(max, min + MIN_SPAN - 1) + 0.5],
-          },
-          tps: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
-          ttft: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
+    return {
+      legend: { show: true, live: true },
+      cursor: { drag: { x: false, y: false }, points: { size: 8 } },
+      scales: {
+        x: {
+          time: false,
+          range: (_u, min, max) => [min - 0.5, Math.max(max, min + MIN_SPAN - 1) + 0.5],
         },
-        axes: [
-          {
-            ...axis,
-            space: 28,
-            incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000],
-            values: (_u, splits) => splits.map((v) => `#${v}`),
-          },
-          {
-            ...axis,
-            scale: "tps",
-            size: 64,
-            values: (_u, splits) => splits.map((v) => `${v.toFixed(0)} t/s`),
-          },
-          {
-            ...axis,
-            scale: "ttft",
-            side: 1,
-            size: 64,
-            grid: { show: false },
-            values: (_u, splits) => splits.map((v) => formatMs(v)),
-          },
-        ],
-        series: [
-          { label: "Reply", value: legendValue((v) => `#${v}`) },
-          {
-            label: "Tokens per second",
-            scale: "tps",
-            stroke: gauge,
-            fill: translucent(gauge),
-            width: 1,
-            paths: uPlot.paths.bars!({ size: [0.6, 48] }),
-            points: { show: false },
-            value: legendValue(formatTokensPerSecond),
-          },
-          {
-            label: "Time to first token",
-            scale: "ttft",
-            stroke: ttft,
-            width: 2,
-            dash: [5, 4],
-            points: { show: true, size: 7, fill: ttft, stroke: ttft },
-            value: legendValue(formatMs),
-          },
-        ],
+        tps: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
+        ttft: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
       },
-      latest.current,
-      el,
-    );
-    plot.current = u;
-    const ro = new ResizeObserver(() =>
-      u.setSize({ width: Math.max(200, el.clientWidth), height: HEIGHT }),
-    );
-    ro.observe(el);
-    return () => {
-      ro.disconnect();
-      u.destroy();
-      plot.current = null;
+      axes: [
+        {
+          ...axis,
+          space: 28,
+          incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000],
+          values: (_u, splits) => splits.map((v) => `#${v}`),
+        },
+        {
+          ...axis,
+          scale: "tps",
+          size: 64,
+          values: (_u, splits) => splits.map((v) => `${v.toFixed(0)} t/s`),
+        },
+        {
+          ...axis,
+          scale: "ttft",
+          side: 1,
+          size: 64,
+          grid: { show: false },
+          values: (_u, splits) => splits.map((v) => formatMs(v)),
+        },
+      ],
+      series: [
+        { label: "Reply", value: legendValue((v) => `#${v}`) },
+        {
+          label: "Tokens per second",
+          scale: "tps",
+          stroke: gauge,
+          fill: translucent(gauge),
+          width: 1,
+          paths: uPlot.paths.bars!({ size: [0.6, 48] }),
+          points: { show: false },
+          value: legendValue(formatTokensPerSecond),
+        },
+        {
+          label: "Time to first token",
+          scale: "ttft",
+          stroke: ttft,
+          width: 2,
+          dash: [5, 4],
+          points: { show: true, size: 7, fill: ttft, stroke: ttft },
+          value: legendValue(formatMs),
+        },
+      ],
     };
-  }, []);
+  });
 
   return (
     <div ref={host} aria-hidden="true" className="reply-chart w-full min-w-0 overflow-hidden" />

@@ -5,10 +5,9 @@
  * than the sampling interval) is visible too.
  */
 import { useEffect, useRef } from "react";
-import uPlot from "uplot";
-import "uplot/dist/uPlot.min.css";
 import { runEnds } from "../lib/live.ts";
 import { chartTheme } from "./chart-theme.ts";
+import { useUplot } from "./use-uplot.ts";
 
 const HEIGHT = 180;
 /** Two minutes: what the main process keeps. */
@@ -34,24 +33,16 @@ export function TimeChart({
   format: (v: number) => string;
   markRunEnds?: boolean;
 }) {
-  const host = useRef<HTMLDivElement>(null);
-  const plot = useRef<uPlot | null>(null);
-  const latest = useRef(data);
   const fmt = useRef(format);
-
   useEffect(() => {
-    latest.current = data;
-    plot.current?.setData(data);
-  }, [data]);
-
-  useEffect(() => {
-    const el = host.current;
-    if (!el) return;
-    const { series: line, axis } = chartTheme(el);
-    const u = new uPlot(
-      {
-        width: Math.max(200, el.clientWidth),
-        height: HEIGHT,
+    fmt.current = format;
+  });
+  const host = useUplot(
+    data,
+    HEIGHT,
+    (el) => {
+      const { series: line, axis } = chartTheme(el);
+      return {
         legend: { show: false },
         cursor: { show: true, points: { show: false } },
         scales: {
@@ -84,21 +75,10 @@ export function TimeChart({
               : { show: false },
           },
         ],
-      },
-      latest.current,
-      el,
-    );
-    plot.current = u;
-    const ro = new ResizeObserver(() =>
-      u.setSize({ width: Math.max(200, el.clientWidth), height: HEIGHT }),
-    );
-    ro.observe(el);
-    return () => {
-      ro.disconnect();
-      u.destroy();
-      plot.current = null;
-    };
-  }, [label, markRunEnds]);
+      };
+    },
+    [label, markRunEnds],
+  );
 
   return <div ref={host} aria-hidden="true" className="w-full min-w-0 overflow-hidden" />;
 }

@@ -1,5 +1,5 @@
 /** Small inline icons (decorative: the buttons carrying them have their own names). */
-export function PencilIcon() {
+function StrokeIcon({ d }: { d: string }) {
   return (
     <svg
       aria-hidden="true"
@@ -9,22 +9,15 @@ export function PencilIcon() {
       stroke="currentColor"
       strokeWidth="1.5"
     >
-      <path d="M11 2.5l2.5 2.5L6 12.5 3 13l.5-3z" strokeLinejoin="round" />
+      <path d={d} strokeLinejoin="round" />
     </svg>
   );
 }
 
+export function PencilIcon() {
+  return <StrokeIcon d="M11 2.5l2.5 2.5L6 12.5 3 13l.5-3z" />;
+}
+
 export function TrashIcon() {
-  return (
-    <svg
-      aria-hidden="true"
-      viewBox="0 0 16 16"
-      className="size-3.5"
-      fill="none"
-      stroke="currentColor"
-      strokeWidth="1.5"
-    >
-      <path d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.7 8.5h5.6l.7-8.5" strokeLinejoin="round" />
-    </svg>
-  );
+  return <StrokeIcon d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.7 8.5h5.6l.7-8.5" />;
 }
