@@ -48,7 +48,8 @@ function pythonStringRepr(s: string): string {
     else if (ch === "\n") out += "\\n";
     else if (ch === "\r") out += "\\r";
     else if (ch === "\t") out += "\\t";
-    else if (ch < " " || ch === "\x7f") out += `\\x${ch.charCodeAt(0).toString(16).padStart(2, "0")}`;
+    else if (ch < " " || ch === "\x7f")
+      out += `\\x${ch.charCodeAt(0).toString(16).padStart(2, "0")}`;
     else out += ch;
   }
   return quote + out + quote;

@@ -169,7 +169,10 @@ export function templateMessages(
     if (m.tool_call_id !== undefined) entry.tool_call_id = m.tool_call_id;
     if (m.name !== undefined) entry.name = m.name;
     out.push(entry);
-    caller = m.role === "assistant" && m.tool_calls?.length ? { message: entry, calls: m.tool_calls } : null;
+    caller =
+      m.role === "assistant" && m.tool_calls?.length
+        ? { message: entry, calls: m.tool_calls }
+        : null;
   }
   return out;
 }
