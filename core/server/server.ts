@@ -14,11 +14,10 @@
 import { randomUUID, timingSafeEqual } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import { basename } from "node:path";
-import { Template } from "@huggingface/jinja";
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { ZodType } from "zod";
 import { resolveModel, type ResolvedModel } from "../chat/model.ts";
-import { loadChatTemplate } from "../chat/template.ts";
+import { ChatTemplate, loadChatTemplate, type ChatMessage } from "../chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
 import { DEMO_MODEL_NAME } from "../demo/demo.ts";
 import { EngineClient, type EngineClientOptions, type Sampling } from "../engine/index.ts";
@@ -139,14 +138,6 @@ function modelIdOf(arg: string | undefined, model: ResolvedModel): string {
   return arg;
 }
 
-function jsonOrString(text: string): unknown {
-  try {
-    return JSON.parse(text) as unknown;
-  } catch {
-    return text;
-  }
-}
-
 function sameSecret(given: string, expected: string): boolean {
   const a = Buffer.from(given);
   const b = Buffer.from(expected);
@@ -188,7 +179,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   const modelId = modelIdOf(options.model, model);
   const shared = options.shared;
   const tokenizer: ChatTokenizer = shared?.text?.tokenizer ?? (await loadTokenizer(model.dir));
-  const template = new Template(
+  const template = new ChatTemplate(
     shared?.text?.template ??
       (await loadChatTemplate(
         model.dir,
@@ -536,7 +527,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     summary: GenerationSummary,
     tools: NonNullable<Prepared["tools"]>,
   ): ParsedToolCalls | null {
-    return parseToolCalls(tools.prefix + summary.text, tools.names);
+    // Stop tokens (`<turn|>`, `<|tool_response>`) are not in the text: one may have closed the call.
+    return parseToolCalls(tools.prefix + summary.text, tools.names, {
+      endedOnStopToken: summary.finishReason === "stop",
+    });
   }
 
   app.post("/v1/chat/completions", async (request, reply) => {
@@ -563,29 +557,21 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
         );
       }
     }
-    const messages = body.messages.map((m) => {
-      const base: Record<string, unknown> = {
+    // Tool results are placed by the template module (inside the model turn for Gemma 4).
+    const messages = body.messages.map((m): ChatMessage => {
+      const base: ChatMessage = {
         role: m.role === "developer" ? "system" : m.role,
         content: contentText(m.content),
       };
-      if (m.role === "assistant" && m.tool_calls) {
-        // Templates (Gemma 4's) walk the arguments as a mapping; OpenAI sends a JSON string.
-        base.tool_calls = m.tool_calls.map((c) => ({
-          ...c,
-          function: { name: c.function.name, arguments: jsonOrString(c.function.arguments) },
-        }));
-      }
+      if (m.role === "assistant" && m.tool_calls) base.tool_calls = m.tool_calls;
       if (m.role === "tool") base.tool_call_id = m.tool_call_id;
       return base;
     });
     let text: string;
     try {
-      text = template.render({
-        messages,
-        bos_token: tokenizer.bosToken ?? "",
-        eos_token: tokenizer.eosToken ?? "",
-        add_generation_prompt: true,
-        enable_thinking: false,
+      text = template.render(messages, {
+        bosToken: tokenizer.bosToken,
+        eosToken: tokenizer.eosToken,
         ...(toolsOn ? { tools: body.tools } : {}),
       });
     } catch (error) {

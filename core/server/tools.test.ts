@@ -59,7 +59,14 @@ describe("parseToolCalls", () => {
     ["a missing call: prefix", "<|tool_call>f{}<tool_call|>"],
     ["a duplicate key", "<|tool_call>call:f{a:1,a:2}<tool_call|>"],
     ["text after the arguments", "<|tool_call>call:f{a:1} extra<tool_call|>"],
-    ["text after the calls", "<|tool_call>call:f{}<tool_call|> and then some"],
+    ["a call without its end", "<|tool_call>call:f{a:1}"],
+    ["a key that is not a key", "<|tool_call>call:f{:1}<tool_call|>"],
+    ["a key without a value", "<|tool_call>call:f{año}<tool_call|>"],
+    [
+      "an unclosed thought channel before a call",
+      "<|channel>thought\nhm<|tool_call>call:f{}<tool_call|>",
+    ],
+    ["a stray call end after a call's text", "<|tool_call>call:f{}<tool_call|>ok<tool_call|>"],
     ["a stray call end", "done<tool_call|>"],
   ])("fails closed on %s", (_what, text) => {
     let caught: unknown;
@@ -70,6 +77,64 @@ describe("parseToolCalls", () => {
     }
     expect(caught).toBeInstanceOf(ApiError);
     expect((caught as ApiError).code).toBe("tool_call_parse_error");
+  });
+
+  it("keeps text after the calls as content", () => {
+    const r = parseToolCalls(
+      `Checking.<|tool_call>call:get_time{}<tool_call|>I will tell you the time once I have it.`,
+      ["get_time"],
+    )!;
+    expect(r.calls.map((c) => c.function.name)).toEqual(["get_time"]);
+    expect(r.content).toBe("Checking.I will tell you the time once I have it.");
+  });
+
+  it("accepts a repeated call end", () => {
+    const r = parseToolCalls(
+      `<|tool_call>call:get_time{zone:${Q}UTC${Q}}<tool_call|><tool_call|>\n<tool_call|>`,
+    )!;
+    expect(JSON.parse(r.calls[0]!.function.arguments)).toEqual({ zone: "UTC" });
+    expect(r.content).toBe("");
+  });
+
+  it("accepts <turn|> or the hand-over to the tool where <tool_call|> should be", () => {
+    for (const end of ["<turn|>", "<|tool_response>"]) {
+      const r = parseToolCalls(`<|tool_call>call:get_time{zone:${Q}UTC${Q}}${end}ignored`)!;
+      expect(r.calls).toHaveLength(1);
+      expect(JSON.parse(r.calls[0]!.function.arguments)).toEqual({ zone: "UTC" });
+      expect(r.content).toBe("");
+    }
+  });
+
+  it("accepts a call left open by an end-of-turn stop token only when generation stopped on one", () => {
+    const text = `<|tool_call>call:get_time{zone:${Q}UTC${Q}}`;
+    expect(parseToolCalls(text, ["get_time"], { endedOnStopToken: true })!.calls).toHaveLength(1);
+    expect(() => parseToolCalls(text, ["get_time"])).toThrow(/not closed/);
+  });
+
+  it("reads argument keys that are not ASCII identifiers, bare or quoted", () => {
+    const r = parseToolCalls(
+      `<|tool_call>call:plot{2d:true,año:2026,user-name:${Q}x${Q},${Q}quoted key${Q}:{ñ:[1]}}<tool_call|>`,
+    )!;
+    expect(JSON.parse(r.calls[0]!.function.arguments)).toEqual({
+      "2d": true,
+      año: 2026,
+      "user-name": "x",
+      "quoted key": { ñ: [1] },
+    });
+  });
+
+  it("removes a thought channel before the call instead of returning it as content", () => {
+    const r = parseToolCalls(
+      `<|channel>thought\nThe user wants the time; call get_time.<channel|>` +
+        `<|tool_call>call:get_time{}<tool_call|>`,
+      ["get_time"],
+    )!;
+    expect(r.content).toBe("");
+    expect(r.calls.map((c) => c.function.name)).toEqual(["get_time"]);
+    // A call written inside the thought channel is thinking, not a call.
+    expect(
+      parseToolCalls("<|channel>thought\n<|tool_call>call:f{}<tool_call|><channel|>Hi"),
+    ).toBeNull();
   });
 
   it("fails closed on a call to a function the request did not declare", () => {
