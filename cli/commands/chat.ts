@@ -225,7 +225,7 @@ async function readStdin(): Promise<string> {
   return Buffer.concat(chunks).toString("utf8");
 }
 
-async function readMessages(path: string): Promise<ChatMessage[]> {
+export async function readMessages(path: string): Promise<ChatMessage[]> {
   let text: string;
   try {
     text = path === "-" ? await readStdin() : await readFile(path, "utf8");

@@ -1,6 +1,8 @@
 /**
  * Tool requests end to end, on a variant of the demo model whose tokenizer has Gemma 4's
- * tool-call tokens (six unused Gemma 3 ids renamed) and whose chat template declares tools. Its
+ * tool-call tokens at Gemma 4's ids (46-50, which are unused ids in Gemma 3's vocabulary; the
+ * demo's stop ids [1, 106, 50] then include `<|tool_response>` as in Gemma 4) and whose chat
+ * template declares tools. Its
  * random weights never write a well-formed call, so a forced call must fail closed.
  */
 import { existsSync } from "node:fs";
@@ -16,6 +18,8 @@ import { startServer, type RedwingServer } from "./server.ts";
 
 const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 
+/** `<|tool>` 46, `<tool|>` 47, `<|tool_call>` 48, `<tool_call|>` 49, `<|tool_response>` 50. */
+const GEMMA4_TOOL_TOKEN_FIRST_ID = 46;
 const TOOL_TOKENS = ["<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>"];
 const TEMPLATE = `{{- bos_token -}}
 {%- if tools -%}<|turn>system
@@ -45,7 +49,7 @@ describe.skipIf(!haveService)("tool requests", () => {
       model: { vocab: Record<string, number> };
     };
     TOOL_TOKENS.forEach((content, i) => {
-      const entry = tok.added_tokens.find((t) => t.id === 6 + i)!;
+      const entry = tok.added_tokens.find((t) => t.id === GEMMA4_TOOL_TOKEN_FIRST_ID + i)!;
       delete tok.model.vocab[entry.content];
       tok.model.vocab[content] = entry.id;
       entry.content = content;
