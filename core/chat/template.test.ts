@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -85,6 +86,12 @@ describe("Gemma 4 test vectors (Google's 2026-07-09 template for 26B-A4B and 31B
       tools: v.tools,
     });
     expect(rendered).toBe(v.expected);
+  });
+
+  it("uses Google's file byte for byte (sha256 of the HF chat_template.jinja)", () => {
+    expect(createHash("sha256").update(OFFICIAL).digest("hex")).toBe(
+      "ae53464bf3be25802b3a5b37def7fd89667067d7577049b3b2d74c4d8de4c6d4",
+    );
   });
 
   it("covers every point of the format (the vectors are not trivially alike)", () => {

@@ -5,7 +5,8 @@ expected strings in gemma4-vectors.json, which core/chat/template.test.ts checks
 fallback template and Google's template text against.
 
     python3 core/chat/testdata/gemma4_vectors.py          # check the stored expected strings
-    python3 core/chat/testdata/gemma4_vectors.py --write  # (re)write them
+    python3 core/chat/testdata/gemma4_vectors.py --write  # (re)write them, then:
+    npx prettier --write core/chat/testdata/gemma4-vectors.json
 
 Needs only jinja2 (pip install jinja2); npm test does not run it.
 """
