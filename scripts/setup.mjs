@@ -7,7 +7,8 @@
 // Flags: --native-only (Debian packages and the native build), --chromium (also Debian's
 // Chromium, which the end-to-end tests drive; scripts/test.mjs asks for it, `npm start` does not).
 import { execFileSync, spawnSync } from "node:child_process";
-import { existsSync, readdirSync, statSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -68,15 +69,20 @@ function ensureDebianPackages() {
 }
 
 function ensureNodeModules() {
-  const lock = join(root, "package-lock.json");
-  const marker = join(root, "node_modules", ".package-lock.json");
-  if (existsSync(marker) && statSync(marker).mtimeMs >= statSync(lock).mtimeMs) return;
+  // Keyed by the lock file's content, not its mtime: a fresh checkout or worktree gives the lock
+  // file a new mtime, and `npm ci` must not wipe a node_modules that already matches it.
+  const lockHash = createHash("sha256")
+    .update(readFileSync(join(root, "package-lock.json")))
+    .digest("hex");
+  const marker = join(root, "node_modules", ".redwing-lock-sha256");
+  if (existsSync(marker) && readFileSync(marker, "utf8").trim() === lockHash) return;
   log("installing npm packages (npm ci)");
   // The electron package's postinstall downloads a ~100 MB binary from GitHub, which fails
   // without network; `npm start` fetches it later when it can (and falls back to web mode).
   run("npm", ["ci", "--no-audit", "--no-fund"], {
     env: { ...process.env, ELECTRON_SKIP_BINARY_DOWNLOAD: "1" },
   });
+  writeFileSync(marker, `${lockHash}\n`);
 }
 
 /** The newest modification time under `paths` (files or directories), skipping `skip` names. */
