@@ -258,6 +258,34 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect(last.expertCache?.slots).toBe(16);
   });
 
+  it("chat.send of a million characters: other calls answer within 100 ms; the reply fails clearly", async () => {
+    const c = await call("chat.create", {});
+    const from = events.length;
+    const content = "hello world. ".repeat(80_000).slice(0, 1_000_000);
+    const sent = await call("chat.send", { conversationId: c.id, content });
+    const replyId = sent.messages.at(-1)!.id;
+    let settled = false;
+    const finished = waitEvent(isDone(replyId), from).finally(() => (settled = true));
+    let maxMs = 0;
+    let probes = 0;
+    while (!settled) {
+      const t0 = performance.now();
+      await call("engine.status");
+      maxMs = Math.max(maxMs, performance.now() - t0);
+      probes++;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(probes).toBeGreaterThan(0);
+    expect(maxMs).toBeLessThan(100);
+    const m = (await finished).message;
+    expect(m.finishReason).toBe("error");
+    expect(m.error).toMatchObject({ code: "context_overflow", action: "reduce_context" });
+    expect(m.error!.message).toMatch(/\d{7} characters/);
+    // Nothing is lost: the message is kept, the chat can be trimmed or deleted.
+    expect((await call("chat.get", { id: c.id })).messages[0]!.content).toBe(content);
+    await call("chat.delete", { id: c.id });
+  });
+
   it("chat.stop ends a reply mid-way and keeps the text so far", async () => {
     await call("settings.update", { sampling: { maxNewTokens: 3000 } });
     const c = await call("chat.create", { title: "Stopping" });
