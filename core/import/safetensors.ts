@@ -6,9 +6,10 @@
  * `{ name: { dtype, shape, data_offsets: [begin, end] }, "__metadata__": {...} }`, then the data;
  * offsets are relative to the first byte after the header.
  */
-import { open, readFile, stat, type FileHandle } from "node:fs/promises";
+import { stat, type FileHandle } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { UserError } from "../errors.ts";
+import { openInputFile, readInputFile } from "./input-files.ts";
 import { isSafeRelativePath } from "../format/paths.ts";
 
 export type StDType =
@@ -77,8 +78,9 @@ export class SafetensorsFile {
     const name = basename(path);
     let handle: FileHandle;
     try {
-      handle = await open(path, "r");
+      handle = await openInputFile(path);
     } catch (error) {
+      if (error instanceof UserError) throw error;
       throw new UserError(`cannot open ${path}: ${(error as Error).message}`, "checkpoint_io");
     }
     try {
@@ -329,7 +331,13 @@ export class SafetensorsCheckpoint {
 
   static async open(dir: string, fileNames: string[]): Promise<SafetensorsCheckpoint> {
     const indexPath = join(dir, "model.safetensors.index.json");
-    const indexText: string | null = await readFile(indexPath, "utf8").catch(() => null);
+    const indexText: string | null = await readInputFile(indexPath).then(
+      (bytes) => bytes.toString("utf8"),
+      (error: unknown) => {
+        if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+        throw error;
+      },
+    );
     const { shards, weightMap } = resolveShards(fileNames, indexText, dir);
     const opened: { shard: string; tensors: Map<string, TensorInfo> }[] = [];
     for (const shard of shards) {
@@ -360,7 +368,7 @@ export class SafetensorsCheckpoint {
     }
     let handle = this.handles.get(info.file);
     if (!handle) {
-      handle = await open(info.file, "r");
+      handle = await openInputFile(info.file);
       this.handles.set(info.file, handle);
     }
     const buf = Buffer.allocUnsafe(length);
