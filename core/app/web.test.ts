@@ -679,3 +679,22 @@ describe("the token check cannot be walked around by spelling the path different
     expect(withToken.status).toBe(404);
   });
 });
+
+describe("model names", () => {
+  it("a NUL, a control character or a leading dot in a model name is a clear 400", async () => {
+    await start();
+    const bad = ["a\u0000b", "\u0000", "x\ny", ".tiny.install", ".hidden", ".", ".."];
+    for (const name of bad) {
+      for (const [method, params] of [
+        ["models.remove", { name }],
+        ["models.verify", { name }],
+        ["models.install", { ref: "test/tiny", name }],
+      ] as const) {
+        const r = await call(server, method, params);
+        expect(r.status, `${method} ${JSON.stringify(name)}`).toBe(400);
+        expect(r.json).toMatchObject({ ok: false, error: { code: "bad_request" } });
+      }
+    }
+    expect(backend.calls).toEqual([]);
+  });
+});
