@@ -5,7 +5,7 @@
  * event is checked against the API schemas independently of the controller's own check.
  */
 import { existsSync } from "node:fs";
-import { mkdtemp, open, readFile, rm } from "node:fs/promises";
+import { mkdtemp, open, readFile, readdir, rm } from "node:fs/promises";
 import { createServer, type AddressInfo, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -487,6 +487,34 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     hub.faults.length = 0;
     expect(await call("models.dismiss", { taskId: second.taskId })).toEqual({ ok: true });
     expect((await call("models.downloads")).map((x) => x.taskId)).toEqual([d.taskId]);
+  });
+
+  it("installing a checkpoint whose config claims 1e9 layers fails clearly; the app still answers", async () => {
+    const ckpt = join(root, "ckpt");
+    const files = new Map<string, Buffer>();
+    for (const f of await readdir(ckpt)) files.set(f, await readFile(join(ckpt, f)));
+    const config = JSON.parse(files.get("config.json")!.toString()) as {
+      text_config: Record<string, unknown>;
+    };
+    config.text_config.num_hidden_layers = 1e9;
+    delete config.text_config.layer_types;
+    files.set("config.json", Buffer.from(JSON.stringify(config)));
+    hub.addRepo("test/huge-layers", files);
+    const from = events.length;
+    const d = await call("models.install", { ref: "test/huge-layers" });
+    const failed = await waitEvent(
+      isDownload(d.taskId, (x) => x.state === "failed"),
+      from,
+    );
+    expect(failed.download.error).toMatchObject({ code: "config_invalid" });
+    expect(failed.download.error!.message).toMatch(
+      /num_hidden_layers is 1000000000, more than Redwing accepts/,
+    );
+    expect(existsSync(join(modelsDir, "test--huge-layers"))).toBe(false);
+    // The app is alive and answers.
+    expect((await call("engine.status")).state).toBe("ready");
+    expect((await call("models.list")).some((m) => m.name === "test--huge-layers")).toBe(false);
+    await call("models.dismiss", { taskId: d.taskId });
   });
 
   it("verify names a damaged file; a corrupt model is not loaded; remove deletes it", async () => {

@@ -174,6 +174,18 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
     expect((await client.models.list()).data.map((m) => m.id)).toEqual(["demo"]);
   });
 
+  it("a NUL in a model name is a clear 404 naming the served model, not a 500", async () => {
+    const res = await fetch(`${server.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "de\u0000mo", messages: [{ role: "user", content: "hi" }] }),
+    });
+    expect(res.status).toBe(404);
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe("model_not_found");
+    const get = await fetch(`${server.url}/v1/models/de%00mo`);
+    expect(get.status).toBe(404);
+  });
+
   it("/health answers within 100 ms while a 4 MB prompt is refused", async () => {
     // 4 MiB less 1 KiB of JSON around it: just under the default body limit.
     const big = postFromChild(server, "/v1/completions", "prompt", 322_500);
