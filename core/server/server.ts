@@ -205,7 +205,8 @@ function sameSecret(given: string, expected: string): boolean {
   return a.length === b.length && timingSafeEqual(a, b);
 }
 
-function parseBody<T>(schema: ZodType<T>, body: unknown): T {
+/** A request body checked against `schema`: the data, or an ApiError 400 naming the field. */
+export function parseBody<T>(schema: ZodType<T>, body: unknown): T {
   if (body === undefined || body === null || typeof body !== "object") {
     throw new ApiError(400, "the request body must be a JSON object", "invalid_request_error");
   }
