@@ -186,7 +186,8 @@ describe("web mode HTTP layer (fuzz)", () => {
           req.on("error", reject);
           req.end(JSON.stringify(p));
         });
-        const parsed = parseCall(method, p);
+        // What the server sees: JSON drops keys whose value is undefined.
+        const parsed = parseCall(method, JSON.parse(JSON.stringify(p)) as unknown);
         if (parsed.ok) {
           expect(r.status).toBe(200);
           expect(backend.calls.length).toBe(before + 1);
