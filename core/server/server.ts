@@ -292,6 +292,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   // Set once listening (port 0 picks one).
   let listeningPort = options.port ?? DEFAULT_PORT;
   const onLoopback = isLoopbackHost(host);
+  // The address it is bound to names it too (127.0.0.2, say).
+  const allowedHosts = [...(options.allowedHosts ?? []), host.includes(":") ? `[${host}]` : host];
   const allowedOrigins = [
     ...(options.allowedOrigins ?? []),
     ...(options.corsOrigin && options.corsOrigin !== "*" ? [options.corsOrigin] : []),
@@ -302,7 +304,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     // hostname of its own the address 127.0.0.1 (DNS rebinding) or by posting cross-site.
     if (onLoopback) {
       const hostHeader = request.headers.host;
-      if (!hostAllowed(hostHeader, listeningPort, options.allowedHosts ?? [])) {
+      if (!hostAllowed(hostHeader, listeningPort, allowedHosts)) {
         void reply
           .code(421)
           .send(
