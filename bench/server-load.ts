@@ -3,7 +3,11 @@
  * on 127.0.0.1 with an ephemeral port, runs N concurrent streaming chat clients for a bounded
  * time, and reports throughput, time to first token, the server's queue wait (from /health) and
  * the RSS of the server process and of the decode service, sampled once a second: both should
- * stay flat under a steady load. Writes bench/results/server-load.json.
+ * stay flat under a steady load. Then one client sends a prompt of the maximum body size (4 MiB,
+ * `redwing serve`'s default --max-body) while another asks /health every 20 ms: the latency of
+ * those answers shows whether one huge prompt stalls everyone (it must not: the length is checked
+ * before tokenizing, and long prompts are tokenized off the event loop). Writes
+ * bench/results/server-load.json.
  *
  *   node --import tsx bench/server-load.ts [--clients 6] [--seconds 20] [--max-tokens 24]
  */
@@ -38,6 +42,55 @@ export interface ServerLoadReport {
   /** MB, sampled once a second over the run. */
   serverRssMB: { first: number; last: number; max: number };
   serviceRssMB: { first: number; last: number; max: number };
+  /** /health latency while one client sends a prompt of the maximum body size. */
+  healthDuringMaxBody: {
+    bodyBytes: number;
+    /** The big request's status and how long it took. */
+    status: number;
+    requestMs: number;
+    probes: number;
+    healthMs: { p50: number; max: number };
+  };
+}
+
+/** The largest body `redwing serve` accepts by default (--max-body 4M). */
+const MAX_BODY_BYTES = 4 * 1024 * 1024;
+
+/** /health latency while a max-size prompt is sent, answered and refused (or tokenized). */
+async function healthDuringMaxBody(url: string): Promise<ServerLoadReport["healthDuringMaxBody"]> {
+  const overhead = JSON.stringify({ model: "x", prompt: "", max_tokens: 1 }).length + 64;
+  const prompt = "hello world. ".repeat(Math.floor((MAX_BODY_BYTES - overhead) / 13));
+  const model = ((await (await fetch(`${url}/v1/models`)).json()) as { data: { id: string }[] })
+    .data[0]!.id;
+  const body = JSON.stringify({ model, prompt, max_tokens: 1 });
+  const started = performance.now();
+  let settled = false;
+  const big = fetch(`${url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body,
+  }).then(async (res) => {
+    await res.text();
+    return { status: res.status, ms: performance.now() - started };
+  });
+  void big.finally(() => (settled = true));
+  const latencies: number[] = [];
+  while (!settled) {
+    const t0 = performance.now();
+    await (await fetch(`${url}/health`)).json();
+    latencies.push(performance.now() - t0);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const { status, ms } = await big;
+  latencies.sort((a, b) => a - b);
+  const r = (x: number): number => Math.round(x * 10) / 10;
+  return {
+    bodyBytes: body.length,
+    status,
+    requestMs: Math.round(ms),
+    probes: latencies.length,
+    healthMs: { p50: r(quantile(latencies, 0.5)), max: r(latencies.at(-1) ?? 0) },
+  };
 }
 
 async function rssMB(pid: number): Promise<number | null> {
@@ -171,6 +224,7 @@ export async function runServerLoadBench(
     clearInterval(sampler);
     await sample();
     const h = await health();
+    const bigPrompt = await healthDuringMaxBody(url);
     ttfts.sort((a, b) => a - b);
     const report: ServerLoadReport = {
       clients,
@@ -192,6 +246,7 @@ export async function runServerLoadBench(
       },
       serverRssMB: range(serverRss),
       serviceRssMB: range(serviceRss),
+      healthDuringMaxBody: bigPrompt,
     };
     console.log(
       `${clients} clients, ${report.seconds} s: ${requests} requests (${failures} failed), ` +
@@ -202,6 +257,11 @@ export async function runServerLoadBench(
     console.log(
       `RSS MB (first/last/max): server ${Object.values(report.serverRssMB).join("/")}, ` +
         `service ${Object.values(report.serviceRssMB).join("/")}`,
+    );
+    console.log(
+      `/health while one client sends a ${(bigPrompt.bodyBytes / 1048576).toFixed(1)} MiB prompt ` +
+        `(answered ${bigPrompt.status} in ${bigPrompt.requestMs} ms): ${bigPrompt.probes} probes, ` +
+        `p50 ${bigPrompt.healthMs.p50} ms, max ${bigPrompt.healthMs.max} ms`,
     );
     await mkdir(join(root, "bench", "results"), { recursive: true });
     await writeFile(

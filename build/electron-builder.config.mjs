@@ -36,10 +36,13 @@ const config = {
   files: [
     "electron/dist/main.mjs",
     "electron/dist/preload.cjs",
+    "electron/dist/install-worker.mjs",
     "renderer/dist/**/*",
     // Files core code reads next to itself (kept at their place: scripts/build-electron.mjs
-    // rewrites import.meta.url per source): the Gemma 4 chat template and the hash worker.
+    // rewrites import.meta.url per source): the Gemma 4 chat template, the hash worker and the
+    // tokenizer worker.
     "core/chat/templates/**/*",
+    "core/chat/tokenize-worker.mjs",
     "core/install/hash-worker.mjs",
     "!**/*.map",
   ],

@@ -10,6 +10,7 @@ import { builtinModules } from "node:module";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { runInNewContext } from "node:vm";
+import { Worker } from "node:worker_threads";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -24,18 +25,22 @@ mkdirSync(DIST, { recursive: true });
 const outDir = mkdtempSync(join(DIST, ".build-test-"));
 let main = "";
 let preload = "";
+let installWorker = "";
 let buildMs = 0;
 
 beforeAll(async () => {
   const script = pathToFileURL(join(ROOT, "scripts", "build-electron.mjs")).href;
   const { buildElectron } = (await import(script)) as {
-    buildElectron(o: { outDir: string }): Promise<{ main: string; preload: string }>;
+    buildElectron(o: {
+      outDir: string;
+    }): Promise<{ main: string; preload: string; installWorker: string }>;
   };
   const started = performance.now();
   const out = await buildElectron({ outDir });
   buildMs = performance.now() - started;
   main = readFileSync(out.main, "utf8");
   preload = readFileSync(out.preload, "utf8");
+  installWorker = readFileSync(out.installWorker, "utf8");
 }, 60_000);
 afterAll(() => rmSync(outDir, { recursive: true, force: true }));
 
@@ -83,6 +88,44 @@ describe("build-electron", () => {
         packageName(s),
       );
     }
+  });
+
+  it("writes the installer's worker (install-worker.mjs) as ESM with only shipped imports", () => {
+    const check = spawnSync(process.execPath, ["--check", join(outDir, "install-worker.mjs")], {
+      encoding: "utf8",
+    });
+    expect(check.status, check.stderr).toBe(0);
+    const builtins = new Set(builtinModules);
+    for (const s of importSpecifiers(installWorker)) {
+      if (s.startsWith("node:") || builtins.has(s)) continue;
+      expect(s.startsWith("."), `relative import ${s} left in the bundle`).toBe(false);
+      expect(s.endsWith(".ts"), `TypeScript import ${s}`).toBe(false);
+      expect(Object.keys(pkg.dependencies), `${s} is not a production dependency`).toContain(
+        packageName(s),
+      );
+    }
+    // main.mjs finds it next to itself (core/install/isolated.ts reads import.meta["url"]).
+    expect(main).toMatch(/new URL\("\.\/install-worker\.mjs", import\.meta\["url"\]\)/);
+  });
+
+  it("the bundled installer worker runs and reports an install's error to its parent", async () => {
+    const worker = new Worker(join(outDir, "install-worker.mjs"), {
+      workerData: {
+        request: { repo: "test/x", dest: join(outDir, "no-model") },
+        options: {
+          env: { HF_ENDPOINT: "http://127.0.0.1:9" },
+          hub: { retry: { attempts: 1, baseDelayMs: 1, maxDelayMs: 1, maxRetryAfterMs: 1 } },
+        },
+      },
+    });
+    const reply = await new Promise<{ type: string; error?: { code: string | null } }>(
+      (resolve, reject) => {
+        worker.on("message", (m: { type: string }) => m.type !== "progress" && resolve(m));
+        worker.once("error", reject);
+      },
+    );
+    await worker.terminate();
+    expect(reply).toMatchObject({ type: "error", error: { code: "network" } });
   });
 
   it("keeps the window's security settings and no TypeScript imports", () => {

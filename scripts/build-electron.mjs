@@ -5,7 +5,9 @@
 //   time, so packages that locate their own files keep working; electron-builder ships the
 //   production dependencies);
 // - electron/preload.ts -> electron/dist/preload.cjs: CommonJS, because a sandboxed preload can
-//   only `require("electron")`; everything else is inlined.
+//   only `require("electron")`; everything else is inlined;
+// - core/install/install-worker.ts -> electron/dist/install-worker.mjs: the installer's worker
+//   thread (core/install/isolated.ts finds it next to main.mjs), built like main.mjs.
 //
 // `import.meta.url` in each bundled source is rewritten to the URL that source file has in the
 // app (relative to the bundle), so core code that finds files next to itself (chat templates,
@@ -37,13 +39,14 @@ function sourceUrlPlugin(outDir) {
 }
 
 /**
- * Builds main.mjs and preload.cjs into `outDir` (default electron/dist); resolves with their
- * paths. Throws with esbuild's messages on a compile error.
+ * Builds main.mjs, preload.cjs and install-worker.mjs into `outDir` (default electron/dist);
+ * resolves with their paths. Throws with esbuild's messages on a compile error.
  */
 export async function buildElectron({ outDir = DEFAULT_OUT_DIR } = {}) {
   await mkdir(outDir, { recursive: true });
   const main = join(outDir, "main.mjs");
   const preload = join(outDir, "preload.cjs");
+  const installWorker = join(outDir, "install-worker.mjs");
   const common = { bundle: true, logLevel: "warning", legalComments: "none", charset: "utf8" };
   await Promise.all([
     build({
@@ -59,6 +62,16 @@ export async function buildElectron({ outDir = DEFAULT_OUT_DIR } = {}) {
     }),
     build({
       ...common,
+      entryPoints: [join(ROOT, "core", "install", "install-worker.ts")],
+      outfile: installWorker,
+      format: "esm",
+      platform: "node",
+      target: "node22",
+      packages: "external",
+      plugins: [sourceUrlPlugin(outDir)],
+    }),
+    build({
+      ...common,
       entryPoints: [join(ROOT, "electron", "preload.ts")],
       outfile: preload,
       format: "cjs",
@@ -67,7 +80,7 @@ export async function buildElectron({ outDir = DEFAULT_OUT_DIR } = {}) {
       external: ["electron"],
     }),
   ]);
-  return { main, preload };
+  return { main, preload, installWorker };
 }
 
 if (process.argv[1] && pathToFileURL(process.argv[1]).href === import.meta.url) {

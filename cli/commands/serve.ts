@@ -14,6 +14,8 @@ interface ServeOptions {
   allowRemote?: boolean;
   apiKey?: string;
   corsOrigin?: string;
+  allowHost: string[];
+  allowOrigin: string[];
   queueLimit: number;
   maxBody: number;
   model?: string;
@@ -34,6 +36,10 @@ function intArg(min: number, max = Number.MAX_SAFE_INTEGER) {
   };
 }
 
+function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
+}
+
 /** `redwing serve`: the OpenAI-compatible HTTP server (core/server). */
 export function registerServeCommand(program: Command): void {
   program
@@ -48,6 +54,18 @@ export function registerServeCommand(program: Command): void {
     .option("--allow-remote", "allow binding to a non-loopback address (needs an API key)")
     .option("--api-key <key>", "require this Bearer key on every request (or REDWING_API_KEY)")
     .option("--cors-origin <origin>", "allow browser requests from this origin ('*': any)")
+    .option(
+      "--allow-host <name>",
+      "on loopback, also answer requests whose Host header is this name (repeatable)",
+      collect,
+      [],
+    )
+    .option(
+      "--allow-origin <origin>",
+      "on loopback, also answer browser requests from this origin (repeatable)",
+      collect,
+      [],
+    )
     .option(
       "--queue-limit <n>",
       "requests that may wait for the engine; more get 429",
@@ -68,6 +86,8 @@ export function registerServeCommand(program: Command): void {
         allowRemote: opts.allowRemote,
         apiKey: opts.apiKey ?? (process.env.REDWING_API_KEY || undefined),
         corsOrigin: opts.corsOrigin,
+        allowedHosts: opts.allowHost,
+        allowedOrigins: opts.allowOrigin,
         queueLimit: opts.queueLimit,
         bodyLimit: opts.maxBody,
         model: opts.model,

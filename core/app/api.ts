@@ -41,7 +41,11 @@ const modelName = z
   .min(1)
   .max(200)
   .regex(/^[^/\\]+$/, "a model name, not a path")
-  .refine((s) => s !== "." && s !== "..", "a model name, not a path");
+  // A leading dot would name a hidden directory, such as another install's staging area
+  // (`.<name>.install`); control characters (NUL above all) are no file name at all.
+  .regex(/^[^.]/, "a model name cannot start with a dot")
+  // eslint-disable-next-line no-control-regex
+  .regex(/^[^\u0000-\u001f\u007f]*$/, "a model name cannot hold control characters");
 const id = z.string().min(1).max(100);
 
 // ---- settings ---------------------------------------------------------------------------------

@@ -240,8 +240,17 @@ export class ChatManager {
           bosToken: model.tokenizer.bosToken,
           eosToken: model.tokenizer.eosToken,
         });
-        const tokens = model.tokenizer.encode(prompt, { addBos: true });
         const context = model.settings.context;
+        // A length check first (free), then tokenizing off the event loop: a huge message must
+        // not stall every other call for seconds.
+        if (prompt.length > model.tokenizer.maxCharsFor(context)) {
+          throw new AppFailure(
+            "context_overflow",
+            `The conversation (${prompt.length} characters) is far longer than the context length (${context} tokens) can hold. Start a new chat, or raise the context length in Tuning.`,
+            "reduce_context",
+          );
+        }
+        const tokens = await model.tokenizer.encodeAsync(prompt, { addBos: true });
         if (tokens.length >= context) {
           throw new AppFailure(
             "context_overflow",

@@ -5,7 +5,7 @@
  * event is checked against the API schemas independently of the controller's own check.
  */
 import { existsSync } from "node:fs";
-import { mkdtemp, open, readFile, rm } from "node:fs/promises";
+import { mkdtemp, open, readFile, readdir, rm } from "node:fs/promises";
 import { createServer, type AddressInfo, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -258,6 +258,34 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect(last.expertCache?.slots).toBe(16);
   });
 
+  it("chat.send of a million characters: other calls answer within 100 ms; the reply fails clearly", async () => {
+    const c = await call("chat.create", {});
+    const from = events.length;
+    const content = "hello world. ".repeat(80_000).slice(0, 1_000_000);
+    const sent = await call("chat.send", { conversationId: c.id, content });
+    const replyId = sent.messages.at(-1)!.id;
+    let settled = false;
+    const finished = waitEvent(isDone(replyId), from).finally(() => (settled = true));
+    let maxMs = 0;
+    let probes = 0;
+    while (!settled) {
+      const t0 = performance.now();
+      await call("engine.status");
+      maxMs = Math.max(maxMs, performance.now() - t0);
+      probes++;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(probes).toBeGreaterThan(0);
+    expect(maxMs).toBeLessThan(100);
+    const m = (await finished).message;
+    expect(m.finishReason).toBe("error");
+    expect(m.error).toMatchObject({ code: "context_overflow", action: "reduce_context" });
+    expect(m.error!.message).toMatch(/\d{7} characters/);
+    // Nothing is lost: the message is kept, the chat can be trimmed or deleted.
+    expect((await call("chat.get", { id: c.id })).messages[0]!.content).toBe(content);
+    await call("chat.delete", { id: c.id });
+  });
+
   it("chat.stop ends a reply mid-way and keeps the text so far", async () => {
     await call("settings.update", { sampling: { maxNewTokens: 3000 } });
     const c = await call("chat.create", { title: "Stopping" });
@@ -459,6 +487,34 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     hub.faults.length = 0;
     expect(await call("models.dismiss", { taskId: second.taskId })).toEqual({ ok: true });
     expect((await call("models.downloads")).map((x) => x.taskId)).toEqual([d.taskId]);
+  });
+
+  it("installing a checkpoint whose config claims 1e9 layers fails clearly; the app still answers", async () => {
+    const ckpt = join(root, "ckpt");
+    const files = new Map<string, Buffer>();
+    for (const f of await readdir(ckpt)) files.set(f, await readFile(join(ckpt, f)));
+    const config = JSON.parse(files.get("config.json")!.toString()) as {
+      text_config: Record<string, unknown>;
+    };
+    config.text_config.num_hidden_layers = 1e9;
+    delete config.text_config.layer_types;
+    files.set("config.json", Buffer.from(JSON.stringify(config)));
+    hub.addRepo("test/huge-layers", files);
+    const from = events.length;
+    const d = await call("models.install", { ref: "test/huge-layers" });
+    const failed = await waitEvent(
+      isDownload(d.taskId, (x) => x.state === "failed"),
+      from,
+    );
+    expect(failed.download.error).toMatchObject({ code: "config_invalid" });
+    expect(failed.download.error!.message).toMatch(
+      /num_hidden_layers is 1000000000, more than Redwing accepts/,
+    );
+    expect(existsSync(join(modelsDir, "test--huge-layers"))).toBe(false);
+    // The app is alive and answers.
+    expect((await call("engine.status")).state).toBe("ready");
+    expect((await call("models.list")).some((m) => m.name === "test--huge-layers")).toBe(false);
+    await call("models.dismiss", { taskId: d.taskId });
   });
 
   it("verify names a damaged file; a corrupt model is not loaded; remove deletes it", async () => {

@@ -12,7 +12,7 @@ import { arch, availableParallelism, platform, totalmem } from "node:os";
 import { join, resolve } from "node:path";
 import { DEMO_MODEL_NAME, ensureDemoModel } from "../demo/demo.ts";
 import type { EngineClientOptions } from "../engine/index.ts";
-import type { InstallOptions } from "../install/installer.ts";
+import type { IsolatedInstallOptions } from "../install/isolated.ts";
 import { modelsDir as defaultModelsDir } from "../paths.ts";
 import type { z } from "zod";
 import {
@@ -67,7 +67,7 @@ export interface AppControllerOptions {
   /** Power source for the live panel; default RAPL or nvidia-smi when readable; null: none. */
   power?: PowerMeter | null;
   /** Extra installer options (tests: small ranges, no fsync, fast retries). */
-  install?: Partial<InstallOptions>;
+  install?: Partial<IsolatedInstallOptions>;
   /** Make the demo and load the active model at start (default true). */
   autoLoad?: boolean;
   /** Where diagnostics go (default: stderr). */

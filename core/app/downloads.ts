@@ -7,18 +7,18 @@
  *   resume: the same request runs again, and the installer resumes from the journal, re-checking
  *   what was placed. cancel: stopped, and the partial download deleted.
  * - Progress events at most ~4 a second (a state change goes out at once).
+ * - Each install runs on its own worker thread (core/install/isolated.ts) with its own heap limit.
  */
 import { randomUUID } from "node:crypto";
 import { join } from "node:path";
 import { resolveModelRef } from "../catalog/catalog.ts";
 import { DEMO_MODEL_NAME, ensureDemoModel } from "../demo/demo.ts";
+import { discardPartial, type InstallProgress } from "../install/installer.ts";
 import {
-  discardPartial,
-  startInstall,
-  type InstallOptions,
-  type InstallProgress,
-  type InstallTask,
-} from "../install/installer.ts";
+  startInstallInWorker,
+  type IsolatedInstallOptions,
+  type IsolatedInstallTask,
+} from "../install/isolated.ts";
 import type { Download } from "./api.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import { exists } from "../fs.ts";
@@ -35,14 +35,14 @@ export interface DownloadManagerOptions {
   /** A model was installed (verified while downloading). */
   onInstalled: (name: string) => void;
   /** Extra installer options (tests: small ranges, no fsync). */
-  install?: Partial<InstallOptions>;
+  install?: Partial<IsolatedInstallOptions>;
   log?: (line: string) => void;
 }
 
 interface Entry {
   download: Download;
   request: { repo: string; revision: string | null; dest: string } | null;
-  task: InstallTask | null;
+  task: IsolatedInstallTask | null;
   /** Settles when the running task has finished (whatever the outcome). */
   settled: Promise<void>;
   /** Why the running task is being stopped. */
@@ -161,7 +161,9 @@ export class DownloadManager {
       );
       return;
     }
-    const task = startInstall(e.request, {
+    // On a worker thread: a hostile checkpoint that exhausts the importer ends this install, not
+    // the app.
+    const task = startInstallInWorker(e.request, {
       createdBy: this.opts.createdBy,
       env: this.opts.env,
       ...this.opts.install,

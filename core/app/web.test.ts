@@ -547,3 +547,154 @@ describe("GET /api/events", () => {
     expect(backend.listeners.size).toBe(0);
   });
 });
+
+/**
+ * Sends `path` exactly as written (no URL parsing, which would normalise `/./` and `..`), and
+ * answers the status and up to 64 KiB of the body; an event stream is cut after its first chunk.
+ */
+function rawRequest(
+  server: WebServer,
+  options: { method: string; path: string; headers?: Record<string, string>; body?: string },
+): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(
+      {
+        host: "127.0.0.1",
+        port: server.port,
+        method: options.method,
+        path: options.path,
+        headers: options.headers,
+      },
+      (res) => {
+        let text = "";
+        const done = (): void => {
+          resolve({ status: res.statusCode ?? 0, text });
+          req.destroy();
+        };
+        res.setEncoding("utf8");
+        res.on("data", (chunk: string) => {
+          text += chunk;
+          if (text.length > 65536 || String(res.headers["content-type"]).includes("event-stream"))
+            done();
+        });
+        res.on("end", done);
+        res.on("error", done);
+      },
+    );
+    req.on("error", reject);
+    req.end(options.body);
+  });
+}
+
+/** Spellings of `/api/...` that a router might decode, fold or normalise to the real route. */
+function spellings(rest: string): string[] {
+  return [
+    `/api/${rest}`,
+    `/%61pi/${rest}`,
+    `/%61%70%69/${rest}`,
+    `/%41PI/${rest}`,
+    `/ap%69/${rest}`,
+    `/api%2F${rest}`,
+    `/API/${rest}`,
+    `/Api/${rest}`,
+    `//api/${rest}`,
+    `/api//${rest}`,
+    `/./api/${rest}`,
+    `/api/./${rest}`,
+    `/api/../api/${rest}`,
+    `/x/../api/${rest}`,
+    `/%2e/api/${rest}`,
+    `/api/${rest}/`,
+    `/api/${rest}%2F`,
+    `/api/${rest}%20`,
+    `/api/${rest}%00`,
+    `/api/${rest};x`,
+    `/api/${rest}#x`,
+    `/api/${[...rest].map((c) => `%${c.charCodeAt(0).toString(16)}`).join("")}`,
+    `/%2561pi/${rest}`,
+  ];
+}
+
+describe("the token check cannot be walked around by spelling the path differently", () => {
+  it("no spelling of /api/call/<method> reaches the backend without the token", async () => {
+    await start();
+    const reached: string[] = [];
+    for (const path of spellings("call/engine.status")) {
+      const before = backend.calls.length;
+      const r = await rawRequest(server, {
+        method: "POST",
+        path,
+        headers: { "content-type": "application/json" },
+        body: "{}",
+      });
+      if (backend.calls.length > before || r.status < 400) reached.push(`${path} -> ${r.status}`);
+      else expect(r.status >= 400 && r.status < 500, `${path} -> ${r.status}`).toBe(true);
+    }
+    expect(reached).toEqual([]);
+    expect(backend.calls).toEqual([]);
+  });
+
+  it("no spelling of /api/events opens the stream without the token", async () => {
+    await start();
+    const reached: string[] = [];
+    for (const path of spellings("events")) {
+      const r = await rawRequest(server, { method: "GET", path });
+      if (backend.listeners.size > 0 || r.status < 400) reached.push(`${path} -> ${r.status}`);
+      else expect(r.status >= 400 && r.status < 500, `${path} -> ${r.status}`).toBe(true);
+      await waitFor(() => backend.listeners.size === 0);
+    }
+    expect(reached).toEqual([]);
+    expect(backend.calls).toEqual([]);
+  });
+
+  it("a spelling that routes to the API works with the token, like the plain one", async () => {
+    await start();
+    const auth = { authorization: `Bearer ${server.token}`, "content-type": "application/json" };
+    const plain = await rawRequest(server, {
+      method: "POST",
+      path: "/api/call/settings.get",
+      headers: auth,
+      body: "{}",
+    });
+    const encoded = await rawRequest(server, {
+      method: "POST",
+      path: "/%61pi/call/settings.get",
+      headers: auth,
+      body: "{}",
+    });
+    expect(plain.status).toBe(200);
+    expect(encoded.status).toBe(200);
+    expect(JSON.parse(encoded.text)).toEqual(JSON.parse(plain.text));
+  });
+
+  it("an unknown route needs the token too (deny by default), and then answers 404", async () => {
+    await start();
+    const none = await rawRequest(server, { method: "POST", path: "/api/nothing" });
+    expect(none.status).toBe(401);
+    const withToken = await rawRequest(server, {
+      method: "POST",
+      path: "/api/nothing",
+      headers: { authorization: `Bearer ${server.token}` },
+    });
+    expect(withToken.status).toBe(404);
+  });
+});
+
+describe("model names", () => {
+  it("a NUL, a control character or a leading dot in a model name is a clear 400", async () => {
+    await start();
+    const bad = ["a\u0000b", "\u0000", "x\ny", ".tiny.install", ".hidden", ".", ".."];
+    for (const name of bad) {
+      for (const [method, params] of [
+        ["models.remove", { name }],
+        ["models.verify", { name }],
+        ["models.install", { ref: "test/tiny", name }],
+      ] as const) {
+        const r = await call(server, method, params);
+        expect(r.status, `${method} ${JSON.stringify(name)}`).toBe(400);
+        expect(r.json).toMatchObject({ ok: false, error: { code: "bad_request" } });
+      }
+    }
+    expect(backend.calls).toEqual([]);
+  });
+});

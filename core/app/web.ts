@@ -153,6 +153,21 @@ in the Redwing checkout (it builds the renderer), then start <code>redwing ui</c
 </body></html>
 `;
 
+/**
+ * How a route authenticates: `public` (static files), `bearer-token` (the Authorization header),
+ * `query-token` (the event stream: EventSource cannot send headers). A route without one (and the
+ * not-found handler) needs the bearer token: deny by default.
+ */
+type Access = "public" | "bearer-token" | "query-token";
+interface RouteConfig {
+  access?: Access;
+}
+
+function routeAccess(req: FastifyRequest): Access {
+  const access = (req.routeOptions.config as RouteConfig | undefined)?.access;
+  return access === "public" || access === "query-token" ? access : "bearer-token";
+}
+
 /** Starts web mode's HTTP server on loopback; the URL it answers carries the token. */
 export async function startWebServer(options: WebServerOptions): Promise<WebServer> {
   const { backend } = options;
@@ -191,7 +206,11 @@ export async function startWebServer(options: WebServerOptions): Promise<WebServ
   const refuse = (reply: FastifyReply, status: number, error: AppError): FastifyReply =>
     reply.code(status).header("cache-control", "no-store").send({ ok: false, error });
 
-  // Every request: Host and Origin first (before any body is read), then the token for /api.
+  // Every request: Host and Origin first (before any body is read), then the token. The token
+  // check runs after routing and looks at the route that was matched, not at the raw URL: the
+  // router decodes percent-escapes and dot segments, so a check on the spelling of the URL
+  // (`/%61pi/call/...`) can be walked around. Deny by default: only routes registered as public
+  // (the static files) go without a token; an API route, or any route added later, needs one.
   app.addHook("onRequest", async (req, reply) => {
     for (const [k, v] of Object.entries(SECURITY_HEADERS)) reply.header(k, v);
     const hostHeader = req.headers.host ?? "";
@@ -206,12 +225,12 @@ export async function startWebServer(options: WebServerOptions): Promise<WebServ
     if (origin !== undefined && origin !== `http://${hostHeader.toLowerCase()}`) {
       return refuse(reply, 403, appError("forbidden", `requests from ${origin} are not allowed`));
     }
-    const path = req.url.split("?")[0]!;
-    if (!path.startsWith("/api/")) return;
+    const access = routeAccess(req);
+    if (access === "public") return;
     let given: string | undefined;
-    if (path === "/api/events") {
-      const q = req.query as Record<string, unknown>;
-      given = typeof q.token === "string" ? q.token : undefined;
+    if (access === "query-token") {
+      const q = req.query as Record<string, unknown> | undefined;
+      given = typeof q?.token === "string" ? q.token : undefined;
     } else {
       const auth = req.headers.authorization;
       given = auth?.startsWith("Bearer ") ? auth.slice("Bearer ".length).trim() : undefined;
@@ -236,91 +255,106 @@ export async function startWebServer(options: WebServerOptions): Promise<WebServ
     return refuse(reply, status, e);
   });
 
-  app.post<{ Params: { method: string } }>("/api/call/:method", async (req, reply) => {
-    const parsed = parseCall(req.params.method, req.body);
-    if (!parsed.ok) return refuse(reply, 400, parsed.error);
-    try {
-      const result = await backend.call(parsed.method, parsed.params as never);
-      return reply.header("cache-control", "no-store").send({ ok: true, result });
-    } catch (error) {
-      const e = toAppError(error);
-      const status = statusOf(e);
-      if (status >= 500) log(`${parsed.method} failed: ${(error as Error).stack ?? String(error)}`);
-      return refuse(reply, status, e);
+  app.post<{ Params: { method: string } }>(
+    "/api/call/:method",
+    { config: { access: "bearer-token" } satisfies RouteConfig },
+    async (req, reply) => {
+      const parsed = parseCall(req.params.method, req.body);
+      if (!parsed.ok) return refuse(reply, 400, parsed.error);
+      try {
+        const result = await backend.call(parsed.method, parsed.params as never);
+        return reply.header("cache-control", "no-store").send({ ok: true, result });
+      } catch (error) {
+        const e = toAppError(error);
+        const status = statusOf(e);
+        if (status >= 500)
+          log(`${parsed.method} failed: ${(error as Error).stack ?? String(error)}`);
+        return refuse(reply, status, e);
+      }
+    },
+  );
+
+  app.get(
+    "/api/events",
+    { config: { access: "query-token" } satisfies RouteConfig },
+    (req, reply) => {
+      reply.hijack();
+      const res = reply.raw;
+      res.writeHead(200, {
+        ...SECURITY_HEADERS,
+        "content-type": "text/event-stream; charset=utf-8",
+        "cache-control": "no-store",
+        connection: "keep-alive",
+        "x-accel-buffering": "no",
+      });
+      streams.add(res);
+      let closed = false;
+      // Events published while the snapshot is gathered wait here, so none is lost in between.
+      let pending: AppEvent[] | null = [];
+      const write = (chunk: string): void => {
+        if (closed) return;
+        res.write(chunk);
+        if (res.writableLength > MAX_SSE_BACKLOG_BYTES) {
+          log("an event stream client stopped reading; dropping it (it reconnects)");
+          cleanup();
+          res.destroy();
+        }
+      };
+      const send = (event: AppEvent): void => write(`data: ${JSON.stringify(event)}\n\n`);
+      const unsubscribe = backend.subscribe((event) => {
+        if (pending) pending.push(event);
+        else send(event);
+      });
+      const ping = setInterval(() => write(": ping\n\n"), pingMs);
+      const cleanup = (): void => {
+        if (closed) return;
+        closed = true;
+        clearInterval(ping);
+        unsubscribe();
+        streams.delete(res);
+      };
+      req.raw.on("close", cleanup);
+      res.on("close", cleanup);
+      res.on("error", cleanup);
+      write(": connected\n\n");
+      void snapshot(backend, log).then((events) => {
+        for (const e of events) send(e);
+        const queued = pending ?? [];
+        pending = null;
+        for (const e of queued) send(e);
+      });
+    },
+  );
+
+  // The static files hold no data: the routes registered in this scope are the only public ones.
+  await app.register(async (scope) => {
+    scope.addHook("onRoute", (route) => {
+      route.config = { ...(route.config as object), access: "public" } satisfies RouteConfig;
+    });
+    if (existsSync(join(staticDir, "index.html"))) {
+      await scope.register(fastifyStatic, {
+        root: staticDir,
+        index: "index.html",
+        dotfiles: "ignore",
+        wildcard: true,
+        // The page names hashed assets; the page itself must always be fresh.
+        setHeaders: (res, path) => {
+          if (path.endsWith(".html")) res.header("cache-control", "no-cache");
+        },
+      });
+    } else {
+      scope.get("/*", (req, reply) => {
+        if (req.url.startsWith("/api/")) {
+          return refuse(reply, 404, appError("not_found", `no such endpoint: ${req.url}`));
+        }
+        return reply
+          .code(500)
+          .type("text/html; charset=utf-8")
+          .header("cache-control", "no-store")
+          .send(MISSING_UI_PAGE(staticDir));
+      });
     }
   });
-
-  app.get("/api/events", (req, reply) => {
-    reply.hijack();
-    const res = reply.raw;
-    res.writeHead(200, {
-      ...SECURITY_HEADERS,
-      "content-type": "text/event-stream; charset=utf-8",
-      "cache-control": "no-store",
-      connection: "keep-alive",
-      "x-accel-buffering": "no",
-    });
-    streams.add(res);
-    let closed = false;
-    // Events published while the snapshot is gathered wait here, so none is lost in between.
-    let pending: AppEvent[] | null = [];
-    const write = (chunk: string): void => {
-      if (closed) return;
-      res.write(chunk);
-      if (res.writableLength > MAX_SSE_BACKLOG_BYTES) {
-        log("an event stream client stopped reading; dropping it (it reconnects)");
-        cleanup();
-        res.destroy();
-      }
-    };
-    const send = (event: AppEvent): void => write(`data: ${JSON.stringify(event)}\n\n`);
-    const unsubscribe = backend.subscribe((event) => {
-      if (pending) pending.push(event);
-      else send(event);
-    });
-    const ping = setInterval(() => write(": ping\n\n"), pingMs);
-    const cleanup = (): void => {
-      if (closed) return;
-      closed = true;
-      clearInterval(ping);
-      unsubscribe();
-      streams.delete(res);
-    };
-    req.raw.on("close", cleanup);
-    res.on("close", cleanup);
-    res.on("error", cleanup);
-    write(": connected\n\n");
-    void snapshot(backend, log).then((events) => {
-      for (const e of events) send(e);
-      const queued = pending ?? [];
-      pending = null;
-      for (const e of queued) send(e);
-    });
-  });
-
-  if (existsSync(join(staticDir, "index.html"))) {
-    await app.register(fastifyStatic, {
-      root: staticDir,
-      index: "index.html",
-      dotfiles: "ignore",
-      wildcard: true,
-      // The page names hashed assets; the page itself must always be fresh.
-      setHeaders: (res, path) => {
-        if (path.endsWith(".html")) res.header("cache-control", "no-cache");
-      },
-    });
-  } else {
-    app.get("/*", (req, reply) => {
-      if (req.url.startsWith("/api/")) {
-        return refuse(reply, 404, appError("not_found", `no such endpoint: ${req.url}`));
-      }
-      return reply
-        .code(500)
-        .type("text/html; charset=utf-8")
-        .header("cache-control", "no-store")
-        .send(MISSING_UI_PAGE(staticDir));
-    });
-  }
 
   app.setNotFoundHandler((req, reply) =>
     refuse(reply, 404, appError("not_found", `no such endpoint: ${req.method} ${req.url}`)),

@@ -141,3 +141,36 @@ describe("Gemma tokenizer", () => {
     expect(s.finishReason).toBe("stop_token");
   });
 });
+
+describe("long texts", () => {
+  it("maxTokenChars bounds what one token covers (Gemma's longest piece is 31 newlines)", () => {
+    expect(tok.maxTokenChars).toBe(31);
+    for (const text of [...SAMPLES, "\n".repeat(200), " ".repeat(200), "a".repeat(500)]) {
+      expect(tok.encode(text).length * tok.maxTokenChars).toBeGreaterThanOrEqual(text.length);
+    }
+    expect(tok.maxCharsFor(100)).toBe(100 * 31 * 2);
+  });
+
+  it("encodeAsync tokenizes a long text on a worker thread, to the same ids, without blocking", async () => {
+    const text = SAMPLES.join("\n").repeat(400); // ~60,000 characters
+    let ticks = 0;
+    let worstGapMs = 0;
+    let last = performance.now();
+    const timer = setInterval(() => {
+      const now = performance.now();
+      worstGapMs = Math.max(worstGapMs, now - last);
+      last = now;
+      ticks++;
+    }, 5);
+    try {
+      const ids = await tok.encodeAsync(text, { addBos: true });
+      expect(ids).toEqual(tok.encode(text, { addBos: true }));
+    } finally {
+      clearInterval(timer);
+      await tok.close();
+    }
+    expect(ticks).toBeGreaterThan(5);
+    // The inline encode above runs after the worker answered; the timer saw only the wait.
+    expect(worstGapMs).toBeLessThan(250);
+  }, 60_000);
+});

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { normalizeConfig } from "./config.ts";
+import { UserError } from "../errors.ts";
+import { CONFIG_LIMITS, normalizeConfig } from "./config.ts";
 import { TINY_GEMMA3, TINY_GEMMA4_DENSE, TINY_GEMMA4_MOE, tinyConfig } from "./testkit.ts";
 
 const S = "sliding_attention";
@@ -337,5 +338,27 @@ describe("Gemma 3 config normalization", () => {
     expect(() =>
       normalizeConfig({ ...tinyConfig(TINY_GEMMA3, "flat"), hidden_size: "big" }),
     ).toThrow(/hidden_size must be a number/);
+  });
+});
+
+describe("limits on the numbers that size work", () => {
+  it("num_hidden_layers: 1e9 without layer_types is a clear error naming the field", () => {
+    for (const key of Object.keys(CONFIG_LIMITS)) {
+      const cfg = tinyConfig(TINY_GEMMA4_MOE, "nested");
+      const target = (cfg.text_config as Record<string, unknown> | undefined) ?? cfg;
+      delete target.layer_types;
+      target[key] = 1e9;
+      let error: unknown = null;
+      try {
+        normalizeConfig(cfg);
+      } catch (e) {
+        error = e;
+      }
+      expect(error, key).toBeInstanceOf(UserError);
+      expect((error as UserError).code, key).toBe("config_invalid");
+      expect((error as Error).message, key).toContain(
+        `${key} is 1000000000, more than Redwing accepts`,
+      );
+    }
   });
 });

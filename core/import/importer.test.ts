@@ -1,5 +1,16 @@
+import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import {
+  mkdtemp,
+  readFile,
+  readdir,
+  rename,
+  rm,
+  symlink,
+  truncate,
+  writeFile,
+} from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -12,6 +23,7 @@ import {
 } from "../format/dtype.ts";
 import { type Manifest, type QuantizedPart } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
+import { UserError } from "../errors.ts";
 import { importCheckpoint } from "./importer.ts";
 import {
   TINY_GEMMA3,
@@ -450,6 +462,59 @@ describe("importCheckpoint errors", () => {
     await writeFile(join(empty, "config.json"), "{not json");
     await expect(imp(empty, out())).rejects.toThrow(/config\.json is not valid JSON/);
     await expect(imp(join(root, "nope"), out())).rejects.toThrow(/does not exist/);
+  });
+});
+
+describe("a hostile checkpoint", () => {
+  async function expectRefused(src: string, code: string, pattern: RegExp): Promise<void> {
+    const dest = out();
+    let error: unknown = null;
+    try {
+      await imp(src, dest);
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(UserError);
+    expect((error as UserError).code).toBe(code);
+    expect((error as Error).message).toMatch(pattern);
+    expect(existsSync(dest)).toBe(false);
+  }
+
+  it("a symlinked chat_template.jinja (to a secret) is refused, not copied", async () => {
+    const src = await checkpoint(TINY_GEMMA3, { form: "flat", kind: "float" });
+    const secret = join(root, `secret-${counter++}`);
+    await writeFile(secret, "the secret");
+    await rm(join(src, "chat_template.jinja"), { force: true });
+    await symlink(secret, join(src, "chat_template.jinja"));
+    await expectRefused(src, "checkpoint_invalid", /chat_template\.jinja .* is a symbolic link/);
+  });
+
+  it("a symlinked tokenizer.json or shard is refused too", async () => {
+    for (const name of ["tokenizer.json", "model.safetensors"]) {
+      const src = await checkpoint(TINY_GEMMA3, { form: "flat", kind: "float" });
+      const real = join(root, `real-${counter++}`);
+      await rename(join(src, name), real);
+      await symlink(real, join(src, name));
+      await expectRefused(src, "checkpoint_invalid", new RegExp(`${name} .* is a symbolic link`));
+    }
+  });
+
+  it.skipIf(process.platform === "win32")(
+    "a FIFO as a shard is refused without opening it (no hang)",
+    async () => {
+      const src = await checkpoint(TINY_GEMMA3, { form: "flat", kind: "float" });
+      await rm(join(src, "model.safetensors"));
+      execFileSync("mkfifo", [join(src, "model.safetensors")]);
+      await expectRefused(src, "checkpoint_invalid", /model\.safetensors .* is a FIFO/);
+    },
+    10_000,
+  );
+
+  it("a config.json of 100 MB is refused before reading it whole", async () => {
+    const src = await checkpoint(TINY_GEMMA3, { form: "flat", kind: "float" });
+    // Sparse: no disk space used.
+    await truncate(join(src, "config.json"), 100 * 1024 * 1024);
+    await expectRefused(src, "file_too_large", /config\.json .* has 104857600 bytes/);
   });
 });
 

@@ -10,7 +10,7 @@
  *
  * Memory stays bounded: one tensor, one block of rows or one expert is in memory at a time.
  */
-import { readFile, readdir, stat } from "node:fs/promises";
+import { readdir, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { UserError } from "../errors.ts";
 import { type FloatDType, dtypeSize } from "../format/dtype.ts";
@@ -36,6 +36,7 @@ import {
 } from "../format/manifest.ts";
 import { sha256File } from "../format/read.ts";
 import { ModelWriter, type QuantizedData, type QuantizedMeta } from "../format/writer.ts";
+import { checkRegularFile, readInputFile } from "./input-files.ts";
 import { normalizeConfig } from "./config.ts";
 import { type QuantParams, type QuantVariant, quantizeRows } from "./quantize.ts";
 import { SafetensorsCheckpoint, type StDType, type TensorInfo } from "./safetensors.ts";
@@ -131,6 +132,10 @@ export async function importCheckpoint(
   options: ImportOptions = {},
 ): Promise<ImportResult> {
   const entries = await listCheckpoint(srcDir);
+  // Before anything is opened: a FIFO must not block an open, a link must not be followed.
+  for (const name of entries) {
+    if (READ_BY_IMPORT.test(name)) await checkRegularFile(join(srcDir, name));
+  }
   const config = await readJson(srcDir, "config.json", true);
   const generation = entries.includes("generation_config.json")
     ? await readJson(srcDir, "generation_config.json", false)
@@ -162,7 +167,8 @@ export async function importCheckpoint(
     for (const f of auxFiles) {
       checkAborted(options.signal);
       if (f.template !== undefined) await writer.addFile(f.to, f.template);
-      else await writer.copyFile(join(srcDir, f.from), f.to);
+      // Read here (a regular file, not through a link, size-capped), not copied by path.
+      else await writer.addFile(f.to, await readInputFile(join(srcDir, f.from)));
     }
     const manifest = await writer.commit({
       architecture: arch,
@@ -177,6 +183,9 @@ export async function importCheckpoint(
     await ckpt.close();
   }
 }
+
+/** The files an import may read: configs, index, shards, tokenizer, template. */
+const READ_BY_IMPORT = /\.(json|safetensors|jinja|model)$/;
 
 async function listCheckpoint(srcDir: string): Promise<string[]> {
   let st;
@@ -199,8 +208,9 @@ async function listCheckpoint(srcDir: string): Promise<string[]> {
 async function readJson(dir: string, name: string, required: boolean): Promise<unknown> {
   let text: string;
   try {
-    text = await readFile(join(dir, name), "utf8");
+    text = (await readInputFile(join(dir, name))).toString("utf8");
   } catch (error) {
+    if (error instanceof UserError) throw error;
     if (!required) return undefined;
     throw new UserError(
       `cannot read ${name}: ${(error as Error).message}`,

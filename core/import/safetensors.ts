@@ -6,9 +6,10 @@
  * `{ name: { dtype, shape, data_offsets: [begin, end] }, "__metadata__": {...} }`, then the data;
  * offsets are relative to the first byte after the header.
  */
-import { open, readFile, stat, type FileHandle } from "node:fs/promises";
+import { stat, type FileHandle } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { UserError } from "../errors.ts";
+import { openInputFile, readInputFile } from "./input-files.ts";
 import { isSafeRelativePath } from "../format/paths.ts";
 
 export type StDType =
@@ -77,8 +78,9 @@ export class SafetensorsFile {
     const name = basename(path);
     let handle: FileHandle;
     try {
-      handle = await open(path, "r");
+      handle = await openInputFile(path);
     } catch (error) {
+      if (error instanceof UserError) throw error;
       throw new UserError(`cannot open ${path}: ${(error as Error).message}`, "checkpoint_io");
     }
     try {
@@ -139,9 +141,16 @@ export function parseSafetensorsHeader(
   let metadata: Record<string, string> = {};
   for (const [key, value] of Object.entries(header as Record<string, unknown>)) {
     if (key === "__metadata__") {
-      if (typeof value === "object" && value !== null) {
-        metadata = value as Record<string, string>;
+      // The format: a map of strings to strings. Anything else would be passed on typed as such.
+      if (
+        typeof value !== "object" ||
+        value === null ||
+        Array.isArray(value) ||
+        !Object.values(value).every((v) => typeof v === "string")
+      ) {
+        throw bad("__metadata__ must map names to strings");
       }
+      metadata = { ...(value as Record<string, string>) };
       continue;
     }
     tensors.set(key, parseEntry(name, path, key, value, dataStart, dataSize));
@@ -175,15 +184,16 @@ function parseEntry(
   if (typeof value !== "object" || value === null) throw bad("entry is not an object");
   const entry = value as Record<string, unknown>;
   const dtype = entry.dtype;
-  if (typeof dtype !== "string" || !(dtype in DTYPE_SIZE)) {
-    throw bad(`unknown dtype ${JSON.stringify(dtype)}`);
+  // Own keys only: `"toString" in DTYPE_SIZE` is true.
+  if (typeof dtype !== "string" || !Object.hasOwn(DTYPE_SIZE, dtype)) {
+    throw bad(dtype === undefined ? "no dtype" : `unknown dtype ${JSON.stringify(dtype)}`);
   }
   const shape = entry.shape;
   if (
     !Array.isArray(shape) ||
     !shape.every((d): d is number => Number.isSafeInteger(d) && (d as number) >= 0)
   ) {
-    throw bad(`invalid shape ${JSON.stringify(shape)}`);
+    throw bad(shape === undefined ? "no shape" : `invalid shape ${JSON.stringify(shape)}`);
   }
   const offsets = entry.data_offsets;
   if (
@@ -191,7 +201,9 @@ function parseEntry(
     offsets.length !== 2 ||
     !offsets.every((o): o is number => Number.isSafeInteger(o) && (o as number) >= 0)
   ) {
-    throw bad(`invalid data_offsets ${JSON.stringify(offsets)}`);
+    throw bad(
+      offsets === undefined ? "no data_offsets" : `invalid data_offsets ${JSON.stringify(offsets)}`,
+    );
   }
   const [begin, end] = offsets as [number, number];
   if (end < begin) throw bad(`data_offsets [${begin}, ${end}] end before begin`);
@@ -329,7 +341,13 @@ export class SafetensorsCheckpoint {
 
   static async open(dir: string, fileNames: string[]): Promise<SafetensorsCheckpoint> {
     const indexPath = join(dir, "model.safetensors.index.json");
-    const indexText: string | null = await readFile(indexPath, "utf8").catch(() => null);
+    const indexText: string | null = await readInputFile(indexPath).then(
+      (bytes) => bytes.toString("utf8"),
+      (error: unknown) => {
+        if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+        throw error;
+      },
+    );
     const { shards, weightMap } = resolveShards(fileNames, indexText, dir);
     const opened: { shard: string; tensors: Map<string, TensorInfo> }[] = [];
     for (const shard of shards) {
@@ -360,7 +378,7 @@ export class SafetensorsCheckpoint {
     }
     let handle = this.handles.get(info.file);
     if (!handle) {
-      handle = await open(info.file, "r");
+      handle = await openInputFile(info.file);
       this.handles.set(info.file, handle);
     }
     const buf = Buffer.allocUnsafe(length);

@@ -26,6 +26,16 @@ import { DEFAULT_RETRY, RetryableError, parseRetryAfter, type RetryPolicy } from
 type Env = Record<string, string | undefined>;
 
 export const DEFAULT_ENDPOINT = "https://huggingface.co";
+/**
+ * The revision API's answer (a file listing) is read whole; the largest real listings are a
+ * few MiB, so this only stops an endless or absurd body.
+ */
+export const MAX_REVISION_BYTES = 32 * 1024 * 1024;
+/**
+ * Files read whole into memory (config, tokenizer, index...): Gemma's tokenizer.json, the
+ * largest, is 33 MiB. Shards are never read whole.
+ */
+export const MAX_WHOLE_FILE_BYTES = 64 * 1024 * 1024;
 
 /** The hub endpoint: `HF_ENDPOINT` (a mirror) or huggingface.co, without a trailing slash. */
 export function hubEndpoint(env: Env = process.env): string {
@@ -234,9 +244,11 @@ export class HubClient {
     const { res } = await this.send(url, "GET", {}, subject, signal, () => undefined);
     let json: unknown;
     try {
-      json = JSON.parse(await this.readText(res, signal));
+      json = JSON.parse(
+        await this.readText(res, signal, MAX_REVISION_BYTES, `the revision API for ${repo}`),
+      );
     } catch (error) {
-      if (error instanceof RetryableError) throw error;
+      if (error instanceof RetryableError || error instanceof UserError) throw error;
       throw new RetryableError(
         `the hub's revision API returned invalid JSON for ${repo}@${revision}`,
       );
@@ -314,6 +326,13 @@ export class HubClient {
     onBytes?: (n: number) => void,
   ): Promise<Buffer> {
     const subject = { repo, revision: commit, path: file.path };
+    // The size comes from the hub's listing: never allocate what a listing merely claims.
+    if (!Number.isSafeInteger(file.size) || file.size < 0 || file.size > MAX_WHOLE_FILE_BYTES) {
+      throw new UserError(
+        `${repo} lists ${file.path} at ${file.size} bytes; Redwing reads such files whole and accepts at most ${MAX_WHOLE_FILE_BYTES} bytes (real ones are far smaller)`,
+        "file_too_large",
+      );
+    }
     const { res } = await this.send(
       this.fileUrl(repo, commit, file.path),
       "GET",
@@ -483,7 +502,21 @@ export class HubClient {
         } finally {
           await res.body?.cancel().catch(() => undefined);
         }
-        const next = new URL(location, current);
+        let next: URL;
+        try {
+          next = new URL(location, current);
+        } catch {
+          throw new UserError(
+            `the hub redirected ${current.href} to ${JSON.stringify(location)}, which is not a URL`,
+            "hub_protocol",
+          );
+        }
+        if (next.protocol !== "http:" && next.protocol !== "https:") {
+          throw new UserError(
+            `the hub redirected ${current.href} to ${next.href}, which is not an http(s) URL; refusing to follow it`,
+            "hub_protocol",
+          );
+        }
         if (sameOriginOnly && next.origin !== current.origin) return { res, url: current };
         current = next;
         continue;
@@ -590,12 +623,34 @@ export class HubClient {
     );
   }
 
-  private async readText(res: Response, signal: AbortSignal | undefined): Promise<string> {
+  /**
+   * A whole text body of at most `maxBytes`: a server that sends more (an endless body) gets a
+   * clear error once the cap is reached, never an unbounded buffer.
+   */
+  private async readText(
+    res: Response,
+    signal: AbortSignal | undefined,
+    maxBytes: number,
+    what: string,
+  ): Promise<string> {
     const chunks: Buffer[] = [];
+    let total = 0;
+    let tooLarge = false;
     await this.pump(res, signal, (chunk) => {
+      total += chunk.byteLength;
+      if (total > maxBytes) {
+        tooLarge = true;
+        return false;
+      }
       chunks.push(Buffer.from(chunk));
       return true;
     });
+    if (tooLarge) {
+      throw new UserError(
+        `the hub at ${this.options.endpoint} sent more than ${maxBytes} bytes for ${what}; a real answer is far smaller, so the hub (or something in between) is broken or hostile`,
+        "hub_protocol",
+      );
+    }
     return Buffer.concat(chunks).toString("utf8");
   }
 

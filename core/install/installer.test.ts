@@ -675,3 +675,66 @@ describe("errors", () => {
     expect((await stat(join(to, "weights.bin"))).ino).not.toBe(st.ino);
   });
 });
+
+/** Peak growth of this process's RSS while `work` runs, sampled every 10 ms. */
+async function rssGrowthDuring<T>(
+  work: Promise<T>,
+): Promise<{ result: PromiseSettledResult<T>; growth: number }> {
+  const base = process.memoryUsage().rss;
+  let peak = base;
+  const timer = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 10);
+  const [result] = await Promise.allSettled([work]);
+  clearInterval(timer);
+  peak = Math.max(peak, process.memoryUsage().rss);
+  return { result, growth: peak - base };
+}
+
+describe("a hostile hub", () => {
+  it("an endless revision API body ends in a clear error, with bounded memory", async () => {
+    hub.faults.push({ on: "api", action: { kind: "endless" } });
+    const to = dest();
+    const { result, growth } = await rssGrowthDuring(install(sources["moe-mlx"]!, to));
+    expect(result.status).toBe("rejected");
+    const error = (result as PromiseRejectedResult).reason as UserError;
+    expect(error).toBeInstanceOf(UserError);
+    expect(error.code).toBe("hub_protocol");
+    expect(error.message).toMatch(/sent more than 33554432 bytes for the revision API/);
+    // The cap (32 MiB) plus the process's own noise; an unbounded reader grows without end.
+    expect(growth).toBeLessThan(200 * 1024 * 1024);
+    await expectNotInstalled(to);
+  }, 60_000);
+
+  it("a metadata file the listing claims at 2.1 GB is refused before any allocation", async () => {
+    hub.faults.push({
+      on: "api",
+      action: { kind: "claim-size", file: "tokenizer.json", size: 2_100_000_000 },
+    });
+    const to = dest();
+    const before = hub.log.length;
+    const { result, growth } = await rssGrowthDuring(install(sources["moe-mlx"]!, to));
+    expect(result.status).toBe("rejected");
+    const error = (result as PromiseRejectedResult).reason as UserError;
+    expect(error).toBeInstanceOf(UserError);
+    expect(error.code).toBe("file_too_large");
+    expect(error.message).toMatch(/tokenizer\.json at 2100000000 bytes.*at most 67108864/);
+    expect(growth).toBeLessThan(200 * 1024 * 1024);
+    // Not retried: one listing, no fetch of the file.
+    expect(hub.log.slice(before).filter((l) => l.url.includes("tokenizer.json"))).toEqual([]);
+    await expectNotInstalled(to);
+  });
+
+  it("a redirect to file:// is refused as what it is, not reported as a network error", async () => {
+    hub.faults.push({
+      on: "resolve",
+      path: "config.json",
+      action: { kind: "redirect", location: "file:///etc/passwd" },
+    });
+    const to = dest();
+    await expectUserError(
+      install(sources["moe-mlx"]!, to),
+      "hub_protocol",
+      /redirected .*config\.json to file:\/\/\/etc\/passwd, which is not an http\(s\) URL/,
+    );
+    await expectNotInstalled(to);
+  });
+});

@@ -40,7 +40,13 @@ export type FaultAction =
   /** The resolve hop claims another commit. */
   | { kind: "commit"; commit: string }
   /** The resolve hop reports another X-Linked-Etag. */
-  | { kind: "linked-etag"; etag: string };
+  | { kind: "linked-etag"; etag: string }
+  /** The revision API sends an endless body (until the client goes away). */
+  | { kind: "endless" }
+  /** The revision API's listing claims `size` bytes for the file `file`. */
+  | { kind: "claim-size"; file: string; size: number }
+  /** The resolve hop redirects to `location` (any scheme: file://, ftp://...). */
+  | { kind: "redirect"; location: string };
 
 export interface Fault {
   /** Requests this applies to: "api", "resolve" (hub hop), "data" (bytes served). */
@@ -290,14 +296,29 @@ export class TestHub {
         res.end();
         return;
       }
+      if (action?.kind === "endless") {
+        this.record("hub", req, 200);
+        res.writeHead(200, { "content-type": "application/json" });
+        res.write('{"id": "');
+        const chunk = Buffer.alloc(64 * 1024, "a");
+        const more = (): void => {
+          while (!res.destroyed && res.write(chunk));
+          if (!res.destroyed) res.once("drain", more);
+        };
+        res.on("close", () => res.removeAllListeners("drain"));
+        more();
+        return;
+      }
+      const claimed = (f: StoredFile): number =>
+        action?.kind === "claim-size" && action.file === f.path ? action.size : f.data.length;
       const body = JSON.stringify({
         id: found.repo,
         sha: commit,
         siblings: [...files.values()].map((f) => ({
           rfilename: f.path,
-          size: f.data.length,
+          size: claimed(f),
           blobId: f.blobId,
-          ...(f.lfs ? { lfs: { sha256: f.sha256, size: f.data.length, pointerSize: 134 } } : {}),
+          ...(f.lfs ? { lfs: { sha256: f.sha256, size: claimed(f), pointerSize: 134 } } : {}),
         })),
       });
       this.record("hub", req, 200);
@@ -320,6 +341,12 @@ export class TestHub {
       return;
     }
     const action = this.fault("resolve", path, req, null);
+    if (action?.kind === "redirect") {
+      this.record("hub", req, 302);
+      res.writeHead(302, { location: action.location, "x-repo-commit": commit! });
+      res.end();
+      return;
+    }
     if (action?.kind === "status") {
       this.record("hub", req, action.status);
       res.writeHead(action.status, action.retryAfter ? { "retry-after": action.retryAfter } : {});

@@ -8,6 +8,7 @@ import { EngineCrashError, EngineError } from "../engine/index.ts";
 export type ApiErrorType =
   | "invalid_request_error"
   | "authentication_error"
+  | "permission_error"
   | "not_found_error"
   | "rate_limit_error"
   | "server_error"

@@ -54,6 +54,17 @@ export interface ServerOptions {
   apiKey?: string;
   /** The one origin allowed by CORS ("*": any); default none (no CORS headers). */
   corsOrigin?: string;
+  /**
+   * On loopback, Host header names accepted besides localhost, 127.0.0.1 and [::1] at the
+   * server's port (`--allow-host`): a name, or name:port. Everything else is refused (421), so
+   * that a web page cannot reach the server through DNS rebinding.
+   */
+  allowedHosts?: string[];
+  /**
+   * On loopback, browser origins accepted besides the server's own loopback origins and
+   * `corsOrigin` (`--allow-origin`), e.g. "http://localhost:3000". Others are refused (403).
+   */
+  allowedOrigins?: string[];
   /** Requests that may wait behind the running one (default 4). */
   queueLimit?: number;
   /** Bytes (default 4 MiB). */
@@ -132,6 +143,47 @@ export function checkBinding(options: ServerOptions): void {
   }
 }
 
+const LOOPBACK_NAMES = new Set(["localhost", "127.0.0.1", "[::1]"]);
+
+/**
+ * Whether a Host header names this server: a loopback name at its port, or one the user allowed
+ * (with or without a port). Case-insensitive, as DNS names are.
+ */
+export function hostAllowed(header: string | undefined, port: number, allowed: string[]): boolean {
+  if (header === undefined) return false;
+  const value = header.trim().toLowerCase();
+  const m = /^(\[[0-9a-f:.]+\]|[^:[\]]+)(?::(\d{1,5}))?$/.exec(value);
+  if (!m) return false;
+  const name = m[1]!;
+  const samePort = m[2] === undefined ? port === 80 : Number(m[2]) === port;
+  if (LOOPBACK_NAMES.has(name) && samePort) return true;
+  return allowed.some((a) => {
+    const want = a.trim().toLowerCase();
+    return want === value || (want === name && samePort);
+  });
+}
+
+/** Whether a browser Origin may call: none (not a browser), this server's own, or one allowed. */
+export function originAllowed(
+  origin: string | undefined,
+  port: number,
+  allowed: string[],
+): boolean {
+  if (origin === undefined) return true;
+  const value = origin.trim().toLowerCase().replace(/\/$/, "");
+  if (allowed.some((a) => a.trim().toLowerCase().replace(/\/$/, "") === value)) return true;
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    return false;
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") return false;
+  if (url.origin !== value) return false; // a path, credentials or an odd spelling
+  const urlPort = url.port === "" ? (url.protocol === "https:" ? 443 : 80) : Number(url.port);
+  return LOOPBACK_NAMES.has(url.hostname) && urlPort === port;
+}
+
 function modelIdOf(arg: string | undefined, model: ResolvedModel): string {
   if (arg === undefined || arg === DEMO_MODEL_NAME) return DEMO_MODEL_NAME;
   if (arg.includes("/") || arg.includes("\\")) return basename(model.dir);
@@ -144,7 +196,8 @@ function sameSecret(given: string, expected: string): boolean {
   return a.length === b.length && timingSafeEqual(a, b);
 }
 
-function parseBody<T>(schema: ZodType<T>, body: unknown): T {
+/** A request body checked against `schema`: the data, or an ApiError 400 naming the field. */
+export function parseBody<T>(schema: ZodType<T>, body: unknown): T {
   if (body === undefined || body === null || typeof body !== "object") {
     throw new ApiError(400, "the request body must be a JSON object", "invalid_request_error");
   }
@@ -227,7 +280,49 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       );
   });
 
+  // Set once listening (port 0 picks one).
+  let listeningPort = options.port ?? DEFAULT_PORT;
+  const onLoopback = isLoopbackHost(host);
+  // The address it is bound to names it too (127.0.0.2, say).
+  const allowedHosts = [...(options.allowedHosts ?? []), host.includes(":") ? `[${host}]` : host];
+  const allowedOrigins = [
+    ...(options.allowedOrigins ?? []),
+    ...(options.corsOrigin && options.corsOrigin !== "*" ? [options.corsOrigin] : []),
+  ];
+
   app.addHook("onRequest", async (request, reply) => {
+    // On loopback the server has no key by default: a web page must not reach it by giving a
+    // hostname of its own the address 127.0.0.1 (DNS rebinding) or by posting cross-site.
+    if (onLoopback) {
+      const hostHeader = request.headers.host;
+      if (!hostAllowed(hostHeader, listeningPort, allowedHosts)) {
+        void reply
+          .code(421)
+          .send(
+            new ApiError(
+              421,
+              `this server answers only requests for localhost:${listeningPort} or 127.0.0.1:${listeningPort}, not for host "${hostHeader ?? ""}" (start it with --allow-host ${(hostHeader ?? "NAME").split(":")[0]} to allow that name)`,
+              "invalid_request_error",
+              "host_not_allowed",
+            ).body(),
+          );
+        return reply;
+      }
+      const origin = request.headers.origin;
+      if (options.corsOrigin !== "*" && !originAllowed(origin, listeningPort, allowedOrigins)) {
+        void reply
+          .code(403)
+          .send(
+            new ApiError(
+              403,
+              `requests from the web page at ${origin} are not allowed (start the server with --allow-origin ${origin} to allow it)`,
+              "permission_error",
+              "origin_not_allowed",
+            ).body(),
+          );
+        return reply;
+      }
+    }
     const cors = options.corsOrigin;
     if (cors) {
       const origin = request.headers.origin;
@@ -296,6 +391,24 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       "model_not_found",
       "model",
     );
+  }
+
+  /**
+   * Refuses a prompt that cannot fit the context before it is tokenized: its length in
+   * characters bounds its length in tokens (see ChatTokenizer.maxCharsFor), and a check costs
+   * nothing where tokenizing megabytes would cost seconds.
+   */
+  function checkPromptLength(chars: number, param: string): void {
+    const limit = tokenizer.maxCharsFor(context);
+    if (chars > limit) {
+      throw new ApiError(
+        400,
+        `the prompt has ${chars} characters, more than the ${context} tokens of the context can hold (at most ${limit} characters); shorten it`,
+        "invalid_request_error",
+        "context_length_exceeded",
+        param,
+      );
+    }
   }
 
   /** Sampling, stop strings and the token budget shared by both endpoints. */
@@ -567,6 +680,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       if (m.role === "tool") base.tool_call_id = m.tool_call_id;
       return base;
     });
+    checkPromptLength(
+      messages.reduce((n, m) => n + (m.content as string).length, 0),
+      "messages",
+    );
     let text: string;
     try {
       text = template.render(messages, {
@@ -584,7 +701,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       );
     }
     if (toolsOn) text = renderToolPrompt(text, body.tools ?? [], body.tool_choice);
-    const tokens = tokenizer.encode(text, { addBos: true });
+    checkPromptLength(text.length, "messages");
+    const tokens = await tokenizer.encodeAsync(text, { addBos: true });
     const prepared = prepare(
       body,
       tokens,
@@ -599,7 +717,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   app.post("/v1/completions", async (request, reply) => {
     const body = parseBody(CompletionRequestSchema, request.body);
     const prompt = typeof body.prompt === "string" ? body.prompt : body.prompt[0]!;
-    const tokens = tokenizer.encode(prompt, { addBos: true });
+    checkPromptLength(prompt.length, "prompt");
+    const tokens = await tokenizer.encodeAsync(prompt, { addBos: true });
     return run(request, reply, prepare(body, tokens, body.max_tokens, null), completionFormat);
   });
 
@@ -607,6 +726,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   try {
     await app.listen({ host, port: options.port ?? DEFAULT_PORT });
     address = app.server.address() as AddressInfo;
+    listeningPort = address.port;
   } catch (error) {
     await closeOwned();
     throw new UserError(
@@ -627,6 +747,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     async close() {
       await app.close();
       await closeOwned();
+      if (!shared?.text) await tokenizer.close();
     },
   };
 }
