@@ -9,6 +9,7 @@ import { registerModelsCommand } from "./models.ts";
 import { registerInstallCommand } from "./install.ts";
 import { registerServeCommand } from "./serve.ts";
 import { registerUiCommand } from "./ui.ts";
+import { registerPerplexityCommand } from "./perplexity.ts";
 
 /** Each command lives in its own file and registers itself here. */
 export function registerCommands(program: Command): void {
@@ -23,4 +24,5 @@ export function registerCommands(program: Command): void {
   registerInstallCommand(program);
   registerServeCommand(program);
   registerUiCommand(program);
+  registerPerplexityCommand(program);
 }
