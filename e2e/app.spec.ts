@@ -41,6 +41,21 @@ test("first run: the demo model is installed and the engine gets ready", async (
     .toBeGreaterThan(0);
 });
 
+test("first-run chat: the trained demo model quotes the verse it is asked for", async ({ app }) => {
+  const { page } = app;
+  await gotoView(page, "Tuning");
+  await setNumber(page, "Temperature", "0");
+  await gotoView(page, "Chat");
+  await waitReady(page, "demo");
+  await send(page, "Quote Genesis 1:3");
+  expect(await waitReply(page)).toMatch(STATS_LINE);
+  // Words of the verse (Genesis 1:3 KJV), not just any text: the reply is transformers' greedy
+  // reply (demo-model/reference.json).
+  const reply = await lastReply(page).innerText();
+  expect(reply).toContain("Let there be light");
+  expect(reply).toContain("and there was light");
+});
+
 test("chat: the reply streams in, then its statistics line; the memory meter moves", async ({
   app,
 }) => {

@@ -31,7 +31,7 @@ struct EngineOptions {
   // (runtime/expert_store.h); a memory_budget (bytes) picks the slot count that fits with the KV
   // cache for `context` positions, and the engine refuses to start if even the core does not.
   int expert_cache_slots = 0;
-  EvictionPolicy expert_cache_policy = EvictionPolicy::lfu;
+  EvictionPolicy expert_cache_policy = EvictionPolicy::lrfu;
   int expert_io_threads = 8;
   uint64_t expert_read_piece_bytes = 1 << 20;  // see ExpertStoreOptions::read_piece_bytes
   bool direct_io = true;                       // bypass the page cache for expert reads
