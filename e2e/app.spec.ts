@@ -7,6 +7,7 @@ import { join } from "node:path";
 import type { Locator, Page } from "@playwright/test";
 import { alive, expect, RESULTS, test } from "./fixtures.ts";
 import { E2E_REPO } from "./hub.ts";
+import { loadRandomModel } from "./random-model.ts";
 import {
   engineState,
   gotoView,
@@ -41,12 +42,29 @@ test("first run: the demo model is installed and the engine gets ready", async (
     .toBeGreaterThan(0);
 });
 
+test("first-run chat: the trained demo model quotes the verse it is asked for", async ({ app }) => {
+  const { page } = app;
+  await gotoView(page, "Tuning");
+  await setNumber(page, "Temperature", "0");
+  await gotoView(page, "Chat");
+  await waitReady(page, "demo");
+  await send(page, "Quote Genesis 1:3");
+  expect(await waitReply(page)).toMatch(STATS_LINE);
+  // Words of the verse (Genesis 1:3 KJV), not just any text: the reply is transformers' greedy
+  // reply (demo-model/reference.json).
+  const reply = await lastReply(page).innerText();
+  expect(reply).toContain("Let there be light");
+  expect(reply).toContain("and there was light");
+});
+
 test("chat: the reply streams in, then its statistics line; the memory meter moves", async ({
   app,
 }) => {
   const { page } = app;
   await gotoView(page, "Chat");
   await waitReady(page);
+  // A long reply to watch: the trained demo model answers in a sentence or two.
+  await loadRandomModel(app);
   const meter = memoryMeter(page);
   await expect.poll(() => valueNow(meter)).toBeGreaterThan(0);
   const memory = new Set<number>([await valueNow(meter)]);
@@ -94,6 +112,7 @@ test("stop mid-answer keeps the text so far and frees the engine", async ({ app 
   await setNumber(page, "Max new tokens", "30000");
   await gotoView(page, "Chat");
   await waitReady(page);
+  await loadRandomModel(app); // writes until stopped; the demo model ends its turn
   await send(page, "Write forever.");
   const reply = lastReply(page);
   const stop = page.getByRole("button", { name: "Stop", exact: true });

@@ -23,7 +23,7 @@ import {
   waitReply,
 } from "./ui.ts";
 
-/** Short replies: the demo model writes until this limit. */
+/** Short replies: at most this many tokens. */
 const MAX_TOKENS = "16";
 
 async function shortReplies(page: Page, temperature?: string): Promise<void> {

@@ -151,7 +151,7 @@ for (const fixture of FIXTURES) {
             const base = [...flags, "--kv-dtype", "f32"];
             const resident = engineLogits(model, ref.prompt, base);
             for (const slots of [1, 2, 16]) {
-              for (const policy of slots === 2 ? ["lfu", "lru"] : ["lfu"]) {
+              for (const policy of slots === 2 ? ["lrfu", "lfu", "lru"] : ["lrfu"]) {
                 const got = engineLogits(model, ref.prompt, [
                   ...base,
                   "--expert-cache-slots",

@@ -49,22 +49,14 @@ const STATS_RE = /^\d+\.\d t\/s, TTFT: \d+\.\dms \(\d+\.\d t\/s, (\d+) tokens\),
 
 describe.skipIf(!haveEngine)("redwing complete / chat / models (real binary, demo model)", () => {
   it("creates the demo model on first use and completes 16 tokens with statistics", async () => {
-    const r = await redwing(
-      "complete",
-      "--prompt",
-      "Hello",
-      "--max-new",
-      "16",
-      "--temperature",
-      "0",
-    );
+    const r = await redwing("complete", "--prompt", "The", "--max-new", "16", "--temperature", "0");
     expect(r.err).toMatch(/creating the built-in demo model/);
-    expect(r.err).toMatch(/demo model with random weights: it produces nonsense text/);
+    expect(r.err).toMatch(/tiny demo model trained on public-domain text/);
     expect(r.code).toBe(0);
     expect(r.out.trim().length).toBeGreaterThan(0);
     const m = STATS_RE.exec(r.err);
     expect(m, r.err).not.toBeNull();
-    expect(m![1]).toBe("2"); // <bos> Hello
+    expect(m![1]).toBe("2"); // <bos> The
     expect(m![2]).toBe("16");
   });
 
@@ -117,7 +109,7 @@ describe.skipIf(!haveEngine)("redwing complete / chat / models (real binary, dem
     );
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as { tokens: number[]; prompt_tokens: number };
-    // <bos><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n
+    // <bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi there<turn|>\n<|turn>model\n...
     expect(j.prompt_tokens).toBeGreaterThan(10);
     expect(j.tokens.length).toBeLessThanOrEqual(4);
     await writeFile(file, JSON.stringify([{ role: "robot", content: "x" }]));
@@ -129,7 +121,7 @@ describe.skipIf(!haveEngine)("redwing complete / chat / models (real binary, dem
   it("lists the demo model with size and memory estimate", async () => {
     const r = await redwing("models");
     expect(r.code).toBe(0);
-    expect(r.out).toMatch(/^demo\s+\d+\.\d MiB\s+~\d+\.\d MiB\s+gemma4 MoE -- demo model/m);
+    expect(r.out).toMatch(/^demo\s+\d+\.\d MiB\s+~\d+\.\d MiB\s+gemma4 MoE -- tiny demo model/m);
   });
 
   it("names a missing model and rejects bad options", async () => {

@@ -10,6 +10,7 @@ import { registerInstallCommand } from "./install.ts";
 import { registerServeCommand } from "./serve.ts";
 import { registerUiCommand } from "./ui.ts";
 import { registerPromptCommand } from "./prompt.ts";
+import { registerPerplexityCommand } from "./perplexity.ts";
 
 /** Each command lives in its own file and registers itself here. */
 export function registerCommands(program: Command): void {
@@ -25,4 +26,5 @@ export function registerCommands(program: Command): void {
   registerServeCommand(program);
   registerUiCommand(program);
   registerPromptCommand(program);
+  registerPerplexityCommand(program);
 }

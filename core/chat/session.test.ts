@@ -1,13 +1,13 @@
 import { dirname } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { demoTokenizerFiles } from "../demo/demo.ts";
+import { gemma3TokenizerFiles } from "../synth/synth.ts";
 import type { Backend, BackendEvent, GenerateRequest } from "./backend.ts";
 import { runGeneration } from "./session.ts";
 import { loadTokenizer, type ChatTokenizer } from "./tokenizer.ts";
 
 let tok: ChatTokenizer;
 beforeAll(async () => {
-  tok = await loadTokenizer(dirname(demoTokenizerFiles().tokenizer));
+  tok = await loadTokenizer(dirname(gemma3TokenizerFiles().tokenizer));
 });
 
 /** A backend that streams `ids` one token per event until its signal is aborted. */

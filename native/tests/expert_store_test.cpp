@@ -89,30 +89,44 @@ TEST_CASE("expert store: same bytes as the resident source, in waves, with hit a
   }
 }
 
-TEST_CASE("expert store: LFU keeps the most used experts, LRU the most recent") {
+TEST_CASE("expert store: LFU keeps the most used experts, LRU the most recent, LRFU between") {
   ModelFixture m("policy");
   const ModelDir dir = ModelDir::open(m.path.string());
-  auto run = [&](EvictionPolicy policy) {
+  // Runs requests of one expert each through 2 slots; returns the hits of the last request.
+  auto run = [&](EvictionPolicy policy, double half_life, const std::vector<int32_t>& seq) {
     ExpertStoreOptions o;
     o.slots = 2;
     o.policy = policy;
+    o.lrfu_half_life = half_life;
     o.io_threads = 1;
     ExpertStore store(dir, o);
-    auto use = [&](std::vector<int32_t> ids) {
+    uint64_t before = 0;
+    for (size_t i = 0; i < seq.size(); ++i) {
+      before = store.stats().hits;
+      std::vector<int32_t> ids = {seq[i]};
       store.for_each(0, ids, [](size_t, const ExpertMatrices&) {});
-    };
-    use({0});
-    use({0});
-    use({0});  // expert 0: 3 uses
-    use({1});  // 1 use
-    use({2});  // evicts: LFU takes 1 (fewest uses), LRU takes 0 (least recent)
-    const uint64_t before = store.stats().hits;
-    use({0});
-    return store.stats().hits - before;  // 1 if expert 0 survived
+    }
+    return store.stats().hits - before;
   };
-  CHECK(run(EvictionPolicy::lfu) == 1);
-  CHECK(run(EvictionPolicy::lru) == 0);
+  // Expert 0 used 3 times, then 1 once; 2 evicts: LFU takes 1 (fewest uses), LRU takes 0 (least
+  // recent). Then 0 again: a hit if it survived.
+  const std::vector<int32_t> a = {0, 0, 0, 1, 2, 0};
+  CHECK(run(EvictionPolicy::lfu, 16, a) == 1);
+  CHECK(run(EvictionPolicy::lru, 16, a) == 0);
+  // LRFU spans the two: a long half-life counts uses (LFU), a short one recency (LRU).
+  CHECK(run(EvictionPolicy::lrfu, 100, a) == 1);
+  CHECK(run(EvictionPolicy::lrfu, 1, a) == 0);
+  // Old popularity fades under LRFU: 0 five times long ago, 1 twice just now; 2 evicts. LFU
+  // drops 1 (2 uses < 5) and misses it next; LRFU (h = 1) drops 0 and hits 1.
+  const std::vector<int32_t> b = {0, 0, 0, 0, 0, 1, 1, 2, 1};
+  CHECK(run(EvictionPolicy::lfu, 16, b) == 0);
+  CHECK(run(EvictionPolicy::lrfu, 1, b) == 1);
+  CHECK(ExpertStoreOptions{}.policy == EvictionPolicy::lrfu);
+  CHECK(parse_eviction_policy("lrfu") == EvictionPolicy::lrfu);
   CHECK_THROWS_AS(parse_eviction_policy("fifo"), std::invalid_argument);
+  ExpertStoreOptions bad;
+  bad.lrfu_half_life = 0;
+  CHECK_THROWS_AS(ExpertStore(dir, bad), std::invalid_argument);
 }
 
 TEST_CASE("expert store: a read error mid-generation fails that generation only") {

@@ -7,16 +7,21 @@
 //                         [--top-k 64] [--top-p 0.95] [--repetition-penalty 1.0] [--seed S]
 //                         [--kv-dtype f16|f32] [--chunk 128] [--threads N]
 //       prints {"tokens": [...], "stop_reason": "eos"|"length", timings, expert statistics}
+//   redwing-engine perplexity --model DIR (--tokens IDS | --tokens-file FILE) [--window 512]
+//                         [--stride 256] [--kv-dtype f16|f32] [--chunk 128] [--threads N]
+//       prints {"perplexity", "nll_per_token", "tokens", "windows", ...}; log-probabilities are
+//       computed in the engine (Engine::score_tokens), no logits leave it
 //   redwing-engine memory --model DIR [--context N] [--expert-cache-slots N] [--kv-dtype ...]
 //       prints the expected memory (JSON) before loading anything big
 //   redwing-engine diskbench --model DIR [--megabytes 1024] [--io-threads 8]
 //                         [--read-piece-kib 1024] [--direct-io on|off]
 //       cold read throughput of random experts through the expert store's I/O path (benchmarks)
-//   logits and generate also take the expert streaming flags (kStreamUsage).
+//   logits, generate and perplexity also take the expert streaming flags (kStreamUsage).
 //
 // Errors go to stderr; the exit status is 2 for bad usage, 1 for any other failure.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -45,15 +50,19 @@ const char* kUsage =
     "       redwing-engine generate --model DIR --tokens IDS --max-new N [--temperature T]\n"
     "                             [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
     "                             [--kv-dtype f16|f32] [--chunk N] [--threads N]\n"
+    "       redwing-engine perplexity --model DIR (--tokens IDS | --tokens-file FILE)\n"
+    "                             [--window N] [--stride N] [--kv-dtype f16|f32] [--chunk N]\n"
+    "                             [--threads N]\n"
     "       redwing-engine memory --model DIR [--context N] [--expert-cache-slots N]\n"
     "                             [--memory-budget SIZE] [--kv-dtype f16|f32] [--chunk N]\n"
     "       redwing-engine diskbench --model DIR [--megabytes N] [--io-threads N]\n"
     "                             [--read-piece-kib N] [--direct-io on|off]\n"
-    "expert streaming (MoE models; logits, generate):\n"
+    "expert streaming (MoE models; logits, generate, perplexity):\n"
     "  --expert-cache-slots N   stream experts from SSD through N slots per layer (0: all in RAM)\n"
     "  --memory-budget SIZE     e.g. 2.5G: pick the slot count that fits (with --context)\n"
     "  --context N              context the budget plans for (default 4096)\n"
-    "  --expert-cache-policy lfu|lru   --io-threads N (default 8)   --direct-io on|off\n"
+    "  --expert-cache-policy lrfu|lfu|lru (default lrfu)   --io-threads N (default 8)\n"
+    "  --direct-io on|off\n"
     "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
     "benchmark only (these change the model's output):\n"
     "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
@@ -225,6 +234,55 @@ int cmd_logits(int argc, char** argv) {
                  non_finite);
     return 1;
   }
+  return 0;
+}
+
+// Token ids from a file: decimal ids separated by commas and/or whitespace.
+std::vector<int32_t> read_tokens_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  std::string text;
+  char buf[65536];
+  size_t got = 0;
+  while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, got);
+  std::fclose(f);
+  for (char& c : text)
+    if (c == '\n' || c == '\r' || c == '\t' || c == ' ') c = ',';
+  std::string joined;
+  for (size_t i = 0; i < text.size(); ++i)  // collapse runs of separators
+    if (text[i] != ',' || (!joined.empty() && joined.back() != ',')) joined += text[i];
+  while (!joined.empty() && joined.back() == ',') joined.pop_back();
+  if (joined.empty()) throw UsageError("--tokens-file: " + path + " holds no token ids");
+  return parse_tokens(joined);
+}
+
+int cmd_perplexity(int argc, char** argv) {
+  auto f = parse_flags(argc, argv, 2,
+                       with_stream_flags({"model", "tokens", "tokens-file", "window", "stride",
+                                          "kv-dtype", "chunk", "threads"}));
+  if (f.count("tokens") == f.count("tokens-file"))
+    throw UsageError("give exactly one of --tokens and --tokens-file");
+  const auto tokens =
+      f.count("tokens") ? parse_tokens(f.at("tokens")) : read_tokens_file(f.at("tokens-file"));
+  if (tokens.size() < 2) throw UsageError("perplexity needs at least two tokens");
+  const int64_t window = f.count("window") ? parse_number<int64_t>(f.at("window"), "window") : 512;
+  const int64_t stride =
+      f.count("stride") ? parse_number<int64_t>(f.at("stride"), "stride") : window / 2;
+  if (window < 2) throw UsageError("--window must be at least 2");
+  if (stride < 1 || stride >= window)
+    throw UsageError("--stride must be at least 1 and less than --window");
+  redwing::Engine engine(engine_options(f));
+  const redwing::TokenScores s = engine.score_tokens(tokens, window, stride);
+  const double nll = s.nll_sum / static_cast<double>(s.scored);
+  std::printf(
+      "{\"perplexity\": %.17g, \"nll_per_token\": %.17g, \"tokens\": %lld, \"windows\": %lld, "
+      "\"positions\": %lld, \"window\": %lld, \"stride\": %lld, \"kv_dtype\": \"%s\", "
+      "\"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
+      std::exp(nll), nll, static_cast<long long>(s.scored), static_cast<long long>(s.windows),
+      static_cast<long long>(s.positions), static_cast<long long>(window),
+      static_cast<long long>(stride),
+      engine.options().kv_dtype == redwing::KvDType::f32 ? "f32" : "f16", s.seconds,
+      s.seconds > 0 ? static_cast<double>(s.positions) / s.seconds : 0.0);
   return 0;
 }
 
@@ -432,6 +490,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argv[1];
     if (cmd == "logits") return cmd_logits(argc, argv);
     if (cmd == "generate") return cmd_generate(argc, argv);
+    if (cmd == "perplexity") return cmd_perplexity(argc, argv);
     if (cmd == "memory") return cmd_memory(argc, argv);
     if (cmd == "diskbench") return cmd_diskbench(argc, argv);
     throw UsageError("unknown command \"" + cmd + "\"");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 #include "backend/cpu/cpu_backend.h"
@@ -78,6 +79,53 @@ std::vector<float> Engine::all_logits(std::span<const int32_t> tokens, bool deco
     model_->forward(tokens.subspan(i, n), cache, LogitsFor::all, logits);
   }
   return logits;
+}
+
+TokenScores Engine::score_tokens(std::span<const int32_t> tokens, int64_t window, int64_t stride) {
+  if (tokens.size() < 2) throw std::invalid_argument("scoring needs at least two tokens");
+  if (window < 2) throw std::invalid_argument("the window must hold at least two tokens");
+  if (stride < 1 || stride >= window)
+    throw std::invalid_argument("the stride must be at least 1 and less than the window");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto n = static_cast<int64_t>(tokens.size());
+  const auto vocab = static_cast<size_t>(arch().vocab_size);
+  for (int32_t id : tokens)
+    if (id < 0 || static_cast<size_t>(id) >= vocab)
+      throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary");
+  TokenScores result;
+  std::vector<float> logits;
+  int64_t scored_until = 1;  // tokens before this one are scored (token 0 never is)
+  for (int64_t begin = 0;; begin += stride) {
+    const int64_t end = std::min(begin + window, n);
+    KvCache cache = new_cache(end - begin);
+    // Run the window in chunks; a chunk's logits row r predicts the token after position r.
+    for (int64_t at = begin; at < end; at += options_.chunk) {
+      const int64_t len = std::min<int64_t>(options_.chunk, end - at);
+      logits.clear();
+      model_->forward(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), cache,
+                      LogitsFor::all, logits);
+      for (int64_t r = 0; r < len; ++r) {
+        const int64_t target = at + r + 1;
+        if (target < scored_until || target >= end) continue;
+        const float* row = logits.data() + static_cast<size_t>(r) * vocab;
+        const auto id = static_cast<size_t>(tokens[static_cast<size_t>(target)]);
+        double top = row[0];
+        for (size_t i = 1; i < vocab; ++i) top = std::max(top, static_cast<double>(row[i]));
+        double sum = 0;
+        for (size_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i]) - top);
+        const double nll = top + std::log(sum) - static_cast<double>(row[id]);
+        if (!std::isfinite(nll)) throw std::runtime_error("a log-probability is not finite");
+        result.nll_sum += nll;
+        ++result.scored;
+      }
+    }
+    result.positions += end - begin;
+    ++result.windows;
+    scored_until = end;
+    if (end == n) break;
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
 }
 
 GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,

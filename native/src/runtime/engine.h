@@ -31,7 +31,7 @@ struct EngineOptions {
   // (runtime/expert_store.h); a memory_budget (bytes) picks the slot count that fits with the KV
   // cache for `context` positions, and the engine refuses to start if even the core does not.
   int expert_cache_slots = 0;
-  EvictionPolicy expert_cache_policy = EvictionPolicy::lfu;
+  EvictionPolicy expert_cache_policy = EvictionPolicy::lrfu;
   int expert_io_threads = 8;
   uint64_t expert_read_piece_bytes = 1 << 20;  // see ExpertStoreOptions::read_piece_bytes
   bool direct_io = true;                       // bypass the page cache for expert reads
@@ -60,6 +60,14 @@ struct GenerateResult {
   std::vector<TokenStats> token_stats;  // [0] the prefill, then one per decode forward pass
 };
 
+struct TokenScores {
+  double nll_sum = 0;     // sum of -log p(token | tokens before it in its window), natural log
+  int64_t scored = 0;     // tokens scored (tokens.size() - 1)
+  int64_t windows = 0;    // forward passes over a window
+  int64_t positions = 0;  // positions run through the model (scored ones plus window overlap)
+  double seconds = 0;
+};
+
 class Engine {
  public:
   // Opens and checks the model directory, reads the experts and builds the model.
@@ -84,6 +92,14 @@ class Engine {
   // Logits [tokens.size(), vocab] for every position. Prefill mode runs chunks of `chunk`
   // tokens with batched products; decode mode runs one token at a time.
   std::vector<float> all_logits(std::span<const int32_t> tokens, bool decode_mode);
+
+  // Scores `tokens` as a language model does for perplexity: every token but the first is
+  // predicted from the tokens before it within a window of at most `window` positions; windows
+  // start every `stride` tokens (1 <= stride < window, so consecutive windows overlap and every
+  // token but the first is scored exactly once, in the first window that holds it and the token
+  // before it), with a fresh KV cache per window. Log-probabilities are
+  // computed here (log-softmax in double precision), so callers get sums, not logits rows.
+  TokenScores score_tokens(std::span<const int32_t> tokens, int64_t window, int64_t stride);
 
   // Prefills `prompt` in chunks, then samples up to max_new tokens one at a time, stopping after
   // an end-of-sequence token (the manifest's eos_token_ids). on_token sees each new token.

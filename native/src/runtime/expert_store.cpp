@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 namespace redwing {
@@ -15,9 +16,10 @@ double seconds_between(std::chrono::steady_clock::time_point a,
 }  // namespace
 
 EvictionPolicy parse_eviction_policy(const std::string& s) {
+  if (s == "lrfu") return EvictionPolicy::lrfu;
   if (s == "lfu") return EvictionPolicy::lfu;
   if (s == "lru") return EvictionPolicy::lru;
-  throw std::invalid_argument("expert cache policy must be lfu or lru, not \"" + s + "\"");
+  throw std::invalid_argument("expert cache policy must be lrfu, lfu or lru, not \"" + s + "\"");
 }
 
 ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
@@ -25,6 +27,8 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
   if (options_.slots < 1) throw std::invalid_argument("expert cache slots must be >= 1");
   if (options_.io_threads < 1) throw std::invalid_argument("I/O threads must be >= 1");
   if (options_.read_attempts < 1) options_.read_attempts = 1;
+  if (!(options_.lrfu_half_life > 0))
+    throw std::invalid_argument("the LRFU half-life must be positive");
   const Architecture& arch = dir.arch();
   bool all_direct = options_.direct_io;
   for (int i = 0; i < arch.num_layers; ++i) {
@@ -38,6 +42,8 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     check_expert_file_size(path, info, l.file.size());
     all_direct = all_direct && l.file.direct();
     l.uses.assign(static_cast<size_t>(info.count), 0);
+    l.crf.assign(static_cast<size_t>(info.count), 0.0);
+    l.crf_at.assign(static_cast<size_t>(info.count), 0);
     // Slots are allocated once, aligned for direct I/O; pages become resident when first read.
     l.slots.resize(static_cast<size_t>(options_.slots));
     for (Slot& s : l.slots) s.data = platform::allocate_aligned(info.stride, 16384);
@@ -70,6 +76,12 @@ ExpertMatrices ExpertStore::matrices(const Layer& l, const Slot& s) const {
           host_quant_at(l.info.down, blob)};
 }
 
+double ExpertStore::crf_now(const Layer& l, int expert) const {
+  const auto e = static_cast<size_t>(expert);
+  const double age = static_cast<double>(l.requests - l.crf_at[e]);
+  return l.crf[e] * std::exp2(-age / options_.lrfu_half_life);
+}
+
 int ExpertStore::pick_victim(const Layer& l) const {
   int best = -1;
   for (int s = 0; s < static_cast<int>(l.slots.size()); ++s) {
@@ -81,7 +93,11 @@ int ExpertStore::pick_victim(const Layer& l) const {
       continue;
     }
     const Slot& b = l.slots[static_cast<size_t>(best)];
-    if (options_.policy == EvictionPolicy::lfu) {
+    if (options_.policy == EvictionPolicy::lrfu) {
+      const double vc = crf_now(l, c.expert);
+      const double vb = crf_now(l, b.expert);
+      if (vc < vb || (vc == vb && c.last_use < b.last_use)) best = s;
+    } else if (options_.policy == EvictionPolicy::lfu) {
       const uint64_t uc = l.uses[static_cast<size_t>(c.expert)];
       const uint64_t ub = l.uses[static_cast<size_t>(b.expert)];
       if (uc < ub || (uc == ub && c.last_use < b.last_use)) best = s;
@@ -99,11 +115,14 @@ void ExpertStore::begin(Layer& l, int layer, std::span<const int32_t> experts) {
   l.active.assign(experts.begin(), experts.end());
   l.active_slot.assign(experts.size(), -1);
   l.waiting.clear();
+  ++l.requests;
   for (size_t k = 0; k < experts.size(); ++k) {
     const int32_t e = experts[k];
     if (e < 0 || e >= l.info.count)
       throw std::out_of_range("expert " + std::to_string(e) + " out of range in " + l.file.path());
     ++l.uses[static_cast<size_t>(e)];
+    l.crf[static_cast<size_t>(e)] = crf_now(l, e) + 1.0;
+    l.crf_at[static_cast<size_t>(e)] = l.requests;
     ++stats_.requests;
     auto it = l.where.find(e);
     if (it != l.where.end()) {
