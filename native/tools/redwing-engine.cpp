@@ -55,17 +55,24 @@ const char* kUsage =
     "  --context N              context the budget plans for (default 4096)\n"
     "  --expert-cache-policy lfu|lru   --io-threads N (default 8)   --direct-io on|off\n"
     "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
+    "  --backend cpu|vulkan|auto   where the model runs (default cpu; auto: a GPU if present)\n"
     "benchmark only (these change the model's output):\n"
     "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
     "  --record-routing FILE    write the routing used, one line per layer and row\n"
     "  --expert-mmap on         map the expert files (page-cache baseline) instead\n";
 
 // Flags every engine-loading command accepts, besides its own.
-const std::vector<std::string> kStreamFlags = {"expert-cache-slots", "expert-cache-policy",
-                                               "io-threads",         "direct-io",
-                                               "memory-budget",      "context",
-                                               "routing-trace",      "record-routing",
-                                               "expert-mmap",        "read-piece-kib"};
+const std::vector<std::string> kStreamFlags = {"expert-cache-slots",
+                                               "expert-cache-policy",
+                                               "io-threads",
+                                               "direct-io",
+                                               "memory-budget",
+                                               "context",
+                                               "routing-trace",
+                                               "record-routing",
+                                               "expert-mmap",
+                                               "read-piece-kib",
+                                               "backend"};
 std::vector<std::string> with_stream_flags(std::vector<std::string> names) {
   names.insert(names.end(), kStreamFlags.begin(), kStreamFlags.end());
   return names;
@@ -130,6 +137,11 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   redwing::EngineOptions o;
   o.model_dir = need(f, "model");
   if (f.count("threads")) o.threads = parse_number<int>(f.at("threads"), "threads");
+  if (f.count("backend")) {
+    o.backend = f.at("backend");
+    if (o.backend != "cpu" && o.backend != "vulkan" && o.backend != "auto")
+      throw UsageError("--backend must be cpu, vulkan or auto");
+  }
   if (f.count("chunk")) o.chunk = parse_number<int64_t>(f.at("chunk"), "chunk");
   if (o.chunk <= 0) throw UsageError("--chunk must be positive");
   if (f.count("kv-dtype")) {

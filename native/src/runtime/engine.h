@@ -23,7 +23,8 @@ namespace redwing {
 
 struct EngineOptions {
   std::string model_dir;
-  int threads = 0;  // 0: REDWING_THREADS or the hardware thread count
+  int threads = 0;              // 0: REDWING_THREADS or the hardware thread count
+  std::string backend = "cpu";  // cpu | vulkan | auto (backend/backend_select.h)
   KvDType kv_dtype = KvDType::f16;
   int64_t chunk = 128;  // prefill chunk: tokens per batched forward call
   // Expert streaming (MoE models). 0 slots and no budget: every expert is read into RAM at
