@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -109,6 +110,10 @@ class GpuBackend final : public Backend {
   explicit GpuBackend(std::unique_ptr<gpu::Device> device) : dev_(std::move(device)) {
     align_ = std::max<uint64_t>(dev_->info().binding_alignment, 16);
     max_binding_ = dev_->info().max_binding_bytes;
+    // REDWING_GPU_PROFILE=1: per-kernel GPU time, printed to stderr when the backend closes.
+    const char* profile = std::getenv("REDWING_GPU_PROFILE");
+    profile_ = profile != nullptr && std::string(profile) == "1";
+    dev_->enable_timestamps(profile_);
   }
   ~GpuBackend() override {
     // Device buffers must go before the device.
@@ -116,6 +121,7 @@ class GpuBackend final : public Backend {
       dev_->flush();
     } catch (...) {
     }
+    if (profile_) print_profile();
     ring_.reset();
     partials_.reset();
     route_out_.reset();
@@ -565,6 +571,22 @@ class GpuBackend final : public Backend {
                     (static_cast<uint64_t>(out.rows) * out.cols + 255) / 256);
   }
 
+  void print_profile() const {
+    const auto times = dev_->kernel_times();
+    double total = 0;
+    for (const auto& t : times) total += t.ms;
+    std::fprintf(stderr, "gpu profile (%s, %llu submissions): %.3f ms in kernels\n",
+                 dev_->info().name.c_str(), static_cast<unsigned long long>(dev_->submissions()),
+                 total);
+    for (size_t k = 0; k < times.size(); ++k)
+      if (times[k].dispatches > 0)
+        std::fprintf(stderr, "  %-18s %8llu dispatches %10.3f ms %5.1f%%\n",
+                     gpu::kernel_name(static_cast<Kernel>(k)),
+                     static_cast<unsigned long long>(times[k].dispatches), times[k].ms,
+                     total > 0 ? 100.0 * times[k].ms / total : 0.0);
+  }
+
+  bool profile_ = false;
   std::unique_ptr<gpu::Device> dev_;
   uint64_t align_ = 16;
   uint64_t max_binding_ = 0;
