@@ -1,7 +1,9 @@
 // The Vulkan implementation of the GPU device layer (device.h): the only Vulkan-specific code.
 //
-// - Memory: one VkDeviceMemory per buffer (no suballocator: weights are few and large, and
-//   activations are allocated once and reused), device-local when the device has such memory.
+// - Memory: device-local when the device has such memory. Buffers up to kBlockBytes / 4 are
+//   placed in shared blocks of kBlockBytes (a bump pointer per block; a block is freed when its
+//   last buffer goes), so a model's thousands of expert matrices use few allocations (drivers
+//   may cap their count at 4096); larger buffers get their own allocation.
 //   Host data goes through host-visible staging memory: a reusable arena for small writes, a
 //   dedicated buffer for large ones; reads go through a host-cached readback buffer.
 // - Commands: one command buffer records everything between two flushes; each dispatch gets a
@@ -125,9 +127,10 @@ class VulkanDevice final : public Device {
   // ---- used by VulkanBuffer ----
   struct Raw {
     VkBuffer buffer = VK_NULL_HANDLE;
-    VkDeviceMemory memory = VK_NULL_HANDLE;
+    VkDeviceMemory memory = VK_NULL_HANDLE;  // owned unless block >= 0
     size_t bytes = 0;
     void* mapped = nullptr;
+    int block = -1;  // the shared block holding it, if any
   };
   void retire(Raw raw, bool counted) {
     if (counted) allocated_ -= raw.bytes;
@@ -137,6 +140,15 @@ class VulkanDevice final : public Device {
  private:
   enum class Memory { device, upload, readback };
   Raw make_raw(size_t bytes, Memory kind);
+  Raw make_pooled(size_t bytes);
+  struct Block {
+    VkDeviceMemory memory = VK_NULL_HANDLE;
+    size_t used = 0;
+    int live = 0;
+  };
+  static constexpr size_t kBlockBytes = 256u << 20;
+  std::vector<Block> blocks_;
+  int open_block_ = -1;  // the block new buffers go to
   void destroy_raw(Raw& raw);
   uint32_t memory_type(uint32_t allowed, Memory kind) const;
   VkCommandBuffer commands();
@@ -294,6 +306,8 @@ VulkanDevice::~VulkanDevice() {
   destroy_raw(dummy_);
   destroy_raw(arena_);
   destroy_raw(readback_);
+  for (Block& b : blocks_)
+    if (b.memory) vkFreeMemory(device_, b.memory, nullptr);
   for (VkPipeline p : pipelines_)
     if (p) vkDestroyPipeline(device_, p, nullptr);
   if (query_pool_) vkDestroyQueryPool(device_, query_pool_, nullptr);
@@ -352,7 +366,16 @@ VulkanDevice::Raw VulkanDevice::make_raw(size_t bytes, Memory kind) {
 
 void VulkanDevice::destroy_raw(Raw& raw) {
   if (raw.buffer) vkDestroyBuffer(device_, raw.buffer, nullptr);
-  if (raw.memory) vkFreeMemory(device_, raw.memory, nullptr);
+  if (raw.block >= 0) {
+    Block& b = blocks_[static_cast<size_t>(raw.block)];
+    if (--b.live == 0) {
+      vkFreeMemory(device_, b.memory, nullptr);
+      b = Block{};
+      if (open_block_ == raw.block) open_block_ = -1;
+    }
+  } else if (raw.memory) {
+    vkFreeMemory(device_, raw.memory, nullptr);
+  }
   raw = Raw{};
 }
 
@@ -367,8 +390,54 @@ VkCommandBuffer VulkanDevice::commands() {
   return cmd_;
 }
 
+VulkanDevice::Raw VulkanDevice::make_pooled(size_t bytes) {
+  Raw raw;
+  raw.bytes = bytes;
+  VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bci.size = std::max<size_t>(bytes, 4);
+  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+              VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  check(vkCreateBuffer(device_, &bci, nullptr, &raw.buffer), "vkCreateBuffer");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, raw.buffer, &req);
+  const uint32_t type = memory_type(req.memoryTypeBits, Memory::device);
+  auto fits = [&](const Block& b) {
+    return (b.used + req.alignment - 1) / req.alignment * req.alignment + req.size <= kBlockBytes;
+  };
+  if (open_block_ < 0 || !fits(blocks_[static_cast<size_t>(open_block_)])) {
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    ai.allocationSize = kBlockBytes;
+    ai.memoryTypeIndex = type;
+    Block b;
+    VkResult r = vkAllocateMemory(device_, &ai, nullptr, &b.memory);
+    if (r != VK_SUCCESS) {
+      vkDestroyBuffer(device_, raw.buffer, nullptr);
+      throw std::runtime_error("vulkan: out of device memory allocating a " +
+                               std::to_string(kBlockBytes >> 20) + " MiB block (VkResult " +
+                               std::to_string(static_cast<int>(r)) + ")");
+    }
+    // Reuse the slot of a freed block, if any.
+    open_block_ = -1;
+    for (size_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].memory == VK_NULL_HANDLE) open_block_ = static_cast<int>(i);
+    if (open_block_ < 0) {
+      blocks_.push_back(b);
+      open_block_ = static_cast<int>(blocks_.size() - 1);
+    } else {
+      blocks_[static_cast<size_t>(open_block_)] = b;
+    }
+  }
+  Block& b = blocks_[static_cast<size_t>(open_block_)];
+  const size_t offset = (b.used + req.alignment - 1) / req.alignment * req.alignment;
+  check(vkBindBufferMemory(device_, raw.buffer, b.memory, offset), "vkBindBufferMemory");
+  b.used = offset + req.size;
+  b.live += 1;
+  raw.block = open_block_;
+  return raw;
+}
+
 std::unique_ptr<DeviceBuffer> VulkanDevice::create_buffer(size_t bytes) {
-  Raw raw = make_raw(bytes, Memory::device);
+  Raw raw = bytes <= kBlockBytes / 4 ? make_pooled(bytes) : make_raw(bytes, Memory::device);
   allocated_ += bytes;
   auto buf = std::make_unique<VulkanBuffer>(this, raw);
   // Zero it in order with the other commands; the barrier orders the fill before later use.
