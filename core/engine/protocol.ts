@@ -132,6 +132,8 @@ export const ReadyEventSchema = z.object({
     kv_bytes: z.number(),
     estimate_bytes: z.number(),
     rss_bytes: z.number(),
+    /** GPU memory the backend holds (docs/gpu.md); 0 on the CPU. Absent from older services. */
+    device_bytes: z.number().optional(),
   }),
 });
 export type ReadyEvent = z.infer<typeof ReadyEventSchema>;

@@ -265,12 +265,14 @@ std::string expert_stats_json(const redwing::Engine& engine, const redwing::Gene
   char buf[768];
   std::snprintf(buf, sizeof(buf),
                 ", \"expert_cache_slots\": %d, \"direct_io\": %s, \"peak_rss_bytes\": %llu, "
+                "\"device_memory_bytes\": %llu, "
                 "\"expected_memory\": %s, \"hit_rate\": %.4f, \"bytes_read\": %llu, "
                 "\"io_wait_ms\": %.3f, \"read_ms\": %.3f, \"decode_hit_rate\": %.4f, "
                 "\"decode_bytes_read_per_token\": %.1f, \"decode_io_wait_ms_per_token\": %.3f, "
                 "\"decode_compute_ms_per_token\": %.3f",
                 engine.expert_cache_slots(), engine.direct_io() ? "true" : "false",
                 static_cast<unsigned long long>(redwing::platform::peak_rss_bytes()),
+                static_cast<unsigned long long>(engine.backend().device_memory_bytes()),
                 engine.memory_plan().to_json().c_str(), run.hit_rate(),
                 static_cast<unsigned long long>(run.bytes_read), run.io_wait_seconds * 1e3,
                 run.read_seconds * 1e3, uses ? static_cast<double>(decode.expert_hits) / uses : 0.0,

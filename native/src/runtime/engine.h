@@ -70,6 +70,7 @@ class Engine {
   const Architecture& arch() const { return dir_.arch(); }
   const EngineOptions& options() const { return options_; }
   Backend& backend() { return *backend_; }
+  const Backend& backend() const { return *backend_; }
   Model& model() { return *model_; }
   // Expert cache counters since the engine started (all zero when experts are resident); safe
   // to call from another thread while a generation runs.

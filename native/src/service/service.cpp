@@ -386,7 +386,9 @@ void Service::do_load(const Job& job) {
         // resident) and working memory.
         // (with this session's KV cache, which may carry ring slack).
         {"estimate_bytes", l.engine->memory_plan().total() - l.engine->memory_plan().kv_bytes + kv},
-        {"rss_bytes", platform::current_rss_bytes()}}}};
+        {"rss_bytes", platform::current_rss_bytes()},
+        // GPU memory (weights, KV cache, activations), apart from the host's RSS; 0 on the CPU.
+        {"device_bytes", l.engine->backend().device_memory_bytes()}}}};
   loaded_ = std::move(l);
   kv_bytes_ = kv;
   {

@@ -130,6 +130,7 @@ class GpuBackend final : public Backend {
   gpu::Device& device() { return *dev_; }
 
   std::string name() const override { return dev_->info().api; }
+  uint64_t device_memory_bytes() const override { return dev_->allocated_bytes(); }
   std::string describe() const override {
     const auto& i = dev_->info();
     char mem[32];
