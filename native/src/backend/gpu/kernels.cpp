@@ -18,13 +18,14 @@
 
 namespace redwing::gpu {
 
-#define REDWING_KERNELS(X)                                                                   \
-  X(qmatvec)                                                                                 \
-  X(qmatmul)                                                                                 \
-  X(embed)                                                                                   \
-  X(rms_norm)                                                                                \
-  X(elementwise) X(rope) X(gather_rows) X(scatter_add_rows) X(kv_store) X(attention_partial) \
-      X(attention_combine) X(route)
+#define REDWING_KERNELS(X)                                                                         \
+  X(qmatvec)                                                                                       \
+  X(qmatmul)                                                                                       \
+  X(embed)                                                                                         \
+  X(rms_norm)                                                                                      \
+  X(elementwise)                                                                                   \
+  X(rope) X(gather_rows) X(scatter_add_rows) X(kv_store) X(attention_partial) X(attention_combine) \
+      X(route)
 
 const char* kernel_name(Kernel k) {
 #define NAME_CASE(n) \
