@@ -280,7 +280,7 @@ class GpuBackend final : public Backend {
         dev_->dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
         dev_->dispatch(Kernel::qmatmul, binds, &p, sizeof p, u32((n + 63) / 64),
-                       u32((x.rows + 31) / 32), 1);
+                       u32((x.rows + 7) / 8), 1);
       }
     });
   }
