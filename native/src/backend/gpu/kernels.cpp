@@ -1,5 +1,6 @@
 // The embedded SPIR-V of the kernels in gpu-kernels/ (compiled by glslangValidator at build
 // time into headers of uint32 arrays, see native/CMakeLists.txt).
+#include <iterator>
 #include <stdexcept>
 
 #include "backend/gpu/device.h"
@@ -17,32 +18,41 @@
 #include "gpu_kernels/scatter_add_rows.h"
 
 namespace redwing::gpu {
+namespace {
 
-#define REDWING_KERNELS(X)                                                                         \
-  X(qmatvec)                                                                                       \
-  X(qmatmul)                                                                                       \
-  X(embed)                                                                                         \
-  X(rms_norm)                                                                                      \
-  X(elementwise)                                                                                   \
-  X(rope) X(gather_rows) X(scatter_add_rows) X(kv_store) X(attention_partial) X(attention_combine) \
-      X(route)
+struct KernelCode {
+  const char* name;
+  std::span<const uint32_t> spirv;
+};
+
+// Indexed by Kernel (the order of the enum in device.h).
+const KernelCode kKernels[] = {
+    {"qmatvec", spirv_qmatvec},
+    {"qmatmul", spirv_qmatmul},
+    {"embed", spirv_embed},
+    {"rms_norm", spirv_rms_norm},
+    {"elementwise", spirv_elementwise},
+    {"rope", spirv_rope},
+    {"gather_rows", spirv_gather_rows},
+    {"scatter_add_rows", spirv_scatter_add_rows},
+    {"kv_store", spirv_kv_store},
+    {"attention_partial", spirv_attention_partial},
+    {"attention_combine", spirv_attention_combine},
+    {"route", spirv_route},
+};
+static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
+
+}  // namespace
 
 const char* kernel_name(Kernel k) {
-#define NAME_CASE(n) \
-  case Kernel::n:    \
-    return #n;
-  switch (k) { REDWING_KERNELS(NAME_CASE) case Kernel::count : break; }
-#undef NAME_CASE
-  return "?";
+  const auto i = static_cast<size_t>(k);
+  return i < std::size(kKernels) ? kKernels[i].name : "?";
 }
 
 std::span<const uint32_t> kernel_spirv(Kernel k) {
-#define CODE_CASE(n) \
-  case Kernel::n:    \
-    return {spirv_##n, sizeof(spirv_##n) / sizeof(uint32_t)};
-  switch (k) { REDWING_KERNELS(CODE_CASE) case Kernel::count : break; }
-#undef CODE_CASE
-  throw std::logic_error("no such kernel");
+  const auto i = static_cast<size_t>(k);
+  if (i >= std::size(kKernels)) throw std::logic_error("no such kernel");
+  return kKernels[i].spirv;
 }
 
 }  // namespace redwing::gpu
