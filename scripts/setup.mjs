@@ -24,6 +24,11 @@ const debianPackages = {
   "doctest-dev": "C++ unit tests",
   "nlohmann-json3-dev": "JSON in the native engine",
   "clang-format": "C++ formatting check",
+  "glslang-tools": "GPU kernels: GLSL compute -> SPIR-V (glslangValidator)",
+  "libvulkan-dev": "GPU backend: the Vulkan loader and headers",
+  "mesa-vulkan-drivers": "GPU backend tests: lavapipe, Mesa's software Vulkan device",
+  "vulkan-tools": "GPU diagnostics (vulkaninfo)",
+  "spirv-cross": "GPU kernels: SPIR-V -> Metal Shading Language (the Metal backend, later)",
 };
 // Only with --chromium: a browser for the end-to-end tests (Playwright drives /usr/bin/chromium).
 const testDebianPackages = { chromium: "end-to-end tests (Playwright)" };

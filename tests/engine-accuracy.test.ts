@@ -35,11 +35,18 @@ function readF32(path: string): Float32Array {
   return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
 }
 
+/** Mesa's software Vulkan driver: the GPU backend's tests run on it everywhere (docs/gpu.md). */
+const LAVAPIPE = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json";
+
 function engine(args: string[]): string {
   const result = spawnSync(nativeBinary("redwing-engine"), args, {
     encoding: "utf8",
     maxBuffer: 1 << 28,
-    env: { ...process.env, REDWING_THREADS: process.env.REDWING_THREADS ?? "2" },
+    env: {
+      ...process.env,
+      REDWING_THREADS: process.env.REDWING_THREADS ?? "2",
+      ...(args.includes("vulkan") ? { VK_DRIVER_FILES: LAVAPIPE, VK_ICD_FILENAMES: LAVAPIPE } : {}),
+    },
   });
   if (result.status !== 0) {
     throw new Error(`redwing-engine ${args[0]} failed (${result.status}): ${result.stderr}`);
@@ -261,6 +268,63 @@ for (const fixture of FIXTURES) {
       });
     });
   }
+}
+
+// The Vulkan backend (through lavapipe here) against the same references: the CPU backend's
+// bar with an f32 cache, top-1 identical at every position with an f16 cache, and the greedy
+// continuation. One checkpoint form per fixture: the import is the same for both backends.
+for (const fixture of FIXTURES) {
+  describe(`${fixture} on the vulkan backend`, () => {
+    const dir = join(ROOT, "fixtures", fixture);
+    const ref = JSON.parse(readFileSync(join(dir, "reference.json"), "utf8")) as Reference;
+    const vocab = ref.vocab_size;
+    const logits = readF32(join(dir, "logits.f32"));
+    const vulkan = ["--backend", "vulkan"];
+    let model = "";
+
+    beforeAll(async () => {
+      model = join(workDir, `${fixture}-vulkan`);
+      await importCheckpoint(join(dir, "mlx"), model, { durable: false });
+    });
+
+    const modes: [string, string[]][] = [
+      ["prefill chunk 1", ["--mode", "prefill", "--chunk", "1"]],
+      ["prefill chunk 7", ["--mode", "prefill", "--chunk", "7"]],
+      ["prefill chunk 128", ["--mode", "prefill", "--chunk", "128"]],
+      ["decode", ["--mode", "decode"]],
+    ];
+    for (const [name, flags] of modes) {
+      it(`${name}: f32 KV within ${TOLERANCE}, f16 KV top-1 identical everywhere`, () => {
+        const rows = ref.logits_shape[0];
+        const f32 = compare(
+          engineLogits(model, ref.prompt, [...vulkan, ...flags, "--kv-dtype", "f32"]),
+          logits,
+          rows,
+          vocab,
+        );
+        const f16 = compare(
+          engineLogits(model, ref.prompt, [...vulkan, ...flags, "--kv-dtype", "f16"]),
+          logits,
+          rows,
+          vocab,
+        );
+        report.push(
+          `${fixture} vulkan ${name}: f32 ${f32.maxAbs.toExponential(2)} (top-1 ${(f32.agreement * 100).toFixed(1)}%), f16 ${f16.maxAbs.toExponential(2)} (top-1 ${(f16.agreement * 100).toFixed(1)}%)`,
+        );
+        expect(f32.maxAbs).toBeLessThanOrEqual(TOLERANCE);
+        expect(f32.agreement).toBe(1);
+        expect(f16.agreement).toBe(1);
+        expect(f16.maxAbs).toBeGreaterThan(0); // the cache really is f16
+      });
+    }
+
+    it("greedy continuation equals transformers' token for token", () => {
+      const out = greedyContinuation(model, ref, [...vulkan, "--chunk", "7"]);
+      const result = JSON.parse(out) as { tokens: number[]; stop_reason: string };
+      expect(result.tokens).toEqual(ref.greedy);
+      expect(result.stop_reason).toBe("length");
+    });
+  });
 }
 
 describe("redwing logits (CLI)", () => {

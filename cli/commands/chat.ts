@@ -36,6 +36,7 @@ export interface GenerationCliOptions {
   expertCacheSlots?: number;
   memoryBudget?: number;
   threads?: number;
+  backend?: "cpu" | "vulkan" | "auto";
   quiet?: boolean;
   json?: boolean;
 }
@@ -72,6 +73,14 @@ export function parseByteSize(value: string): number {
   return Math.floor(Number(m[1]) * 1024 ** power);
 }
 
+/** `--backend cpu|vulkan|auto` (docs/gpu.md): where the engine runs the model. */
+export function backendOption(): Option {
+  return new Option(
+    "--backend <name>",
+    "where the model runs: cpu, vulkan (a GPU) or auto (a GPU when there is one)",
+  ).choices(["cpu", "vulkan", "auto"]);
+}
+
 /** Adds the model, sampling, engine and output options to a command. */
 export function addGenerationOptions(cmd: Command): Command {
   return cmd
@@ -103,6 +112,7 @@ export function addGenerationOptions(cmd: Command): Command {
     )
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))
+    .addOption(backendOption())
     .option("--quiet", "print only the generated text (no banner, no statistics)")
     .option("--json", "print one JSON object with the text and statistics instead of streaming");
 }
@@ -170,6 +180,7 @@ export async function generateText(
     load: {
       context: opts.maxContext,
       threads: opts.threads,
+      backend: opts.backend,
       // With a memory budget and no slot count, the engine picks the count that fits.
       expertCacheSlots:
         opts.expertCacheSlots ??

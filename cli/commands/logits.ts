@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { UserError } from "../../core/errors.ts";
 import { runNative } from "../../core/native.ts";
+import { backendOption } from "./chat.ts";
 
 interface LogitsOptions {
   model: string;
@@ -9,6 +10,7 @@ interface LogitsOptions {
   kvDtype: string;
   chunk: string;
   threads?: string;
+  backend?: string;
 }
 
 function positiveInteger(value: string, flag: string): string {
@@ -31,6 +33,7 @@ export function registerLogitsCommand(program: Command): void {
     .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", "f16")
     .option("--chunk <n>", "prefill chunk size in tokens", "128")
     .option("--threads <n>", "CPU threads (default: all)")
+    .addOption(backendOption())
     .action(async (options: LogitsOptions) => {
       const tokens = options.tokens.replace(/\s+/g, "");
       if (!/^\d+(,\d+)*$/.test(tokens)) {
@@ -58,6 +61,7 @@ export function registerLogitsCommand(program: Command): void {
       if (options.threads !== undefined) {
         args.push("--threads", positiveInteger(options.threads, "--threads"));
       }
+      if (options.backend !== undefined) args.push("--backend", options.backend);
       const status = await runNative("redwing-engine", args);
       if (status !== 0) process.exitCode = status;
     });

@@ -6,7 +6,7 @@ import {
   DEFAULT_QUEUE_LIMIT,
   startServer,
 } from "../../core/server/server.ts";
-import { parseByteSize } from "./chat.ts";
+import { backendOption, parseByteSize } from "./chat.ts";
 
 interface ServeOptions {
   host: string;
@@ -21,6 +21,7 @@ interface ServeOptions {
   model?: string;
   maxContext: number;
   threads?: number;
+  backend?: "cpu" | "vulkan" | "auto";
   expertCacheSlots?: number;
   memoryBudget?: number;
   quiet?: boolean;
@@ -77,6 +78,7 @@ export function registerServeCommand(program: Command): void {
     .option("--expert-cache-slots <n>", "experts kept in memory per MoE layer", intArg(0))
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))
+    .addOption(backendOption())
     .option("--quiet", "do not log requests")
     .action(async (opts: ServeOptions) => {
       const log = (line: string): void => void process.stderr.write(`redwing: ${line}\n`);
@@ -93,6 +95,7 @@ export function registerServeCommand(program: Command): void {
         model: opts.model,
         context: opts.maxContext,
         threads: opts.threads,
+        backend: opts.backend,
         expertCacheSlots: opts.expertCacheSlots,
         memoryBudget: opts.memoryBudget,
         log: opts.quiet ? undefined : log,

@@ -78,7 +78,8 @@ export const EngineSettingsSchema = z.object({
   memoryBudgetBytes: bytes.nullable(),
   /** 0: one per core. */
   threads: z.number().int().min(0).max(256),
-  backend: z.enum(["cpu"]),
+  /** Where the engine runs the model (docs/gpu.md): the CPU, a Vulkan GPU, or a GPU if any. */
+  backend: z.enum(["cpu", "vulkan", "auto"]),
   kvDtype: z.enum(["f16", "f32"]),
 });
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;

@@ -22,6 +22,8 @@ export interface LoadParams {
   /** KV cache positions. */
   context: number;
   threads?: number;
+  /** Where the model runs (docs/gpu.md); omitted: the CPU. */
+  backend?: "cpu" | "vulkan" | "auto";
   expertCacheSlots?: number;
   /** Bytes. */
   memoryBudget?: number;
@@ -133,6 +135,7 @@ export function nativeOneShotBackend(): Backend {
       ];
       if (s.seed !== undefined) args.push("--seed", String(s.seed));
       if (req.load.threads !== undefined) args.push("--threads", String(req.load.threads));
+      if (req.load.backend !== undefined) args.push("--backend", req.load.backend);
       if (streaming === undefined)
         streaming = supportsStreamingFlags(nativeBinary("redwing-engine"));
       if (streaming) {
@@ -180,6 +183,7 @@ export async function serviceBackend(onLog?: (line: string) => void): Promise<Ba
         model: req.modelDir,
         context: req.load.context,
         threads: req.load.threads,
+        backend: req.load.backend,
         expert_cache_slots: req.load.expertCacheSlots,
         memory_budget: req.load.memoryBudget,
       };

@@ -34,7 +34,8 @@ export const LoadParamsSchema = z.object({
   /** KV cache positions (default 4096). */
   context: z.number().int().positive().optional(),
   threads: z.number().int().nonnegative().optional(),
-  backend: z.literal("cpu").optional(),
+  /** cpu, vulkan or auto (docs/gpu.md); default cpu. */
+  backend: z.enum(["cpu", "vulkan", "auto"]).optional(),
   kv_dtype: z.enum(["f16", "f32"]).optional(),
   /** Prefill chunk size in tokens (default 128). */
   chunk: z.number().int().positive().optional(),
@@ -84,6 +85,18 @@ export const HelloEventSchema = z.object({
   protocol: z.number().int(),
   service_version: z.string(),
   backends: z.array(z.string()),
+  /** Each backend's device (absent from services older than the GPU backend). */
+  devices: z
+    .array(
+      z.object({
+        backend: z.string(),
+        name: z.string(),
+        memory_bytes: z.number(),
+        discrete: z.boolean(),
+        software: z.boolean(),
+      }),
+    )
+    .optional(),
   cpu_features: z.array(z.string()),
   hardware_threads: z.number().int(),
   pid: z.number().int(),
@@ -119,6 +132,8 @@ export const ReadyEventSchema = z.object({
     kv_bytes: z.number(),
     estimate_bytes: z.number(),
     rss_bytes: z.number(),
+    /** GPU memory the backend holds (docs/gpu.md); 0 on the CPU. Absent from older services. */
+    device_bytes: z.number().optional(),
   }),
 });
 export type ReadyEvent = z.infer<typeof ReadyEventSchema>;

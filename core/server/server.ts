@@ -74,6 +74,8 @@ export interface ServerOptions {
   /** KV positions (prompt plus output), default 4096. */
   context?: number;
   threads?: number;
+  /** Where the engine runs the model (docs/gpu.md); default the CPU. */
+  backend?: "cpu" | "vulkan" | "auto";
   expertCacheSlots?: number;
   memoryBudget?: number;
   engine?: EngineClientOptions;
@@ -767,6 +769,7 @@ async function startOwnEngine(
       model: modelDir,
       context,
       threads: options.threads,
+      backend: options.backend,
       expert_cache_slots:
         options.expertCacheSlots ?? (options.memoryBudget === undefined ? 16 : undefined),
       memory_budget: options.memoryBudget,

@@ -64,17 +64,24 @@ const char* kUsage =
     "  --expert-cache-policy lrfu|lfu|lru (default lrfu)   --io-threads N (default 8)\n"
     "  --direct-io on|off\n"
     "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
+    "  --backend cpu|vulkan|auto   where the model runs (default cpu; auto: a GPU if present)\n"
     "benchmark only (these change the model's output):\n"
     "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
     "  --record-routing FILE    write the routing used, one line per layer and row\n"
     "  --expert-mmap on         map the expert files (page-cache baseline) instead\n";
 
 // Flags every engine-loading command accepts, besides its own.
-const std::vector<std::string> kStreamFlags = {"expert-cache-slots", "expert-cache-policy",
-                                               "io-threads",         "direct-io",
-                                               "memory-budget",      "context",
-                                               "routing-trace",      "record-routing",
-                                               "expert-mmap",        "read-piece-kib"};
+const std::vector<std::string> kStreamFlags = {"expert-cache-slots",
+                                               "expert-cache-policy",
+                                               "io-threads",
+                                               "direct-io",
+                                               "memory-budget",
+                                               "context",
+                                               "routing-trace",
+                                               "record-routing",
+                                               "expert-mmap",
+                                               "read-piece-kib",
+                                               "backend"};
 std::vector<std::string> with_stream_flags(std::vector<std::string> names) {
   names.insert(names.end(), kStreamFlags.begin(), kStreamFlags.end());
   return names;
@@ -139,6 +146,11 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   redwing::EngineOptions o;
   o.model_dir = need(f, "model");
   if (f.count("threads")) o.threads = parse_number<int>(f.at("threads"), "threads");
+  if (f.count("backend")) {
+    o.backend = f.at("backend");
+    if (o.backend != "cpu" && o.backend != "vulkan" && o.backend != "auto")
+      throw UsageError("--backend must be cpu, vulkan or auto");
+  }
   if (f.count("chunk")) o.chunk = parse_number<int64_t>(f.at("chunk"), "chunk");
   if (o.chunk <= 0) throw UsageError("--chunk must be positive");
   if (f.count("kv-dtype")) {
@@ -311,12 +323,14 @@ std::string expert_stats_json(const redwing::Engine& engine, const redwing::Gene
   char buf[768];
   std::snprintf(buf, sizeof(buf),
                 ", \"expert_cache_slots\": %d, \"direct_io\": %s, \"peak_rss_bytes\": %llu, "
+                "\"device_memory_bytes\": %llu, "
                 "\"expected_memory\": %s, \"hit_rate\": %.4f, \"bytes_read\": %llu, "
                 "\"io_wait_ms\": %.3f, \"read_ms\": %.3f, \"decode_hit_rate\": %.4f, "
                 "\"decode_bytes_read_per_token\": %.1f, \"decode_io_wait_ms_per_token\": %.3f, "
                 "\"decode_compute_ms_per_token\": %.3f",
                 engine.expert_cache_slots(), engine.direct_io() ? "true" : "false",
                 static_cast<unsigned long long>(redwing::platform::peak_rss_bytes()),
+                static_cast<unsigned long long>(engine.backend().device_memory_bytes()),
                 engine.memory_plan().to_json().c_str(), run.hit_rate(),
                 static_cast<unsigned long long>(run.bytes_read), run.io_wait_seconds * 1e3,
                 run.read_seconds * 1e3, uses ? static_cast<double>(decode.expert_hits) / uses : 0.0,

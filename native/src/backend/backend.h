@@ -94,6 +94,9 @@ class Backend {
   virtual std::string name() const = 0;
   // A short description for diagnostics (e.g. "cpu avx2 fma f16c, 8 threads").
   virtual std::string describe() const = 0;
+  // Device memory this backend holds now (weights, KV cache, activations), counted apart from
+  // the process's host memory; 0 for backends whose buffers are host memory (the CPU).
+  virtual uint64_t device_memory_bytes() const { return 0; }
 
   // ---- memory ----
   // Zero-initialized backend memory.

@@ -76,6 +76,23 @@ class Gemma4 final : public Model {
       }
       layers_.push_back(std::move(l));
     }
+    // Resident experts are imported once, at load (a GPU backend uploads them all now rather
+    // than inside the first tokens); streamed ones are imported per call in moe_branch.
+    if (experts_ != nullptr && experts_->stable()) {
+      for (int i = 0; i < arch_.num_layers; ++i) {
+        if (!arch_.layers[static_cast<size_t>(i)].moe) continue;
+        std::vector<int32_t> all(static_cast<size_t>(arch_.moe->num_experts));
+        for (size_t e = 0; e < all.size(); ++e) all[e] = static_cast<int32_t>(e);
+        const auto mats = experts_->acquire(i, all);
+        for (size_t e = 0; e < all.size(); ++e) {
+          ImportedExpert& x = imported_[{i, all[e]}];
+          x.gate = backend.import_qweight(mats[e].gate);
+          x.up = backend.import_qweight(mats[e].up);
+          x.down = backend.import_qweight(mats[e].down);
+        }
+        experts_->release(i);
+      }
+    }
   }
 
   const Architecture& arch() const override { return arch_; }
@@ -217,9 +234,18 @@ class Gemma4 final : public Model {
     experts_->for_each(layer, routing.ids, [&](size_t k, const ExpertMatrices& mats) {
       const auto& rows = routing.rows[k];
       const int64_t n = static_cast<int64_t>(rows.size());
-      auto gate = backend_.import_qweight(mats.gate);
-      auto up = backend_.import_qweight(mats.up);
-      auto down = backend_.import_qweight(mats.down);
+      // Experts that stay put in host memory are imported once and kept (a GPU backend copies
+      // them to the device on first use); streamed ones are imported for this call only.
+      ImportedExpert once;
+      ImportedExpert& e = experts_->stable() ? imported_[{layer, routing.ids[k]}] : once;
+      if (!e.gate) {
+        e.gate = backend_.import_qweight(mats.gate);
+        e.up = backend_.import_qweight(mats.up);
+        e.down = backend_.import_qweight(mats.down);
+      }
+      const QWeight* gate = e.gate.get();
+      const QWeight* up = e.up.get();
+      const QWeight* down = e.down.get();
       Mat in = scratch_.get(kExpertRows, n, hidden);
       backend_.gather_rows(e_in, rows, in);
       Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
@@ -237,9 +263,14 @@ class Gemma4 final : public Model {
     return sum;
   }
 
+  struct ImportedExpert {
+    std::unique_ptr<QWeight> gate, up, down;
+  };
+
   Architecture arch_;
   Backend& backend_;
   ExpertSource* experts_;
+  std::map<std::pair<int, int32_t>, ImportedExpert> imported_;  // (layer, expert), stable()
   Scratch scratch_;
   std::unique_ptr<QWeight> embed_;
   std::unique_ptr<Buffer> norm_;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend_select.h"
 
 namespace redwing {
 namespace {
@@ -34,7 +34,7 @@ Engine::Engine(const EngineOptions& options)
     throw std::runtime_error("memory budget of " + std::to_string(options_.memory_budget) +
                              " bytes cannot hold the model: it needs " +
                              std::to_string(plan_.total()) + " bytes (" + plan_.to_json() + ")");
-  backend_ = make_cpu_backend(options_.threads);
+  backend_ = make_backend(options_.backend, options_.threads);
   if (moe && slots > 0) {
     ExpertStoreOptions so;
     so.slots = slots;

@@ -23,7 +23,8 @@ namespace redwing {
 
 struct EngineOptions {
   std::string model_dir;
-  int threads = 0;  // 0: REDWING_THREADS or the hardware thread count
+  int threads = 0;              // 0: REDWING_THREADS or the hardware thread count
+  std::string backend = "cpu";  // cpu | vulkan | auto (backend/backend_select.h)
   KvDType kv_dtype = KvDType::f16;
   int64_t chunk = 128;  // prefill chunk: tokens per batched forward call
   // Expert streaming (MoE models). 0 slots and no budget: every expert is read into RAM at
@@ -77,6 +78,7 @@ class Engine {
   const Architecture& arch() const { return dir_.arch(); }
   const EngineOptions& options() const { return options_; }
   Backend& backend() { return *backend_; }
+  const Backend& backend() const { return *backend_; }
   Model& model() { return *model_; }
   // Expert cache counters since the engine started (all zero when experts are resident); safe
   // to call from another thread while a generation runs.

@@ -55,6 +55,10 @@ class ExpertSource {
   virtual void for_each(int layer, std::span<const int32_t> experts,
                         const std::function<void(size_t, const ExpertMatrices&)>& fn);
   virtual ExpertStats stats() const { return {}; }
+  // Whether an expert's matrices stay at the same host addresses with the same contents for the
+  // source's lifetime (every expert resident). A backend that copies weights to a device may
+  // then import each expert once and keep it there.
+  virtual bool stable() const { return false; }
 };
 
 // The expert layout of MoE layer i, checked against the architecture (shapes, count); throws
@@ -71,6 +75,7 @@ class ResidentExpertSource final : public ExpertSource {
 
   std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
   void release(int layer) override {}
+  bool stable() const override { return true; }
   uint64_t bytes() const { return bytes_; }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <random>
 #include <sstream>
 
+#include "backend/backend_select.h"
 #include "backend/cpu/kernels.h"
 #include "platform/memory.h"
 
@@ -18,6 +20,31 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
+
+// The backends this machine has (backend/backend_select.h), looked up once: enumerating Vulkan
+// devices loads drivers. hello lists the names and the devices; load accepts a name or "auto".
+const std::vector<BackendInfo>& machine_backends() {
+  static const std::vector<BackendInfo> all = available_backends();
+  return all;
+}
+
+json backend_names() {
+  json names = json::array();
+  for (const auto& b : machine_backends())
+    if (std::find(names.begin(), names.end(), b.name) == names.end()) names.push_back(b.name);
+  return names;
+}
+
+json backend_devices() {
+  json out = json::array();
+  for (const auto& b : machine_backends())
+    out.push_back({{"backend", b.name},
+                   {"name", b.device},
+                   {"memory_bytes", b.memory_bytes},
+                   {"discrete", b.discrete},
+                   {"software", b.software}});
+  return out;
+}
 
 // A request that breaks the protocol; `code` goes into the error event.
 struct ProtocolError : std::runtime_error {
@@ -186,7 +213,8 @@ bool Service::handle_line(const std::string& line) {
             {"id", id},
             {"protocol", kProtocolVersion},
             {"service_version", kServiceVersion},
-            {"backends", json::array({"cpu"})},
+            {"backends", backend_names()},
+            {"devices", backend_devices()},
             {"cpu_features", split_words(cpu::cpu_features())},
             {"hardware_threads", std::thread::hardware_concurrency()},
             {"pid", platform::current_pid()}});
@@ -296,14 +324,16 @@ void Service::do_load(const Job& job) {
   const std::string model = field<std::string>(req, "model", "");
   if (model.empty()) throw ProtocolError("bad_request", "load needs \"model\": a model directory");
   const std::string backend = field<std::string>(req, "backend", "cpu");
-  if (backend != "cpu")
-    throw ProtocolError("unsupported_backend",
-                        "backend \"" + backend + "\" is not available (cpu)");
+  const json names = backend_names();
+  if (backend != "auto" && std::find(names.begin(), names.end(), backend) == names.end())
+    throw ProtocolError("unsupported_backend", "backend \"" + backend + "\" is not available (" +
+                                                   names.dump() + ", auto)");
   const int64_t context = field<int64_t>(req, "context", 4096);
   if (context <= 0) throw ProtocolError("bad_request", "\"context\" must be positive");
   EngineOptions options;
   options.model_dir = model;
   options.threads = static_cast<int>(field<int64_t>(req, "threads", 0));
+  options.backend = backend;
   options.chunk = field<int64_t>(req, "chunk", options.chunk);
   if (options.chunk <= 0) throw ProtocolError("bad_request", "\"chunk\" must be positive");
   options.kv_dtype = parse_kv_dtype(field<std::string>(req, "kv_dtype", "f16"));
@@ -356,7 +386,9 @@ void Service::do_load(const Job& job) {
         // resident) and working memory.
         // (with this session's KV cache, which may carry ring slack).
         {"estimate_bytes", l.engine->memory_plan().total() - l.engine->memory_plan().kv_bytes + kv},
-        {"rss_bytes", platform::current_rss_bytes()}}}};
+        {"rss_bytes", platform::current_rss_bytes()},
+        // GPU memory (weights, KV cache, activations), apart from the host's RSS; 0 on the CPU.
+        {"device_bytes", l.engine->backend().device_memory_bytes()}}}};
   loaded_ = std::move(l);
   kv_bytes_ = kv;
   {

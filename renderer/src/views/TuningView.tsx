@@ -253,7 +253,11 @@ export function TuningView() {
             id="field-backend"
             label="Backend"
             value={e.backend}
-            options={[["cpu", "CPU"]]}
+            options={[
+              ["cpu", "CPU"],
+              ["vulkan", "GPU (Vulkan)"],
+              ["auto", "Auto (a GPU when there is one)"],
+            ]}
             onChange={(v) => engineSet({ backend: v as EngineSettings["backend"] })}
             badge={reloadBadge("backend")}
           />

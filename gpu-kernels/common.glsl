@@ -1,0 +1,54 @@
+// Shared helpers of the Redwing compute kernels (included by every .comp file).
+//
+// Portability rules (docs/gpu.md): no 16-bit storage types (16-bit data is read and written as
+// uint32 words), no subgroup operations (reductions go through shared memory, so any subgroup
+// size works), no 64-bit types, no specialization constants, every binding in set 0.
+
+// Workgroups are laid out over x and y so that more than 65535 fit in one dispatch; this is the
+// linear index of the current one.
+uint linear_group() { return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x; }
+
+// A 16-bit value (bf16 or IEEE half bits) as float32. scale_type: 0 bf16, 1 f16, 2 f32.
+float half_bits_to_float(uint h, uint scale_type) {
+  return scale_type == 0u ? uintBitsToFloat(h << 16) : unpackHalf2x16(h).x;
+}
+
+// Scale or bias i of a quantized matrix whose scales are stored as raw uint32 words.
+#define LOAD_SCALE(BUF, I, TYPE)                                                          \
+  ((TYPE) == 2u ? uintBitsToFloat(BUF[(I)])                                               \
+                : half_bits_to_float((BUF[(I) >> 1u] >> (((I)&1u) * 16u)) & 0xffffu, (TYPE)))
+
+// float32 -> IEEE half bits, round to nearest even (as the CPU backend's f32_to_f16: GLSL's
+// packHalf2x16 may round toward zero).
+uint f32_to_f16_bits(float x) {
+  uint bits = floatBitsToUint(x);
+  uint sign = (bits >> 16) & 0x8000u;
+  uint magnitude = bits & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u) {
+    if (magnitude == 0x7f800000u) return sign | 0x7c00u;
+    return sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu);
+  }
+  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;
+  if (magnitude < 0x38800000u) {
+    uint exponent = magnitude >> 23;
+    uint shift = 126u - exponent;
+    if (shift > 24u) return sign;
+    uint mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    uint q = mantissa >> shift;
+    uint rest = mantissa & ((1u << shift) - 1u);
+    uint half_unit = 1u << (shift - 1u);
+    if (rest > half_unit || (rest == half_unit && (q & 1u) != 0u)) ++q;
+    return sign | q;
+  }
+  uint h = (magnitude >> 13) - (112u << 10);
+  uint rest = magnitude & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0u)) ++h;
+  return sign | h;
+}
+
+// tanh that stays finite for any input (some drivers compute tanh through exp and overflow).
+float safe_tanh(float x) {
+  float e = exp(-2.0 * abs(x));
+  float t = (1.0 - e) / (1.0 + e);
+  return x < 0.0 ? -t : t;
+}

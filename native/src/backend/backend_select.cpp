@@ -1,0 +1,81 @@
+#include "backend/backend_select.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+#if defined(REDWING_HAVE_VULKAN)
+#include "backend/gpu/gpu_backend.h"
+#endif
+
+namespace redwing {
+
+bool vulkan_built() {
+#if defined(REDWING_HAVE_VULKAN)
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+#if defined(REDWING_HAVE_VULKAN)
+// The index of the Vulkan device to use, or -1 when there is none. `hardware_only`: skip
+// software devices (for auto).
+int pick_vulkan_device(const std::vector<gpu::DeviceInfo>& devices, bool hardware_only) {
+  if (const char* env = std::getenv("REDWING_VULKAN_DEVICE")) {
+    const int i = std::atoi(env);
+    if (i < 0 || i >= static_cast<int>(devices.size()))
+      throw std::runtime_error("REDWING_VULKAN_DEVICE=" + std::string(env) +
+                               " but this machine has " + std::to_string(devices.size()) +
+                               " Vulkan device(s)");
+    if (hardware_only && devices[static_cast<size_t>(i)].software) return -1;
+    return i;
+  }
+  for (size_t i = 0; i < devices.size(); ++i)
+    if (devices[i].discrete && !devices[i].software) return static_cast<int>(i);
+  if (hardware_only) return -1;
+  for (size_t i = 0; i < devices.size(); ++i)
+    if (!devices[i].software) return static_cast<int>(i);
+  return devices.empty() ? -1 : 0;
+}
+#endif
+
+}  // namespace
+
+std::vector<BackendInfo> available_backends() {
+  std::vector<BackendInfo> out;
+  out.push_back({"cpu", cpu::cpu_features(), 0, false, false});
+#if defined(REDWING_HAVE_VULKAN)
+  for (const auto& d : gpu::list_vulkan_devices())
+    out.push_back({"vulkan", d.name, d.memory_bytes, d.software, d.discrete});
+#endif
+  return out;
+}
+
+std::string resolve_backend(const std::string& kind) {
+  if (kind == "cpu" || kind == "vulkan") return kind;
+  if (kind != "auto")
+    throw std::invalid_argument("unknown backend \"" + kind + "\" (cpu, vulkan or auto)");
+#if defined(REDWING_HAVE_VULKAN)
+  if (pick_vulkan_device(gpu::list_vulkan_devices(), true) >= 0) return "vulkan";
+#endif
+  return "cpu";
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& kind, int threads) {
+  const std::string chosen = resolve_backend(kind);
+  if (chosen == "cpu") return make_cpu_backend(threads);
+#if defined(REDWING_HAVE_VULKAN)
+  const auto devices = gpu::list_vulkan_devices();
+  const int index = pick_vulkan_device(devices, kind == "auto");
+  if (index < 0) throw std::runtime_error("backend \"vulkan\": no Vulkan device on this machine");
+  return make_gpu_backend(gpu::open_vulkan_device(index));
+#else
+  throw std::runtime_error("backend \"vulkan\": this build has no Vulkan support");
+#endif
+}
+
+}  // namespace redwing

@@ -1,0 +1,614 @@
+// The GPU backend over the device layer (device.h). Nothing here is specific to one GPU API.
+//
+// Ops are recorded, not run: the device batches them into one submission until the host needs
+// data (download, route) or the device's per-batch resources fill up. A decode step of a dense
+// model is therefore one submission, and one more per MoE layer (route returns the experts to
+// the host). Between ops, a barrier is recorded only when the next op touches a buffer that an
+// op since the last barrier wrote (or writes one that such an op read).
+//
+// Host data an op needs (token ids, gather rows, RoPE tables) goes into an upload ring that is
+// reused after every submission. Views larger than one storage binding may cover
+// (DeviceInfo::max_binding_bytes) are bound from an aligned offset near their first element;
+// weight matrices larger than that are split into row chunks, one dispatch each.
+#include "backend/gpu/gpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace redwing {
+namespace {
+
+using gpu::Binding;
+using gpu::DeviceBuffer;
+using gpu::Kernel;
+
+class GpuBuffer final : public Buffer {
+ public:
+  explicit GpuBuffer(std::unique_ptr<DeviceBuffer> d) : dev(std::move(d)) {}
+  size_t size_bytes() const override { return dev->size_bytes(); }
+  std::unique_ptr<DeviceBuffer> dev;
+};
+
+// packed words, scales and biases in one device buffer, each section 256-byte aligned.
+class GpuQWeight final : public QWeight {
+ public:
+  std::unique_ptr<DeviceBuffer> buf;
+  size_t packed_offset = 0, scales_offset = 0, biases_offset = 0;
+  size_t row_bytes = 0;    // packed bytes per row
+  size_t scale_bytes = 0;  // bytes per scale (2 or 4)
+  uint32_t bits = 4, group_size = 64, scale_type = 0;
+};
+
+const DeviceBuffer& dev_of(const Buffer& b) { return *static_cast<const GpuBuffer&>(b).dev; }
+
+uint32_t u32(int64_t v) {
+  if (v < 0 || v > static_cast<int64_t>(UINT32_MAX))
+    throw std::logic_error("gpu backend: value out of 32-bit range");
+  return static_cast<uint32_t>(v);
+}
+
+void check_same_shape(const Mat& a, const Mat& b, const char* op) {
+  if (a.rows != b.rows || a.cols != b.cols)
+    throw std::logic_error(std::string(op) + ": shape mismatch");
+}
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Push-constant blocks: the field order of each kernel's `Params` block.
+struct QuantParams {
+  uint32_t rows, cols, bits, group_size, scale_type, scale0, x_offset, x_stride, y_offset, y_stride,
+      tokens;
+};
+struct EmbedParams {
+  uint32_t rows, cols, bits, group_size, scale_type, scale0, out_offset, out_stride, count, row0;
+  float scale;
+};
+struct NormParams {
+  uint32_t rows, cols, x_offset, x_stride, y_offset, y_stride, has_weight;
+  float weight_offset, eps;
+};
+struct ElementParams {
+  uint32_t op, rows, cols, a_offset, a_stride, b_offset, b_stride, out_offset, out_stride;
+  float s;
+};
+struct RopeKernelParams {
+  uint32_t rows, n_heads, half_dim, x_offset, x_stride;
+};
+struct RowsParams {
+  uint32_t count, cols, src_offset, src_stride, dst_offset, dst_stride;
+};
+struct KvStoreParams {
+  uint32_t rows, width, k_offset, k_stride, v_offset, v_stride, pos0, capacity, ring, f16;
+};
+struct AttentionParams {
+  uint32_t rows, n_heads, group, head_dim, width, q_offset, q_stride, pos0, capacity, ring, window,
+      f16, splits;
+  float scale;
+};
+struct CombineParams {
+  uint32_t rows, n_heads, head_dim, splits, out_offset, out_stride;
+};
+struct RouteParams {
+  uint32_t rows, experts, top_k, offset, stride;
+};
+enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
+
+constexpr uint32_t kAttentionSplit = 256;  // attention_partial.comp's SPLIT
+constexpr int kMaxHeadDim = 512;           // attention_partial.comp's MAX_HEAD_DIM
+constexpr int kMaxTopK = 32;               // route.comp's MAX_TOP_K
+constexpr int64_t kMatvecMaxTokens = 4;    // more tokens: the tiled qmatmul kernel
+
+class GpuBackend final : public Backend {
+ public:
+  explicit GpuBackend(std::unique_ptr<gpu::Device> device) : dev_(std::move(device)) {
+    align_ = std::max<uint64_t>(dev_->info().binding_alignment, 16);
+    max_binding_ = dev_->info().max_binding_bytes;
+    // REDWING_GPU_PROFILE=1: per-kernel GPU time, printed to stderr when the backend closes.
+    const char* profile = std::getenv("REDWING_GPU_PROFILE");
+    profile_ = profile != nullptr && std::string(profile) == "1";
+    dev_->enable_timestamps(profile_);
+  }
+  ~GpuBackend() override {
+    // Device buffers must go before the device.
+    try {
+      dev_->flush();
+    } catch (...) {
+    }
+    if (profile_) print_profile();
+    ring_.reset();
+    partials_.reset();
+    route_out_.reset();
+  }
+
+  gpu::Device& device() { return *dev_; }
+
+  std::string name() const override { return dev_->info().api; }
+  uint64_t device_memory_bytes() const override { return dev_->allocated_bytes(); }
+  std::string describe() const override {
+    const auto& i = dev_->info();
+    char mem[32];
+    std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(i.memory_bytes) / (1 << 30));
+    return i.api + " " + i.name + " (" + mem + (i.software ? ", software" : "") + ")";
+  }
+
+  // ---- memory ----
+
+  std::unique_ptr<Buffer> alloc(size_t bytes) override {
+    return std::make_unique<GpuBuffer>(dev_->create_buffer(bytes));
+  }
+
+  void upload(Buffer& dst, size_t off, const void* src, size_t bytes) override {
+    if (off + bytes > dst.size_bytes()) throw std::logic_error("upload outside the buffer");
+    const DeviceBuffer& d = dev_of(dst);
+    touch({}, {&d});
+    dev_->write(const_cast<DeviceBuffer&>(d), off, src, bytes);
+  }
+
+  void download(const Buffer& src, size_t off, void* dst, size_t bytes) override {
+    if (off + bytes > src.size_bytes()) throw std::logic_error("download outside the buffer");
+    dev_->read(dev_of(src), off, dst, bytes);
+    after_flush();
+  }
+
+  std::unique_ptr<QWeight> import_qweight(const HostQuantMatrix& h) override {
+    if (h.bits != 4 && h.bits != 8) throw std::invalid_argument("gpu: unsupported bit width");
+    if (h.cols % h.group_size != 0 || h.group_size % 32 != 0)
+      throw std::invalid_argument("gpu: unsupported group size");
+    auto w = std::make_unique<GpuQWeight>();
+    w->rows = h.rows;
+    w->cols = h.cols;
+    w->bits = static_cast<uint32_t>(h.bits);
+    w->group_size = static_cast<uint32_t>(h.group_size);
+    w->scale_bytes = h.scale_dtype == DType::f32 ? 4 : 2;
+    w->scale_type = h.scale_dtype == DType::bf16 ? 0 : h.scale_dtype == DType::f16 ? 1 : 2;
+    w->row_bytes = static_cast<size_t>(h.cols) * static_cast<size_t>(h.bits) / 8;
+    const size_t packed = w->row_bytes * static_cast<size_t>(h.rows);
+    const size_t scales = static_cast<size_t>(h.rows * (h.cols / h.group_size)) * w->scale_bytes;
+    w->packed_offset = 0;
+    w->scales_offset = align_up(packed, 256);
+    w->biases_offset = align_up(w->scales_offset + scales, 256);
+    w->buf = dev_->create_buffer(align_up(w->biases_offset + scales, 4));
+    touch({}, {w->buf.get()});
+    dev_->write(*w->buf, w->packed_offset, h.packed, packed);
+    dev_->write(*w->buf, w->scales_offset, h.scales, scales);
+    dev_->write(*w->buf, w->biases_offset, h.biases, scales);
+    return w;
+  }
+
+  // ---- element-wise ----
+
+  void fill_zero(Mat x) override { elementwise(kFill, x, x, x, nullptr, 0.0f); }
+  void copy(Mat src, Mat dst) override {
+    check_same_shape(src, dst, "copy");
+    elementwise(kCopy, src, src, dst, nullptr, 0.0f);
+  }
+  void add(Mat a, Mat b, Mat out) override {
+    check_same_shape(a, b, "add");
+    check_same_shape(a, out, "add");
+    elementwise(kAdd, a, b, out, nullptr, 0.0f);
+  }
+  void scale(Mat x, float s) override { elementwise(kScale, x, x, x, nullptr, s); }
+  void mul_cols(Mat x, const Buffer& v, float s) override {
+    if (v.size_bytes() < sizeof(float) * x.cols)
+      throw std::logic_error("mul_cols: vector too short");
+    elementwise(kMulCols, x, x, x, &v, s);
+  }
+  void gelu_tanh_mul(Mat gate, Mat up, Mat out) override {
+    check_same_shape(gate, up, "gelu_tanh_mul");
+    check_same_shape(gate, out, "gelu_tanh_mul");
+    elementwise(kGeluMul, gate, up, out, nullptr, 0.0f);
+  }
+  void softcap(Mat x, float cap) override { elementwise(kSoftcap, x, x, x, nullptr, cap); }
+
+  void rms_norm(Mat x, const Buffer* weight, float offset, float eps, Mat y) override {
+    check_same_shape(x, y, "rms_norm");
+    if (weight && weight->size_bytes() < sizeof(float) * x.cols)
+      throw std::logic_error("rms_norm: weight too short");
+    if (x.rows == 0) return;
+    const View vx = view(x), vy = view(y);
+    NormParams p{u32(x.rows),      u32(x.cols), vx.offset, u32(x.stride), vy.offset, u32(y.stride),
+                 weight ? 1u : 0u, offset,      eps};
+    const Binding wb = weight ? whole(dev_of(*weight)) : Binding{};
+    std::vector<const DeviceBuffer*> reads{vx.b.buffer};
+    if (weight) reads.push_back(&dev_of(*weight));
+    touch(reads, {vy.b.buffer});
+    const Binding binds[] = {vx.b, wb, vy.b};
+    dispatch_linear(Kernel::rms_norm, binds, &p, sizeof p, static_cast<uint64_t>(x.rows));
+  }
+
+  void rope(Mat x, int n_heads, int head_dim, const RopeParams& rp, int64_t pos0) override {
+    if (x.cols != static_cast<int64_t>(n_heads) * head_dim)
+      throw std::logic_error("rope: bad width");
+    if (x.rows == 0) return;
+    const int half = head_dim / 2;
+    // The table exactly as the CPU backend computes it (cpu_backend.cpp), so both rotate by the
+    // same bits: inv_freq in float32 as transformers, then cos and sin of position * inv_freq.
+    std::vector<float> inv_freq(static_cast<size_t>(half), 0.0f);
+    const float theta = static_cast<float>(rp.theta);
+    for (int j = 0; j < std::min(rp.rotary_pairs, half); ++j) {
+      const float exponent = static_cast<float>(2 * j) / static_cast<float>(rp.freq_dim);
+      inv_freq[static_cast<size_t>(j)] =
+          (1.0f / std::pow(theta, exponent)) / static_cast<float>(rp.scale);
+    }
+    std::vector<float> table(static_cast<size_t>(x.rows) * 2 * static_cast<size_t>(half));
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* c = table.data() + r * 2 * half;
+      const float pos = static_cast<float>(pos0 + r);
+      for (int j = 0; j < half; ++j) {
+        const float angle = pos * inv_freq[static_cast<size_t>(j)];
+        c[j] = std::cos(angle);
+        c[half + j] = std::sin(angle);
+      }
+    }
+    const Binding tb = upload_host(table.data(), table.size() * sizeof(float));
+    const View vx = view(x);
+    RopeKernelParams p{u32(x.rows), u32(n_heads), u32(half), vx.offset, u32(x.stride)};
+    touch({tb.buffer, vx.b.buffer}, {vx.b.buffer});
+    const Binding binds[] = {vx.b, tb};
+    dispatch_linear(Kernel::rope, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(x.rows) * n_heads * half + 63) / 64);
+  }
+
+  // ---- products ----
+
+  void qmatmul(const QWeight& wq, Mat x, Mat y) override {
+    const auto& w = static_cast<const GpuQWeight&>(wq);
+    if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
+      throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
+                             std::to_string(x.cols) + " by " + std::to_string(w.rows) + "x" +
+                             std::to_string(w.cols) + ")");
+    if (x.rows == 0) return;
+    const View vx = view(x), vy = view(y);
+    touch({vx.b.buffer, w.buf.get()}, {vy.b.buffer});
+    const bool matvec = x.rows <= kMatvecMaxTokens;
+    for_each_chunk(w, [&](int64_t r0, int64_t n, const Binding& packed, const Binding& scales,
+                          const Binding& biases, uint32_t scale0) {
+      QuantParams p{u32(n),     u32(w.cols), w.bits,        w.group_size,        w.scale_type,
+                    scale0,     vx.offset,   u32(x.stride), vy.offset + u32(r0), u32(y.stride),
+                    u32(x.rows)};
+      const Binding binds[] = {packed, scales, biases, vx.b, vy.b};
+      if (matvec) {
+        const uint64_t groups = static_cast<uint64_t>((n + 3) / 4);
+        const auto [gx, gy] = grid(groups);
+        dev_->dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
+      } else {
+        dev_->dispatch(Kernel::qmatmul, binds, &p, sizeof p, u32((n + 63) / 64),
+                       u32((x.rows + 7) / 8), 1);
+      }
+    });
+  }
+
+  void embed(const QWeight& tq, std::span<const int32_t> ids, float s, Mat out) override {
+    const auto& t = static_cast<const GpuQWeight&>(tq);
+    if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != t.cols)
+      throw std::logic_error("embed: shape mismatch");
+    for (int32_t id : ids)
+      if (id < 0 || id >= t.rows)
+        throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
+                                std::to_string(t.rows) + " entries)");
+    if (ids.empty()) return;
+    const Binding idb = upload_host(ids.data(), ids.size_bytes());
+    const View vo = view(out);
+    touch({idb.buffer, t.buf.get()}, {vo.b.buffer});
+    for_each_chunk(t, [&](int64_t r0, int64_t n, const Binding& packed, const Binding& scales,
+                          const Binding& biases, uint32_t scale0) {
+      EmbedParams p{u32(n),        u32(t.cols), t.bits,    t.group_size,
+                    t.scale_type,  scale0,      vo.offset, u32(out.stride),
+                    u32(out.rows), u32(r0),     s};
+      const Binding binds[] = {packed, scales, biases, idb, vo.b};
+      dispatch_linear(Kernel::embed, binds, &p, sizeof p,
+                      (static_cast<uint64_t>(out.rows) * out.cols + 63) / 64);
+    });
+  }
+
+  void gather_rows(Mat src, std::span<const int32_t> rows, Mat dst) override {
+    if (dst.rows != static_cast<int64_t>(rows.size()) || dst.cols != src.cols)
+      throw std::logic_error("gather_rows: shape mismatch");
+    for (int32_t r : rows)
+      if (r < 0 || r >= src.rows) throw std::logic_error("gather_rows: row out of range");
+    if (rows.empty()) return;
+    const Binding rb = upload_host(rows.data(), rows.size_bytes());
+    const View vs = view(src), vd = view(dst);
+    RowsParams p{u32(dst.rows),   u32(dst.cols), vs.offset,
+                 u32(src.stride), vd.offset,     u32(dst.stride)};
+    touch({vs.b.buffer, rb.buffer}, {vd.b.buffer});
+    const Binding binds[] = {vs.b, rb, vd.b};
+    dispatch_linear(Kernel::gather_rows, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(dst.rows) * dst.cols + 63) / 64);
+  }
+
+  void scatter_add_rows(Mat src, std::span<const int32_t> rows, std::span<const float> weights,
+                        Mat dst) override {
+    if (src.rows != static_cast<int64_t>(rows.size()) || rows.size() != weights.size() ||
+        dst.cols != src.cols)
+      throw std::logic_error("scatter_add_rows: shape mismatch");
+    for (int32_t r : rows)
+      if (r < 0 || r >= dst.rows) throw std::logic_error("scatter_add_rows: row out of range");
+    if (rows.empty()) return;
+    const Binding rb = upload_host(rows.data(), rows.size_bytes());
+    const Binding wb = upload_host(weights.data(), weights.size_bytes());
+    const View vs = view(src), vd = view(dst);
+    RowsParams p{u32(src.rows),   u32(src.cols), vs.offset,
+                 u32(src.stride), vd.offset,     u32(dst.stride)};
+    touch({vs.b.buffer, rb.buffer, vd.b.buffer}, {vd.b.buffer});
+    const Binding binds[] = {vs.b, rb, wb, vd.b};
+    dispatch_linear(Kernel::scatter_add_rows, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(src.cols) + 63) / 64);
+  }
+
+  // ---- attention ----
+
+  void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) override {
+    const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
+    if (k.cols != width || v.cols != width || k.rows != v.rows)
+      throw std::logic_error("kv_store: shape mismatch");
+    if (!kv.ring && pos0 + k.rows > kv.capacity) throw std::logic_error("kv_store: past the cache");
+    if (kv.ring && k.rows > kv.capacity)
+      throw std::logic_error("kv_store: chunk larger than the ring");
+    if (width % 2 != 0) throw std::logic_error("kv_store: odd row width");
+    if (k.rows == 0) return;
+    const View vk = view(k), vv = view(v);
+    const DeviceBuffer& kc = dev_of(*kv.k);
+    const DeviceBuffer& vc = dev_of(*kv.v);
+    KvStoreParams p{u32(k.rows),       u32(width),
+                    vk.offset,         u32(k.stride),
+                    vv.offset,         u32(v.stride),
+                    u32(pos0),         u32(kv.capacity),
+                    kv.ring ? 1u : 0u, kv.dtype == KvDType::f16 ? 1u : 0u};
+    touch({vk.b.buffer, vv.b.buffer}, {&kc, &vc});
+    const Binding binds[] = {vk.b, vv.b, whole(kc), whole(vc)};
+    dispatch_linear(Kernel::kv_store, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(k.rows) * (width / 2) + 63) / 64);
+  }
+
+  void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
+                 Mat out) override {
+    const int d = kv.head_dim;
+    if (q.cols != static_cast<int64_t>(n_heads) * d || out.cols != q.cols || out.rows != q.rows)
+      throw std::logic_error("attention: shape mismatch");
+    if (n_heads % kv.num_kv_heads != 0) throw std::logic_error("attention: bad GQA grouping");
+    if (d > kMaxHeadDim) throw std::logic_error("attention: head_dim above 512");
+    if (q.rows == 0) return;
+    // The most keys any row sees: the last row's visible range.
+    const int64_t last = pos0 + q.rows - 1;
+    const int64_t most = last - kv.first_visible(last) + 1;
+    if (kv.ring && most > kv.capacity) throw std::logic_error("attention: window exceeds the ring");
+    const int64_t splits = (most + kAttentionSplit - 1) / kAttentionSplit;
+    const size_t partial_bytes =
+        static_cast<size_t>(q.rows * n_heads * splits * (d + 2)) * sizeof(float);
+    if (!partials_ || partials_->size_bytes() < partial_bytes)
+      partials_ = dev_->create_buffer(std::max(partial_bytes, size_t{1} << 20));
+    const View vq = view(q), vo = view(out);
+    const DeviceBuffer& kc = dev_of(*kv.k);
+    const DeviceBuffer& vc = dev_of(*kv.v);
+    AttentionParams p{u32(q.rows),
+                      u32(n_heads),
+                      u32(n_heads / kv.num_kv_heads),
+                      u32(d),
+                      u32(static_cast<int64_t>(kv.num_kv_heads) * d),
+                      vq.offset,
+                      u32(q.stride),
+                      u32(pos0),
+                      u32(kv.capacity),
+                      kv.ring ? 1u : 0u,
+                      u32(kv.window),
+                      kv.dtype == KvDType::f16 ? 1u : 0u,
+                      u32(splits),
+                      scale};
+    touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
+    const Binding pb{partials_.get(), 0, partial_bytes};
+    const Binding binds[] = {vq.b, whole(kc), whole(vc), pb};
+    dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
+                    static_cast<uint64_t>(q.rows) * n_heads * splits);
+    CombineParams c{u32(q.rows), u32(n_heads), u32(d), u32(splits), vo.offset, u32(out.stride)};
+    touch({partials_.get()}, {vo.b.buffer});
+    const Binding cbinds[] = {pb, vo.b};
+    dispatch_linear(Kernel::attention_combine, cbinds, &c, sizeof c,
+                    static_cast<uint64_t>(q.rows) * n_heads);
+  }
+
+  // ---- routing ----
+
+  void route(Mat logits, int top_k, const Buffer& per_expert_scale, int32_t* idx,
+             float* weights) override {
+    const int64_t n = logits.cols;
+    if (top_k <= 0 || top_k > n || top_k > kMaxTopK) throw std::logic_error("route: bad top_k");
+    if (per_expert_scale.size_bytes() < sizeof(float) * n)
+      throw std::logic_error("route: per_expert_scale too short");
+    if (logits.rows == 0) return;
+    const size_t count = static_cast<size_t>(logits.rows * top_k);
+    const size_t weights_at = align_up(count * sizeof(int32_t), align_);
+    const size_t bytes = weights_at + count * sizeof(float);
+    if (!route_out_ || route_out_->size_bytes() < bytes)
+      route_out_ = dev_->create_buffer(std::max<size_t>(bytes, 4096));
+    const View vl = view(logits);
+    const DeviceBuffer& pes = dev_of(per_expert_scale);
+    RouteParams p{u32(logits.rows), u32(n), u32(top_k), vl.offset, u32(logits.stride)};
+    touch({vl.b.buffer, &pes}, {route_out_.get()});
+    const Binding binds[] = {vl.b, whole(pes), Binding{route_out_.get(), 0, weights_at},
+                             Binding{route_out_.get(), weights_at, count * sizeof(float)}};
+    dispatch_linear(Kernel::route, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(logits.rows) + 63) / 64);
+    std::vector<std::byte> host(bytes);
+    dev_->read(*route_out_, 0, host.data(), bytes);
+    after_flush();
+    std::memcpy(idx, host.data(), count * sizeof(int32_t));
+    std::memcpy(weights, host.data() + weights_at, count * sizeof(float));
+  }
+
+ private:
+  // A Mat bound for a kernel: the binding and the view's first element inside it.
+  struct View {
+    Binding b;
+    uint32_t offset;
+  };
+
+  View view(const Mat& m) const {
+    if (m.buf == nullptr) throw std::logic_error("Mat without a buffer");
+    const DeviceBuffer& d = dev_of(*m.buf);
+    const size_t size = d.size_bytes();
+    const size_t first = static_cast<size_t>(m.offset) * sizeof(float);
+    size_t end = first;
+    if (m.rows > 0) {
+      const int64_t last = m.offset + (m.rows - 1) * m.stride + m.cols;
+      if (m.offset < 0 || m.cols > m.stride || static_cast<size_t>(last) * sizeof(float) > size)
+        throw std::logic_error("Mat view outside its buffer");
+      end = static_cast<size_t>(last) * sizeof(float);
+    }
+    const size_t start = first / align_ * align_;
+    const size_t bytes = std::min<size_t>(size - start, max_binding_);
+    if (end - start > bytes)
+      throw std::logic_error("gpu: a view larger than one storage binding (" +
+                             std::to_string(max_binding_) + " bytes)");
+    return {Binding{&d, start, bytes}, u32(static_cast<int64_t>((first - start) / sizeof(float)))};
+  }
+
+  Binding whole(const DeviceBuffer& d) const {
+    if (d.size_bytes() > max_binding_)
+      throw std::logic_error("gpu: a buffer larger than one storage binding");
+    return Binding{&d, 0, d.size_bytes()};
+  }
+
+  // Calls fn(r0, n, packed, scales, biases, scale0) for chunks of rows whose packed words fit
+  // one binding.
+  template <typename F>
+  void for_each_chunk(const GpuQWeight& w, F&& fn) {
+    const int64_t groups = w.cols / w.group_size;
+    int64_t chunk = w.rows;
+    if (static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows) > max_binding_) {
+      chunk = static_cast<int64_t>(max_binding_ / w.row_bytes) / 256 * 256;
+      if (chunk == 0) throw std::logic_error("gpu: a weight row larger than one binding");
+    }
+    for (int64_t r0 = 0; r0 < w.rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, w.rows - r0);
+      const size_t p0 = w.packed_offset + static_cast<size_t>(r0) * w.row_bytes;
+      const size_t s_first = static_cast<size_t>(r0 * groups) * w.scale_bytes;
+      const size_t s_bytes = static_cast<size_t>(n * groups) * w.scale_bytes;
+      const size_t s_start = s_first / align_ * align_;  // sections are 256-aligned
+      const uint32_t scale0 = u32(static_cast<int64_t>((s_first - s_start) / w.scale_bytes));
+      const size_t s_range = align_up(s_first - s_start + s_bytes, 4);
+      fn(r0, n, Binding{w.buf.get(), p0, static_cast<size_t>(n) * w.row_bytes},
+         Binding{w.buf.get(), w.scales_offset + s_start, s_range},
+         Binding{w.buf.get(), w.biases_offset + s_start, s_range}, scale0);
+    }
+  }
+
+  // Host data for the next op, in the upload ring (reused after each submission).
+  Binding upload_host(const void* data, size_t bytes) {
+    if (dev_->submissions() != ring_epoch_) {
+      ring_epoch_ = dev_->submissions();
+      ring_used_ = 0;
+    }
+    const size_t need = align_up(std::max<size_t>(bytes, 4), align_);
+    if (!ring_ || ring_used_ + need > ring_->size_bytes()) {
+      // A new ring; the old one is released once the recorded work that reads it has run.
+      ring_ = dev_->create_buffer(std::max<size_t>(need, 4u << 20));
+      ring_used_ = 0;
+    }
+    const Binding b{ring_.get(), ring_used_, bytes};
+    touch({}, {ring_.get()});
+    dev_->write(*ring_, ring_used_, data, bytes);
+    ring_used_ += need;
+    return b;
+  }
+
+  // Hazard tracking: records a barrier when this op reads something written since the last
+  // barrier, or writes something read or written since then.
+  void touch(std::initializer_list<const DeviceBuffer*> reads,
+             std::initializer_list<const DeviceBuffer*> writes) {
+    touch(std::vector<const DeviceBuffer*>(reads), std::vector<const DeviceBuffer*>(writes));
+  }
+  void touch(const std::vector<const DeviceBuffer*>& reads,
+             const std::vector<const DeviceBuffer*>& writes) {
+    if (dev_->submissions() != hazard_epoch_) {
+      hazard_epoch_ = dev_->submissions();
+      written_.clear();
+      read_.clear();
+    }
+    bool hazard = false;
+    for (auto* r : reads) hazard = hazard || written_.count(r);
+    for (auto* w : writes) hazard = hazard || written_.count(w) || read_.count(w);
+    if (hazard) {
+      dev_->barrier();
+      written_.clear();
+      read_.clear();
+    }
+    for (auto* r : reads) read_.insert(r);
+    for (auto* w : writes) written_.insert(w);
+  }
+  void after_flush() {
+    written_.clear();
+    read_.clear();
+  }
+
+  static std::pair<uint32_t, uint32_t> grid(uint64_t groups) {
+    const uint64_t gx = std::min<uint64_t>(groups, 65535);
+    return {static_cast<uint32_t>(gx), static_cast<uint32_t>((groups + gx - 1) / gx)};
+  }
+  void dispatch_linear(Kernel k, std::span<const Binding> binds, const void* push, size_t bytes,
+                       uint64_t groups) {
+    if (groups == 0) return;
+    const auto [gx, gy] = grid(groups);
+    dev_->dispatch(k, binds, push, bytes, gx, gy, 1);
+  }
+
+  void elementwise(ElementOp op, Mat a, Mat b, Mat out, const Buffer* v, float s) {
+    if (out.rows == 0 || out.cols == 0) return;
+    const View va = view(a), vb = view(b), vo = view(out);
+    ElementParams p{op,        u32(out.rows), u32(out.cols), va.offset,       u32(a.stride),
+                    vb.offset, u32(b.stride), vo.offset,     u32(out.stride), s};
+    std::vector<const DeviceBuffer*> reads{va.b.buffer, vb.b.buffer};
+    if (v) reads.push_back(&dev_of(*v));
+    touch(reads, {vo.b.buffer});
+    const Binding binds[] = {va.b, vb.b, vo.b, v ? whole(dev_of(*v)) : Binding{}};
+    dispatch_linear(Kernel::elementwise, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(out.rows) * out.cols + 255) / 256);
+  }
+
+  void print_profile() const {
+    const auto times = dev_->kernel_times();
+    double total = 0;
+    for (const auto& t : times) total += t.ms;
+    std::fprintf(stderr, "gpu profile (%s, %llu submissions): %.3f ms in kernels\n",
+                 dev_->info().name.c_str(), static_cast<unsigned long long>(dev_->submissions()),
+                 total);
+    for (size_t k = 0; k < times.size(); ++k)
+      if (times[k].dispatches > 0)
+        std::fprintf(stderr, "  %-18s %8llu dispatches %10.3f ms %5.1f%%\n",
+                     gpu::kernel_name(static_cast<Kernel>(k)),
+                     static_cast<unsigned long long>(times[k].dispatches), times[k].ms,
+                     total > 0 ? 100.0 * times[k].ms / total : 0.0);
+  }
+
+  bool profile_ = false;
+  std::unique_ptr<gpu::Device> dev_;
+  uint64_t align_ = 16;
+  uint64_t max_binding_ = 0;
+  std::unique_ptr<DeviceBuffer> ring_;
+  size_t ring_used_ = 0;
+  uint64_t ring_epoch_ = UINT64_MAX;
+  std::unique_ptr<DeviceBuffer> partials_;
+  std::unique_ptr<DeviceBuffer> route_out_;
+  std::unordered_set<const DeviceBuffer*> written_, read_;
+  uint64_t hazard_epoch_ = UINT64_MAX;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device) {
+  return std::make_unique<GpuBackend>(std::move(device));
+}
+
+gpu::Device* gpu_device_of(Backend& backend) {
+  auto* g = dynamic_cast<GpuBackend*>(&backend);
+  return g ? &g->device() : nullptr;
+}
+
+}  // namespace redwing

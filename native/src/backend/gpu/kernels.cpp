@@ -1,0 +1,58 @@
+// The embedded SPIR-V of the kernels in gpu-kernels/ (compiled by glslangValidator at build
+// time into headers of uint32 arrays, see native/CMakeLists.txt).
+#include <iterator>
+#include <stdexcept>
+
+#include "backend/gpu/device.h"
+#include "gpu_kernels/attention_combine.h"
+#include "gpu_kernels/attention_partial.h"
+#include "gpu_kernels/elementwise.h"
+#include "gpu_kernels/embed.h"
+#include "gpu_kernels/gather_rows.h"
+#include "gpu_kernels/kv_store.h"
+#include "gpu_kernels/qmatmul.h"
+#include "gpu_kernels/qmatvec.h"
+#include "gpu_kernels/rms_norm.h"
+#include "gpu_kernels/rope.h"
+#include "gpu_kernels/route.h"
+#include "gpu_kernels/scatter_add_rows.h"
+
+namespace redwing::gpu {
+namespace {
+
+struct KernelCode {
+  const char* name;
+  std::span<const uint32_t> spirv;
+};
+
+// Indexed by Kernel (the order of the enum in device.h).
+const KernelCode kKernels[] = {
+    {"qmatvec", spirv_qmatvec},
+    {"qmatmul", spirv_qmatmul},
+    {"embed", spirv_embed},
+    {"rms_norm", spirv_rms_norm},
+    {"elementwise", spirv_elementwise},
+    {"rope", spirv_rope},
+    {"gather_rows", spirv_gather_rows},
+    {"scatter_add_rows", spirv_scatter_add_rows},
+    {"kv_store", spirv_kv_store},
+    {"attention_partial", spirv_attention_partial},
+    {"attention_combine", spirv_attention_combine},
+    {"route", spirv_route},
+};
+static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
+
+}  // namespace
+
+const char* kernel_name(Kernel k) {
+  const auto i = static_cast<size_t>(k);
+  return i < std::size(kKernels) ? kKernels[i].name : "?";
+}
+
+std::span<const uint32_t> kernel_spirv(Kernel k) {
+  const auto i = static_cast<size_t>(k);
+  if (i >= std::size(kKernels)) throw std::logic_error("no such kernel");
+  return kKernels[i].spirv;
+}
+
+}  // namespace redwing::gpu

@@ -1,0 +1,647 @@
+// The Vulkan implementation of the GPU device layer (device.h): the only Vulkan-specific code.
+//
+// - Memory: device-local when the device has such memory. Buffers up to kBlockBytes / 4 are
+//   placed in shared blocks of kBlockBytes (a bump pointer per block; a block is freed when its
+//   last buffer goes), so a model's thousands of expert matrices use few allocations (drivers
+//   may cap their count at 4096); larger buffers get their own allocation.
+//   Host data goes through host-visible staging memory: a reusable arena for small writes, a
+//   dedicated buffer for large ones; reads go through a host-cached readback buffer.
+// - Commands: one command buffer records everything between two flushes; each dispatch gets a
+//   descriptor set from a pool that is reset at every flush (the pool filling up forces a flush).
+// - Buffers destroyed while recorded commands may still use them are kept until the next flush.
+// - Pipelines are built on first use from the embedded SPIR-V, all with one layout: set 0 holds
+//   kMaxBindings storage buffers, and one push-constant block of kMaxPushBytes.
+#include <vulkan/vulkan.h>
+
+// Vulkan structs are written as `VkFoo x{VK_STRUCTURE_TYPE_FOO}`: the sType first, the rest
+// zero, which is what the API expects; -Wextra would warn about every one of them.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/gpu/device.h"
+
+namespace redwing::gpu {
+namespace {
+
+void check(VkResult r, const char* what) {
+  if (r != VK_SUCCESS)
+    throw std::runtime_error(std::string("vulkan: ") + what + " failed (VkResult " +
+                             std::to_string(static_cast<int>(r)) + ")");
+}
+
+// An instance shared by enumeration and devices, with the portability flag MoltenVK needs.
+VkInstance create_instance() {
+  uint32_t n = 0;
+  if (vkEnumerateInstanceExtensionProperties(nullptr, &n, nullptr) != VK_SUCCESS)
+    throw std::runtime_error("vulkan: no loader");
+  std::vector<VkExtensionProperties> exts(n);
+  vkEnumerateInstanceExtensionProperties(nullptr, &n, exts.data());
+  std::vector<const char*> enabled;
+  bool portability = false;
+  for (const auto& e : exts)
+    if (std::strcmp(e.extensionName, "VK_KHR_portability_enumeration") == 0) portability = true;
+  if (portability) enabled.push_back("VK_KHR_portability_enumeration");
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "redwing";
+  app.apiVersion = VK_API_VERSION_1_2;
+  VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  ci.pApplicationInfo = &app;
+  ci.enabledExtensionCount = static_cast<uint32_t>(enabled.size());
+  ci.ppEnabledExtensionNames = enabled.data();
+  if (portability) ci.flags |= 0x00000001;  // VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR
+  VkInstance instance = VK_NULL_HANDLE;
+  check(vkCreateInstance(&ci, nullptr, &instance), "vkCreateInstance");
+  return instance;
+}
+
+int compute_queue_family(VkPhysicalDevice pd) {
+  uint32_t n = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, nullptr);
+  std::vector<VkQueueFamilyProperties> fams(n);
+  vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, fams.data());
+  for (uint32_t i = 0; i < n; ++i)
+    if (fams[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return static_cast<int>(i);
+  return -1;
+}
+
+// The physical devices that can run compute work, in the loader's order.
+std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
+  uint32_t n = 0;
+  check(vkEnumeratePhysicalDevices(instance, &n, nullptr), "vkEnumeratePhysicalDevices");
+  std::vector<VkPhysicalDevice> devs(n);
+  check(vkEnumeratePhysicalDevices(instance, &n, devs.data()), "vkEnumeratePhysicalDevices");
+  std::vector<VkPhysicalDevice> out;
+  for (VkPhysicalDevice d : devs)
+    if (compute_queue_family(d) >= 0) out.push_back(d);
+  return out;
+}
+
+DeviceInfo describe(VkPhysicalDevice pd) {
+  VkPhysicalDeviceProperties props;
+  vkGetPhysicalDeviceProperties(pd, &props);
+  VkPhysicalDeviceMemoryProperties mem;
+  vkGetPhysicalDeviceMemoryProperties(pd, &mem);
+  DeviceInfo info;
+  info.api = "vulkan";
+  info.name = props.deviceName;
+  info.software = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  // Apple GPUs report themselves as integrated but have their own fast memory path: count
+  // them with the discrete ones (vendor 0x106b).
+  info.discrete =
+      props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ||
+      (props.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU && props.vendorID == 0x106b);
+  for (uint32_t i = 0; i < mem.memoryHeapCount; ++i)
+    if (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+      info.memory_bytes = std::max<uint64_t>(info.memory_bytes, mem.memoryHeaps[i].size);
+  info.max_binding_bytes = props.limits.maxStorageBufferRange;
+  info.binding_alignment = std::max<uint64_t>(props.limits.minStorageBufferOffsetAlignment, 4);
+  return info;
+}
+
+struct VulkanBuffer;
+
+class VulkanDevice final : public Device {
+ public:
+  explicit VulkanDevice(int index);
+  ~VulkanDevice() override;
+
+  const DeviceInfo& info() const override { return info_; }
+  std::unique_ptr<DeviceBuffer> create_buffer(size_t bytes) override;
+  uint64_t allocated_bytes() const override { return allocated_; }
+  void write(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override;
+  void read(const DeviceBuffer& src, size_t offset, void* dst, size_t bytes) override;
+  void dispatch(Kernel kernel, std::span<const Binding> bindings, const void* push,
+                size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) override;
+  void barrier() override;
+  void flush() override;
+  uint64_t submissions() const override { return submissions_; }
+  void enable_timestamps(bool on) override { timestamps_ = on && timestamp_period_ns_ > 0; }
+  std::vector<KernelTime> kernel_times() const override { return times_; }
+
+  // ---- used by VulkanBuffer ----
+  struct Raw {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceMemory memory = VK_NULL_HANDLE;  // owned unless block >= 0
+    size_t bytes = 0;
+    void* mapped = nullptr;
+    int block = -1;  // the shared block holding it, if any
+  };
+  void retire(Raw raw, bool counted) {
+    if (counted) allocated_ -= raw.bytes;
+    garbage_.push_back(raw);
+  }
+
+ private:
+  enum class Memory { device, upload, readback };
+  Raw make_raw(size_t bytes, Memory kind);
+  Raw make_pooled(size_t bytes);
+  struct Block {
+    VkDeviceMemory memory = VK_NULL_HANDLE;
+    size_t used = 0;
+    int live = 0;
+  };
+  static constexpr size_t kBlockBytes = 256u << 20;
+  std::vector<Block> blocks_;
+  int open_block_ = -1;  // the block new buffers go to
+  void destroy_raw(Raw& raw);
+  uint32_t memory_type(uint32_t allowed, Memory kind) const;
+  VkCommandBuffer commands();
+  VkPipeline pipeline(Kernel k);
+  void collect_timestamps();
+
+  DeviceInfo info_;
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkPhysicalDeviceMemoryProperties memory_props_{};
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  VkCommandPool command_pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  bool recording_ = false;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
+  VkPipelineLayout pipeline_layout_ = VK_NULL_HANDLE;
+  VkDescriptorPool descriptor_pool_ = VK_NULL_HANDLE;
+  uint32_t sets_used_ = 0;
+  static constexpr uint32_t kSetsPerPool = 4096;
+  std::array<VkPipeline, static_cast<size_t>(Kernel::count)> pipelines_{};
+  Raw dummy_;  // bound to unused binding slots
+
+  // Staging: a reusable arena for small writes (reset at every flush) plus dedicated buffers.
+  static constexpr size_t kArenaBytes = 8u << 20;
+  Raw arena_;
+  size_t arena_used_ = 0;
+  std::vector<Raw> staging_;  // dedicated, freed at the next flush
+  Raw readback_;
+
+  std::vector<Raw> garbage_;
+  uint64_t allocated_ = 0;
+  uint64_t submissions_ = 0;
+
+  // Timestamps.
+  bool timestamps_ = false;
+  double timestamp_period_ns_ = 0;
+  VkQueryPool query_pool_ = VK_NULL_HANDLE;
+  static constexpr uint32_t kMaxQueries = 8192;
+  uint32_t queries_used_ = 0;
+  std::vector<Kernel> query_kernels_;
+  std::vector<KernelTime> times_;
+};
+
+struct VulkanBuffer final : DeviceBuffer {
+  VulkanDevice* device;  // not owned: the device outlives its buffers
+  VulkanDevice::Raw raw;
+  VulkanBuffer(VulkanDevice* d, VulkanDevice::Raw r) : device(d), raw(r) {}
+  ~VulkanBuffer() override { device->retire(raw, true); }
+  size_t size_bytes() const override { return raw.bytes; }
+};
+
+VulkanDevice::VulkanDevice(int index) {
+  instance_ = create_instance();
+  auto devs = physical_devices(instance_);
+  if (index < 0 || index >= static_cast<int>(devs.size()))
+    throw std::runtime_error("vulkan: no device " + std::to_string(index));
+  physical_ = devs[static_cast<size_t>(index)];
+  info_ = describe(physical_);
+  vkGetPhysicalDeviceMemoryProperties(physical_, &memory_props_);
+  const int family = compute_queue_family(physical_);
+  if (family < 0) throw std::runtime_error("vulkan: " + info_.name + " has no compute queue");
+  queue_family_ = static_cast<uint32_t>(family);
+
+  float priority = 1.0f;
+  VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  qci.queueFamilyIndex = queue_family_;
+  qci.queueCount = 1;
+  qci.pQueuePriorities = &priority;
+  std::vector<const char*> exts;
+  {
+    uint32_t n = 0;
+    vkEnumerateDeviceExtensionProperties(physical_, nullptr, &n, nullptr);
+    std::vector<VkExtensionProperties> props(n);
+    vkEnumerateDeviceExtensionProperties(physical_, nullptr, &n, props.data());
+    for (const auto& e : props)
+      if (std::strcmp(e.extensionName, "VK_KHR_portability_subset") == 0)
+        exts.push_back("VK_KHR_portability_subset");
+  }
+  VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  dci.queueCreateInfoCount = 1;
+  dci.pQueueCreateInfos = &qci;
+  dci.enabledExtensionCount = static_cast<uint32_t>(exts.size());
+  dci.ppEnabledExtensionNames = exts.data();
+  check(vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+
+  VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pci.queueFamilyIndex = queue_family_;
+  check(vkCreateCommandPool(device_, &pci, nullptr, &command_pool_), "vkCreateCommandPool");
+  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  cai.commandPool = command_pool_;
+  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  cai.commandBufferCount = 1;
+  check(vkAllocateCommandBuffers(device_, &cai, &cmd_), "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  check(vkCreateFence(device_, &fci, nullptr, &fence_), "vkCreateFence");
+
+  std::array<VkDescriptorSetLayoutBinding, kMaxBindings> b{};
+  for (int i = 0; i < kMaxBindings; ++i) {
+    b[static_cast<size_t>(i)].binding = static_cast<uint32_t>(i);
+    b[static_cast<size_t>(i)].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    b[static_cast<size_t>(i)].descriptorCount = 1;
+    b[static_cast<size_t>(i)].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+  }
+  VkDescriptorSetLayoutCreateInfo lci{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  lci.bindingCount = kMaxBindings;
+  lci.pBindings = b.data();
+  check(vkCreateDescriptorSetLayout(device_, &lci, nullptr, &set_layout_),
+        "vkCreateDescriptorSetLayout");
+  VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, kMaxPushBytes};
+  VkPipelineLayoutCreateInfo plci{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  plci.setLayoutCount = 1;
+  plci.pSetLayouts = &set_layout_;
+  plci.pushConstantRangeCount = 1;
+  plci.pPushConstantRanges = &range;
+  check(vkCreatePipelineLayout(device_, &plci, nullptr, &pipeline_layout_),
+        "vkCreatePipelineLayout");
+  VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerPool * kMaxBindings};
+  VkDescriptorPoolCreateInfo dpci{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+  dpci.maxSets = kSetsPerPool;
+  dpci.poolSizeCount = 1;
+  dpci.pPoolSizes = &ps;
+  check(vkCreateDescriptorPool(device_, &dpci, nullptr, &descriptor_pool_),
+        "vkCreateDescriptorPool");
+
+  VkPhysicalDeviceProperties props;
+  vkGetPhysicalDeviceProperties(physical_, &props);
+  if (props.limits.timestampComputeAndGraphics) {
+    timestamp_period_ns_ = props.limits.timestampPeriod;
+    VkQueryPoolCreateInfo qpci{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    qpci.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    qpci.queryCount = kMaxQueries;
+    check(vkCreateQueryPool(device_, &qpci, nullptr, &query_pool_), "vkCreateQueryPool");
+  }
+  times_.resize(static_cast<size_t>(Kernel::count));
+
+  dummy_ = make_raw(256, Memory::device);
+  arena_ = make_raw(kArenaBytes, Memory::upload);
+}
+
+VulkanDevice::~VulkanDevice() {
+  if (recording_) {
+    try {
+      flush();
+    } catch (...) {
+    }
+  }
+  vkDeviceWaitIdle(device_);
+  for (auto& r : garbage_) destroy_raw(r);
+  for (auto& r : staging_) destroy_raw(r);
+  destroy_raw(dummy_);
+  destroy_raw(arena_);
+  destroy_raw(readback_);
+  for (Block& b : blocks_)
+    if (b.memory) vkFreeMemory(device_, b.memory, nullptr);
+  for (VkPipeline p : pipelines_)
+    if (p) vkDestroyPipeline(device_, p, nullptr);
+  if (query_pool_) vkDestroyQueryPool(device_, query_pool_, nullptr);
+  vkDestroyDescriptorPool(device_, descriptor_pool_, nullptr);
+  vkDestroyPipelineLayout(device_, pipeline_layout_, nullptr);
+  vkDestroyDescriptorSetLayout(device_, set_layout_, nullptr);
+  vkDestroyFence(device_, fence_, nullptr);
+  vkDestroyCommandPool(device_, command_pool_, nullptr);
+  vkDestroyDevice(device_, nullptr);
+  vkDestroyInstance(instance_, nullptr);
+}
+
+uint32_t VulkanDevice::memory_type(uint32_t allowed, Memory kind) const {
+  const VkMemoryPropertyFlags host =
+      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  // Preferences in order; the first allowed type with all the wanted flags wins.
+  std::vector<VkMemoryPropertyFlags> wanted;
+  if (kind == Memory::device) {
+    wanted = {VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0};
+  } else if (kind == Memory::upload) {
+    wanted = {host};
+  } else {
+    wanted = {host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT, host};
+  }
+  for (VkMemoryPropertyFlags w : wanted)
+    for (uint32_t i = 0; i < memory_props_.memoryTypeCount; ++i)
+      if ((allowed & (1u << i)) && (memory_props_.memoryTypes[i].propertyFlags & w) == w) return i;
+  throw std::runtime_error("vulkan: no suitable memory type");
+}
+
+VulkanDevice::Raw VulkanDevice::make_raw(size_t bytes, Memory kind) {
+  Raw raw;
+  raw.bytes = bytes;
+  VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bci.size = std::max<size_t>(bytes, 4);
+  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+              VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  check(vkCreateBuffer(device_, &bci, nullptr, &raw.buffer), "vkCreateBuffer");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, raw.buffer, &req);
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = req.size;
+  ai.memoryTypeIndex = memory_type(req.memoryTypeBits, kind);
+  VkResult r = vkAllocateMemory(device_, &ai, nullptr, &raw.memory);
+  if (r != VK_SUCCESS) {
+    vkDestroyBuffer(device_, raw.buffer, nullptr);
+    throw std::runtime_error("vulkan: out of device memory allocating " + std::to_string(bytes) +
+                             " bytes (VkResult " + std::to_string(static_cast<int>(r)) + ")");
+  }
+  check(vkBindBufferMemory(device_, raw.buffer, raw.memory, 0), "vkBindBufferMemory");
+  if (kind != Memory::device)
+    check(vkMapMemory(device_, raw.memory, 0, VK_WHOLE_SIZE, 0, &raw.mapped), "vkMapMemory");
+  return raw;
+}
+
+void VulkanDevice::destroy_raw(Raw& raw) {
+  if (raw.buffer) vkDestroyBuffer(device_, raw.buffer, nullptr);
+  if (raw.block >= 0) {
+    Block& b = blocks_[static_cast<size_t>(raw.block)];
+    if (--b.live == 0) {
+      vkFreeMemory(device_, b.memory, nullptr);
+      b = Block{};
+      if (open_block_ == raw.block) open_block_ = -1;
+    }
+  } else if (raw.memory) {
+    vkFreeMemory(device_, raw.memory, nullptr);
+  }
+  raw = Raw{};
+}
+
+VkCommandBuffer VulkanDevice::commands() {
+  if (!recording_) {
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
+    if (timestamps_) vkCmdResetQueryPool(cmd_, query_pool_, 0, kMaxQueries);
+    recording_ = true;
+  }
+  return cmd_;
+}
+
+VulkanDevice::Raw VulkanDevice::make_pooled(size_t bytes) {
+  Raw raw;
+  raw.bytes = bytes;
+  VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bci.size = std::max<size_t>(bytes, 4);
+  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+              VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  check(vkCreateBuffer(device_, &bci, nullptr, &raw.buffer), "vkCreateBuffer");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, raw.buffer, &req);
+  const uint32_t type = memory_type(req.memoryTypeBits, Memory::device);
+  auto fits = [&](const Block& b) {
+    return (b.used + req.alignment - 1) / req.alignment * req.alignment + req.size <= kBlockBytes;
+  };
+  if (open_block_ < 0 || !fits(blocks_[static_cast<size_t>(open_block_)])) {
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    ai.allocationSize = kBlockBytes;
+    ai.memoryTypeIndex = type;
+    Block b;
+    VkResult r = vkAllocateMemory(device_, &ai, nullptr, &b.memory);
+    if (r != VK_SUCCESS) {
+      vkDestroyBuffer(device_, raw.buffer, nullptr);
+      throw std::runtime_error("vulkan: out of device memory allocating a " +
+                               std::to_string(kBlockBytes >> 20) + " MiB block (VkResult " +
+                               std::to_string(static_cast<int>(r)) + ")");
+    }
+    // Reuse the slot of a freed block, if any.
+    open_block_ = -1;
+    for (size_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].memory == VK_NULL_HANDLE) open_block_ = static_cast<int>(i);
+    if (open_block_ < 0) {
+      blocks_.push_back(b);
+      open_block_ = static_cast<int>(blocks_.size() - 1);
+    } else {
+      blocks_[static_cast<size_t>(open_block_)] = b;
+    }
+  }
+  Block& b = blocks_[static_cast<size_t>(open_block_)];
+  const size_t offset = (b.used + req.alignment - 1) / req.alignment * req.alignment;
+  check(vkBindBufferMemory(device_, raw.buffer, b.memory, offset), "vkBindBufferMemory");
+  b.used = offset + req.size;
+  b.live += 1;
+  raw.block = open_block_;
+  return raw;
+}
+
+std::unique_ptr<DeviceBuffer> VulkanDevice::create_buffer(size_t bytes) {
+  Raw raw = bytes <= kBlockBytes / 4 ? make_pooled(bytes) : make_raw(bytes, Memory::device);
+  allocated_ += bytes;
+  auto buf = std::make_unique<VulkanBuffer>(this, raw);
+  // Zero it in order with the other commands; the barrier orders the fill before later use.
+  vkCmdFillBuffer(commands(), raw.buffer, 0, VK_WHOLE_SIZE, 0);
+  barrier();
+  return buf;
+}
+
+void VulkanDevice::write(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  auto& d = static_cast<VulkanBuffer&>(dst);
+  if (offset + bytes > d.raw.bytes) throw std::logic_error("gpu write outside the buffer");
+  VkBuffer from;
+  size_t from_offset = 0;
+  if (bytes <= kArenaBytes / 4) {
+    if (arena_used_ + bytes > kArenaBytes) flush();
+    from = arena_.buffer;
+    from_offset = arena_used_;
+    std::memcpy(static_cast<std::byte*>(arena_.mapped) + arena_used_, src, bytes);
+    arena_used_ = (arena_used_ + bytes + 15) / 16 * 16;
+  } else {
+    staging_.push_back(make_raw(bytes, Memory::upload));
+    std::memcpy(staging_.back().mapped, src, bytes);
+    from = staging_.back().buffer;
+  }
+  VkBufferCopy region{from_offset, offset, bytes};
+  vkCmdCopyBuffer(commands(), from, d.raw.buffer, 1, &region);
+  // Large uploads (weights) are submitted at once so their staging memory does not pile up.
+  if (bytes > kArenaBytes / 4) flush();
+}
+
+void VulkanDevice::read(const DeviceBuffer& src, size_t offset, void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  const auto& s = static_cast<const VulkanBuffer&>(src);
+  if (offset + bytes > s.raw.bytes) throw std::logic_error("gpu read outside the buffer");
+  if (readback_.bytes < bytes) {
+    flush();  // the old readback buffer may not be in use by recorded commands
+    destroy_raw(readback_);
+    readback_ = make_raw(std::max<size_t>(bytes, 1u << 20), Memory::readback);
+  }
+  barrier();
+  VkBufferCopy region{offset, 0, bytes};
+  vkCmdCopyBuffer(commands(), s.raw.buffer, readback_.buffer, 1, &region);
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+  vkCmdPipelineBarrier(commands(), VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                       &mb, 0, nullptr, 0, nullptr);
+  flush();
+  VkMappedMemoryRange range{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE};
+  range.memory = readback_.memory;
+  range.size = VK_WHOLE_SIZE;
+  vkInvalidateMappedMemoryRanges(device_, 1, &range);
+  std::memcpy(dst, readback_.mapped, bytes);
+}
+
+VkPipeline VulkanDevice::pipeline(Kernel k) {
+  VkPipeline& p = pipelines_[static_cast<size_t>(k)];
+  if (p) return p;
+  const auto code = kernel_spirv(k);
+  VkShaderModuleCreateInfo smci{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+  smci.codeSize = code.size_bytes();
+  smci.pCode = code.data();
+  VkShaderModule module;
+  check(vkCreateShaderModule(device_, &smci, nullptr, &module), "vkCreateShaderModule");
+  VkComputePipelineCreateInfo cpci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  cpci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+  cpci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  cpci.stage.module = module;
+  cpci.stage.pName = "main";
+  cpci.layout = pipeline_layout_;
+  VkResult r = vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &cpci, nullptr, &p);
+  vkDestroyShaderModule(device_, module, nullptr);
+  check(r, (std::string("vkCreateComputePipelines ") + kernel_name(k)).c_str());
+  return p;
+}
+
+void VulkanDevice::dispatch(Kernel kernel, std::span<const Binding> bindings, const void* push,
+                            size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
+  if (gx == 0 || gy == 0 || gz == 0) return;
+  if (bindings.size() > kMaxBindings || push_bytes > kMaxPushBytes)
+    throw std::logic_error("gpu dispatch: too many bindings or push constants");
+  if (sets_used_ == kSetsPerPool || (timestamps_ && queries_used_ + 2 > kMaxQueries)) flush();
+  VkPipeline pipe = pipeline(kernel);
+  VkCommandBuffer cmd = commands();
+
+  VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+  ai.descriptorPool = descriptor_pool_;
+  ai.descriptorSetCount = 1;
+  ai.pSetLayouts = &set_layout_;
+  VkDescriptorSet set;
+  check(vkAllocateDescriptorSets(device_, &ai, &set), "vkAllocateDescriptorSets");
+  ++sets_used_;
+  std::array<VkDescriptorBufferInfo, kMaxBindings> infos{};
+  std::array<VkWriteDescriptorSet, kMaxBindings> writes{};
+  for (int i = 0; i < kMaxBindings; ++i) {
+    auto& info = infos[static_cast<size_t>(i)];
+    if (static_cast<size_t>(i) < bindings.size() && bindings[static_cast<size_t>(i)].buffer) {
+      const Binding& b = bindings[static_cast<size_t>(i)];
+      info.buffer = static_cast<const VulkanBuffer*>(b.buffer)->raw.buffer;
+      info.offset = b.offset;
+      info.range = std::max<size_t>(b.bytes, 4);
+    } else {
+      info.buffer = dummy_.buffer;
+      info.offset = 0;
+      info.range = VK_WHOLE_SIZE;
+    }
+    auto& w = writes[static_cast<size_t>(i)];
+    w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+    w.dstSet = set;
+    w.dstBinding = static_cast<uint32_t>(i);
+    w.descriptorCount = 1;
+    w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    w.pBufferInfo = &info;
+  }
+  vkUpdateDescriptorSets(device_, kMaxBindings, writes.data(), 0, nullptr);
+  vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
+  vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, 1, &set, 0,
+                          nullptr);
+  if (push_bytes) {
+    std::array<std::byte, kMaxPushBytes> block{};
+    std::memcpy(block.data(), push, push_bytes);
+    vkCmdPushConstants(cmd, pipeline_layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, kMaxPushBytes,
+                       block.data());
+  }
+  if (timestamps_) {
+    vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, query_pool_, queries_used_++);
+    query_kernels_.push_back(kernel);
+  }
+  vkCmdDispatch(cmd, gx, gy, gz);
+  if (timestamps_)
+    vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, query_pool_, queries_used_++);
+}
+
+void VulkanDevice::barrier() {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
+                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                     VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  const VkPipelineStageFlags stages =
+      VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+  vkCmdPipelineBarrier(commands(), stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+void VulkanDevice::collect_timestamps() {
+  if (queries_used_ == 0) return;
+  std::vector<uint64_t> ticks(queries_used_);
+  check(vkGetQueryPoolResults(device_, query_pool_, 0, queries_used_,
+                              ticks.size() * sizeof(uint64_t), ticks.data(), sizeof(uint64_t),
+                              VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+        "vkGetQueryPoolResults");
+  for (size_t i = 0; i < query_kernels_.size(); ++i) {
+    auto& t = times_[static_cast<size_t>(query_kernels_[i])];
+    t.dispatches += 1;
+    t.ms += static_cast<double>(ticks[2 * i + 1] - ticks[2 * i]) * timestamp_period_ns_ * 1e-6;
+  }
+  queries_used_ = 0;
+  query_kernels_.clear();
+}
+
+void VulkanDevice::flush() {
+  if (recording_) {
+    check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+    recording_ = false;
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd_;
+    check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
+    ++submissions_;
+    check(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    check(vkResetFences(device_, 1, &fence_), "vkResetFences");
+    check(vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer");
+    collect_timestamps();
+  }
+  check(vkResetDescriptorPool(device_, descriptor_pool_, 0), "vkResetDescriptorPool");
+  sets_used_ = 0;
+  arena_used_ = 0;
+  for (auto& r : staging_) destroy_raw(r);
+  staging_.clear();
+  for (auto& r : garbage_) destroy_raw(r);
+  garbage_.clear();
+}
+
+}  // namespace
+
+std::vector<DeviceInfo> list_vulkan_devices() {
+  std::vector<DeviceInfo> out;
+  VkInstance instance;
+  try {
+    instance = create_instance();
+  } catch (const std::exception&) {
+    return out;
+  }
+  try {
+    for (VkPhysicalDevice pd : physical_devices(instance)) out.push_back(describe(pd));
+  } catch (const std::exception&) {
+  }
+  vkDestroyInstance(instance, nullptr);
+  return out;
+}
+
+std::unique_ptr<Device> open_vulkan_device(int index) {
+  return std::make_unique<VulkanDevice>(index);
+}
+
+}  // namespace redwing::gpu

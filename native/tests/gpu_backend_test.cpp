@@ -1,0 +1,300 @@
+// The GPU backend's kernels against the CPU backend, op by op, on random data and odd shapes,
+// through Vulkan. On machines without a GPU (CI) this runs on Mesa's lavapipe: the tests force
+// its driver file so the same device is tested everywhere.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "backend/backend_select.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+#if defined(REDWING_HAVE_VULKAN)
+#include "backend/gpu/gpu_backend.h"
+#endif
+
+using namespace redwing;
+
+#if defined(REDWING_HAVE_VULKAN)
+
+namespace {
+
+// lavapipe, where the machine has it (Debian's mesa-vulkan-drivers).
+void force_lavapipe() {
+  for (const char* icd : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
+                          "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json"}) {
+    if (std::filesystem::exists(icd)) {
+      setenv("VK_DRIVER_FILES", icd, 0);
+      setenv("VK_ICD_FILENAMES", icd, 0);
+      return;
+    }
+  }
+}
+
+std::unique_ptr<Backend> gpu_backend() {
+  force_lavapipe();
+  const auto devices = gpu::list_vulkan_devices();
+  REQUIRE_MESSAGE(!devices.empty(), "no Vulkan device (install mesa-vulkan-drivers)");
+  return make_gpu_backend(gpu::open_vulkan_device(0));
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::unique_ptr<Buffer> put(Backend& b, const std::vector<float>& v) {
+  auto buf = b.alloc(v.size() * 4);
+  b.upload(*buf, 0, v.data(), v.size() * 4);
+  return buf;
+}
+
+std::vector<float> get(Backend& b, const Buffer& buf) {
+  std::vector<float> v(buf.size_bytes() / 4);
+  b.download(buf, 0, v.data(), v.size() * 4);
+  return v;
+}
+
+// max |a - b| / (1 + |b|) over all elements.
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]) / (1.0 + std::abs(b[i])));
+  }
+  return m;
+}
+
+// Runs op(backend, buffers) on both backends from the same initial buffers and returns the
+// largest relative difference over every buffer afterwards.
+template <typename Op>
+double compare(Backend& cpu, Backend& gpu, const std::vector<std::vector<float>>& init, Op op) {
+  std::vector<std::unique_ptr<Buffer>> bc, bg;
+  for (const auto& v : init) {
+    bc.push_back(put(cpu, v));
+    bg.push_back(put(gpu, v));
+  }
+  op(cpu, bc);
+  op(gpu, bg);
+  double m = 0;
+  for (size_t i = 0; i < init.size(); ++i)
+    m = std::max(m, max_rel(get(gpu, *bg[i]), get(cpu, *bc[i])));
+  return m;
+}
+
+// A random MLX-quantized matrix in host memory.
+struct HostQuant {
+  std::vector<uint32_t> packed;
+  std::vector<uint16_t> s16, b16;
+  std::vector<float> s32, b32;
+  HostQuantMatrix m;
+  HostQuant(int64_t rows, int64_t cols, int bits, int group, DType st, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    packed.resize(static_cast<size_t>(rows * cols * bits / 32));
+    for (auto& w : packed) w = static_cast<uint32_t>(rng());
+    const size_t ng = static_cast<size_t>(rows * (cols / group));
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    for (size_t i = 0; i < ng; ++i) {
+      const float s = std::abs(d(rng)) + 1e-3f, b = d(rng) * 4.0f;
+      s32.push_back(s);
+      b32.push_back(b);
+      s16.push_back(st == DType::bf16 ? cpu::f32_to_bf16(s) : cpu::f32_to_f16(s));
+      b16.push_back(st == DType::bf16 ? cpu::f32_to_bf16(b) : cpu::f32_to_f16(b));
+    }
+    m.packed = packed.data();
+    m.scales = st == DType::f32 ? static_cast<const void*>(s32.data()) : s16.data();
+    m.biases = st == DType::f32 ? static_cast<const void*>(b32.data()) : b16.data();
+    m.scale_dtype = st;
+    m.bits = bits;
+    m.group_size = group;
+    m.rows = rows;
+    m.cols = cols;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gpu: quantized products and embedding match the CPU for every variant") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  int seed = 1;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (DType st : {DType::bf16, DType::f16, DType::f32}) {
+        const int64_t rows = 37 + group, cols = group * 3;  // several row tiles, odd
+        HostQuant q(rows, cols, bits, group, st, static_cast<uint64_t>(seed++));
+        auto wc = cpu->import_qweight(q.m);
+        auto wg = gpu->import_qweight(q.m);
+        for (int64_t tokens : {1, 3, 9, 40}) {  // 40: two token tiles
+          CAPTURE(bits);
+          CAPTURE(group);
+          CAPTURE(static_cast<int>(st));
+          CAPTURE(tokens);
+          // x with a stride wider than its columns, y at an offset: views, not whole buffers.
+          const int64_t xs = cols + 5;
+          auto x = randn(static_cast<size_t>(tokens * xs), static_cast<uint64_t>(seed++));
+          std::vector<float> y(static_cast<size_t>(tokens * rows + 3), 0.0f);
+          const double d = compare(*cpu, *gpu, {x, y}, [&](Backend& b, auto& bufs) {
+            const QWeight& w = &b == cpu.get() ? *wc : *wg;
+            b.qmatmul(w, Mat{bufs[0].get(), 0, tokens, cols, xs},
+                      Mat{bufs[1].get(), 3, tokens, rows, rows});
+          });
+          CHECK(d < 1e-4);  // summation order differs; a wrong kernel is off by O(1)
+        }
+        const std::vector<int32_t> ids = {0, static_cast<int32_t>(rows - 1), 5, 5};
+        std::vector<float> out(ids.size() * static_cast<size_t>(cols), 0.0f);
+        const double d = compare(*cpu, *gpu, {out}, [&](Backend& b, auto& bufs) {
+          b.embed(&b == cpu.get() ? *wc : *wg, ids, 1.5f,
+                  Mat{bufs[0].get(), 0, static_cast<int64_t>(ids.size()), cols, cols});
+        });
+        CHECK(d < 1e-6);
+      }
+  // A token id outside the table is an error on every backend, before any work.
+  HostQuant q(8, 64, 4, 64, DType::bf16, 99);
+  auto w = gpu->import_qweight(q.m);
+  auto out = gpu->alloc(64 * 4);
+  const std::vector<int32_t> bad = {8};
+  CHECK_THROWS_AS(gpu->embed(*w, bad, 1.0f, Mat{out.get(), 0, 1, 64, 64}), std::out_of_range);
+}
+
+TEST_CASE("gpu: element-wise ops, norms and RoPE match the CPU") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  const int64_t rows = 5, cols = 77, stride = 80;
+  const auto a = randn(static_cast<size_t>(rows * stride), 11);
+  const auto b = randn(static_cast<size_t>(rows * stride), 12);
+  const auto v = randn(static_cast<size_t>(cols), 13);
+  auto run = [&](auto op) { return compare(*cpu, *gpu, {a, b, v}, op); };
+  auto m = [&](auto& bufs, int i) { return Mat{bufs[i].get(), 2, rows - 1, cols, stride}; };
+  CHECK(run([&](Backend& be, auto& x) { be.fill_zero(m(x, 0)); }) == 0.0);
+  CHECK(run([&](Backend& be, auto& x) { be.copy(m(x, 0), m(x, 1)); }) == 0.0);
+  CHECK(run([&](Backend& be, auto& x) { be.add(m(x, 0), m(x, 1), m(x, 0)); }) < 1e-7);
+  CHECK(run([&](Backend& be, auto& x) { be.scale(m(x, 0), 0.37f); }) < 1e-7);
+  CHECK(run([&](Backend& be, auto& x) { be.mul_cols(m(x, 0), *x[2], 0.5f); }) < 1e-7);
+  CHECK(run([&](Backend& be, auto& x) { be.gelu_tanh_mul(m(x, 0), m(x, 1), m(x, 1)); }) < 1e-6);
+  CHECK(run([&](Backend& be, auto& x) { be.softcap(m(x, 0), 1.5f); }) < 1e-6);
+  CHECK(run([&](Backend& be, auto& x) { be.rms_norm(m(x, 0), x[2].get(), 1.0f, 1e-6f, m(x, 1)); }) <
+        1e-6);
+  CHECK(run([&](Backend& be, auto& x) { be.rms_norm(m(x, 0), nullptr, 0.0f, 1e-6f, m(x, 0)); }) <
+        1e-6);
+  // Every RoPE variant: full, partial rotation, linear scaling; a far position.
+  const int heads = 3, d = 24;
+  const auto q = randn(static_cast<size_t>(7 * heads * d), 14);
+  for (RopeParams p : {RopeParams{10000, 12, 24, 1.0}, RopeParams{1e6, 4, 24, 1.0},
+                       RopeParams{1e6, 12, 24, 8.0}}) {
+    const double diff = compare(*cpu, *gpu, {q}, [&](Backend& be, auto& x) {
+      be.rope(Mat{x[0].get(), 0, 7, heads * d, heads * d}, heads, d, p, 4093);
+    });
+    CHECK(diff < 1e-6);
+  }
+}
+
+TEST_CASE("gpu: gather, scatter-add and routing match the CPU") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  const int64_t cols = 33;
+  const auto src = randn(static_cast<size_t>(6 * cols), 21);
+  const auto dst = randn(static_cast<size_t>(4 * cols), 22);
+  const std::vector<int32_t> rows = {3, 0, 3, 5};
+  const std::vector<float> weights = {0.5f, -1.0f, 2.0f, 0.25f};
+  CHECK(compare(*cpu, *gpu, {src, dst}, [&](Backend& b, auto& x) {
+          b.gather_rows(Mat{x[0].get(), 0, 6, cols, cols}, rows, Mat{x[1].get(), 0, 4, cols, cols});
+        }) == 0.0);
+  const std::vector<int32_t> into = {1, 0, 1, 3};
+  CHECK(compare(*cpu, *gpu, {src, dst}, [&](Backend& b, auto& x) {
+          b.scatter_add_rows(Mat{x[0].get(), 0, 4, cols, cols}, into, weights,
+                             Mat{x[1].get(), 0, 4, cols, cols});
+        }) < 1e-7);
+
+  for (int experts : {8, 37, 128}) {
+    const int top_k = std::min(8, experts / 2), t = 5;
+    auto logits = randn(static_cast<size_t>(t * experts), static_cast<uint64_t>(experts));
+    logits[3] = logits[5];  // a tie: the lower index goes first
+    const auto pes = randn(static_cast<size_t>(experts), 23);
+    std::vector<int32_t> ic(static_cast<size_t>(t * top_k)), ig(ic.size());
+    std::vector<float> wc(ic.size()), wg(ic.size());
+    auto lc = put(*cpu, logits), lg = put(*gpu, logits);
+    auto pc = put(*cpu, pes), pg = put(*gpu, pes);
+    cpu->route(Mat{lc.get(), 0, t, experts, experts}, top_k, *pc, ic.data(), wc.data());
+    gpu->route(Mat{lg.get(), 0, t, experts, experts}, top_k, *pg, ig.data(), wg.data());
+    CHECK(ic == ig);
+    CHECK(max_rel(wg, wc) < 1e-5);
+  }
+}
+
+TEST_CASE("gpu: KV store and attention match the CPU (f32 and f16, windows, rings, GQA)") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  const int kv_heads = 2, heads = 6, d = 40;
+  const int64_t width = kv_heads * d;
+  struct Case {
+    int64_t capacity;
+    bool ring;
+    int64_t window;
+    KvDType dtype;
+    int64_t chunk;
+  };
+  // 300 positions cross the 256-key split of the decode kernel.
+  for (const Case c : {Case{300, false, 0, KvDType::f32, 300}, Case{300, false, 0, KvDType::f16, 7},
+                       Case{300, false, 0, KvDType::f32, 1}, Case{20, true, 20, KvDType::f32, 13},
+                       Case{24, true, 17, KvDType::f16, 1}}) {
+    CAPTURE(c.capacity);
+    CAPTURE(c.chunk);
+    const int64_t total = 300 / (c.ring ? 5 : 1);
+    const size_t elem = c.dtype == KvDType::f32 ? 4 : 2;
+    const auto k = randn(static_cast<size_t>(total * width), 31);
+    const auto v = randn(static_cast<size_t>(total * width), 32);
+    const auto q = randn(static_cast<size_t>(total * heads * d), 33);
+    std::vector<float> outs[2];
+    int which = 0;
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      auto kc = b->alloc(static_cast<size_t>(c.capacity * width) * elem);
+      auto vc = b->alloc(static_cast<size_t>(c.capacity * width) * elem);
+      KvLayerView kv{kc.get(), vc.get(), c.capacity, c.ring, c.window, kv_heads, d, c.dtype};
+      auto kb = put(*b, k), vb = put(*b, v), qb = put(*b, q);
+      auto ob = b->alloc(q.size() * 4);
+      for (int64_t p0 = 0; p0 < total; p0 += c.chunk) {
+        const int64_t n = std::min(c.chunk, total - p0);
+        b->kv_store(kv, Mat{kb.get(), p0 * width, n, width, width},
+                    Mat{vb.get(), p0 * width, n, width, width}, p0);
+        b->attention(Mat{qb.get(), p0 * heads * d, n, heads * d, heads * d}, kv, p0, heads, 0.125f,
+                     Mat{ob.get(), p0 * heads * d, n, heads * d, heads * d});
+      }
+      outs[which++] = get(*b, *ob);
+    }
+    CHECK(max_rel(outs[1], outs[0]) < 1e-5);
+  }
+}
+
+TEST_CASE("gpu: backend selection") {
+  force_lavapipe();
+  const auto all = available_backends();
+  REQUIRE(all.size() >= 2);
+  CHECK(all[0].name == "cpu");
+  CHECK(all[1].name == "vulkan");
+  // lavapipe is a software device: auto never picks it.
+  bool hardware = false;
+  for (const auto& b : all)
+    hardware = hardware || (b.name == "vulkan" && b.discrete && !b.software);
+  CHECK(resolve_backend("auto") == (hardware ? "vulkan" : "cpu"));
+  CHECK_THROWS_AS(make_backend("metal", 1), std::invalid_argument);
+  auto v = make_backend("vulkan", 1);
+  CHECK(v->name() == "vulkan");
+}
+
+#else
+
+TEST_CASE("gpu: this build has no Vulkan backend") {
+  CHECK_FALSE(vulkan_built());
+  CHECK_THROWS(make_backend("vulkan", 1));
+}
+
+#endif
