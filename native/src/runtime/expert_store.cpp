@@ -1,5 +1,7 @@
 #include "runtime/expert_store.h"
 
+#include "format/checked.h"
+
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
@@ -40,8 +42,12 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     l.uses.assign(static_cast<size_t>(info.count), 0);
     // Slots are allocated once, aligned for direct I/O; pages become resident when first read.
     l.slots.resize(static_cast<size_t>(options_.slots));
-    for (Slot& s : l.slots) s.data = platform::allocate_aligned(info.stride, 16384);
-    slot_bytes_ += static_cast<uint64_t>(options_.slots) * info.stride;
+    const size_t slot_size = checked::to_size_t(info.stride, "expert slot bytes");
+    for (Slot& s : l.slots) s.data = platform::allocate_aligned(slot_size, 16384);
+    slot_bytes_ = checked::add(
+        slot_bytes_,
+        checked::mul(static_cast<uint64_t>(options_.slots), info.stride, "expert slot bytes"),
+        "expert slot bytes");
     layers_.emplace(i, std::move(l));
   }
   direct_ = all_direct && !layers_.empty();
