@@ -126,13 +126,18 @@ Request parse_request(const std::string& line) {
   if (type_it == msg.end() || !type_it->is_string())
     throw ProtocolError("bad_request", "the message has no \"type\" string");
   out.type = type_it->get<std::string>();
-  if (out.type == "load") parse_load(msg);
-  if (out.type == "generate") parse_generate(msg);
-  if (out.type == "hello") integer_field(msg, "protocol", kProtocolVersion, 0, INT32_MAX);
-  if (out.type == "cancel") {
-    const json target = msg.contains("target") ? msg["target"] : json(nullptr);
-    if (!target.is_string() && !target.is_number_integer())
-      throw ProtocolError("bad_request", "cancel needs a \"target\": the id of a generate");
+  try {
+    if (out.type == "load") parse_load(msg);
+    if (out.type == "generate") parse_generate(msg);
+    if (out.type == "hello") integer_field(msg, "protocol", kProtocolVersion, 0, INT32_MAX);
+    if (out.type == "cancel") {
+      const json target = msg.contains("target") ? msg["target"] : json(nullptr);
+      if (!target.is_string() && !target.is_number_integer())
+        throw ProtocolError("bad_request", "cancel needs a \"target\": the id of a generate");
+    }
+  } catch (ProtocolError& e) {
+    e.id = out.id;  // the error event answers this request
+    throw;
   }
   out.message = std::move(msg);
   return out;
@@ -342,7 +347,7 @@ bool Service::handle_line(const std::string& line) {
     }
     jobs_cv_.notify_one();
   } catch (const ProtocolError& e) {
-    error(id, e.code, e.what());
+    error(e.id.is_null() ? id : e.id, e.code, e.what());
   } catch (const std::exception& e) {
     error(id, "internal", e.what());
   }

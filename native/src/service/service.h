@@ -34,6 +34,7 @@ struct ProtocolError : std::runtime_error {
   ProtocolError(std::string code, const std::string& message)
       : std::runtime_error(message), code(std::move(code)) {}
   std::string code;
+  nlohmann::json id;  // the request's id once it is known (null before)
 };
 
 // One request line, parsed and checked. For load and generate every field is checked too
