@@ -93,17 +93,30 @@ describe("a crafted model directory whose expert sizes wrap around 64 bits", () 
     const field = "architecture.moe.intermediate_size";
     for (const cmd of ["logits", "generate"]) {
       const args = [cmd, "--model", dir, "--tokens", "2,10,20", "--threads", "1"];
-      const r = run(nativeBinary("redwing-engine"), cmd === "generate" ? [...args, "--max-new", "2"] : args);
+      const r = run(
+        nativeBinary("redwing-engine"),
+        cmd === "generate" ? [...args, "--max-new", "2"] : args,
+      );
       expect(r.status).toBe(1);
       expect(r.stderr).toContain(field);
     }
-    const cli = run(join(ROOT, "bin", "redwing"), ["logits", "--model", dir, "--tokens", "2,10", "--threads", "1"]);
+    const cli = run(join(ROOT, "bin", "redwing"), [
+      "logits",
+      "--model",
+      dir,
+      "--tokens",
+      "2,10",
+      "--threads",
+      "1",
+    ]);
     expect(cli.status).not.toBe(0);
     expect(cli.stderr).toContain(field);
 
     const client = await EngineClient.start({ env });
     try {
-      const refused = await client.load({ model: dir, context: 64, threads: 1 }).catch((e: unknown) => e);
+      const refused = await client
+        .load({ model: dir, context: 64, threads: 1 })
+        .catch((e: unknown) => e);
       expect(refused).toBeInstanceOf(EngineError);
       expect((refused as EngineError).code).toBe("load_failed");
       expect((refused as EngineError).message).toContain(field);
@@ -197,7 +210,11 @@ describe("the service's protocol parser", () => {
         expect(event).toMatchObject({ type: "error", code });
         expect((event as { message: string }).message).toContain(text);
       };
-      await refused('{"type":"load","id":1,"model":"/x","threads":100000}', "bad_request", '"threads"');
+      await refused(
+        '{"type":"load","id":1,"model":"/x","threads":100000}',
+        "bad_request",
+        '"threads"',
+      );
       // 2^32 truncated to int is 0 (top-k off); 2^32 + 2 truncated is 2.
       await refused(
         '{"type":"generate","id":2,"tokens":[2],"sampling":{"top_k":4294967296}}',
