@@ -93,6 +93,14 @@ export async function readManifest(dir: string): Promise<Manifest> {
     }
     throw new UserError(`cannot read ${manifestPath}: ${(error as Error).message}`, "model_io");
   }
+  return parseManifestText(text, manifestPath);
+}
+
+/**
+ * Checks the text of a manifest (format, version, schema, layout) and returns it parsed; throws
+ * a UserError naming `manifestPath` otherwise. Pure: no file is read (the fuzzers drive it).
+ */
+export function parseManifestText(text: string, manifestPath: string): Manifest {
   // The writer never emits a byte order mark; the native reader refuses one too.
   if (text.startsWith("\uFEFF")) {
     throw new UserError(
