@@ -28,8 +28,8 @@ beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), "redwing-hardening-"));
   model = join(work, "gemma4-moe");
   await importCheckpoint(join(ROOT, "fixtures", "gemma4-moe", "mlx"), model, { durable: false });
-  // Lock files go under $XDG_DATA_HOME/redwing/locks: kept inside the test's directory.
-  env = { ...process.env, REDWING_HOME: join(work, "home"), XDG_DATA_HOME: join(work, "data") };
+  // Lock files go under $REDWING_HOME/locks: kept inside the test's directory.
+  env = { ...process.env, REDWING_HOME: join(work, "home") };
 });
 
 afterAll(() => {
@@ -243,7 +243,7 @@ describe("the service's protocol parser", () => {
   it("creates no lock file for a directory that is not a model", async () => {
     const notModel = join(work, "not-a-model");
     mkdirSync(notModel, { recursive: true });
-    const locks = join(work, "data", "redwing", "locks");
+    const locks = join(work, "home", "locks");
     const before = existsSync(locks) ? readdirSync(locks) : [];
     const s = rawService();
     try {

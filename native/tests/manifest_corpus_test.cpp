@@ -19,12 +19,14 @@ TEST_CASE("the shared manifest corpus: good directories open, bad ones are refus
   REQUIRE(in.good());
   const nlohmann::json cases = nlohmann::json::parse(in);
   std::set<std::string> listed, present;
-  for (const auto& [name, c] : cases.items()) listed.insert(name);
+  for (const auto& item : cases.items()) listed.insert(item.key());
   for (const auto& e : fs::directory_iterator(corpus))
     if (e.is_directory()) present.insert(e.path().filename().string());
   CHECK(listed == present);
   int good = 0, bad = 0;
-  for (const auto& [name, c] : cases.items()) {
+  for (const auto& item : cases.items()) {
+    const std::string name = item.key();
+    const nlohmann::json& c = item.value();
     CAPTURE(name);
     std::string error;
     try {
