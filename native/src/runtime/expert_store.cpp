@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <string>
 
 namespace redwing {
 namespace {
@@ -51,7 +52,20 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     layers_.emplace(i, std::move(l));
   }
   direct_ = all_direct && !layers_.empty();
-  for (int t = 0; t < options_.io_threads; ++t) io_threads_.emplace_back([this] { io_main(); });
+  try {
+    for (int t = 0; t < options_.io_threads; ++t) io_threads_.emplace_back([this] { io_main(); });
+  } catch (const std::exception& e) {
+    // The destructor does not run for a constructor that throws: stop the started threads here
+    // (a joinable std::thread destroyed would abort the process) and report the refusal.
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    job_cv_.notify_all();
+    for (auto& t : io_threads_) t.join();
+    throw std::runtime_error("cannot start " + std::to_string(options_.io_threads) +
+                             " expert I/O threads: " + e.what());
+  }
 }
 
 ExpertStore::~ExpertStore() {
