@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -13,10 +14,29 @@
 
 #include "runtime/routing_trace.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+const std::string& trace_path() {
   static const std::string path = (std::filesystem::temp_directory_path() /
                                    ("redwing-fuzz-trace-" + std::to_string(::getpid())))
                                       .string();
+  return path;
+}
+
+void cleanup() {
+  std::error_code ec;
+  std::filesystem::remove(trace_path(), ec);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  std::atexit(cleanup);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string& path = trace_path();
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
