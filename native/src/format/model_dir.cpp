@@ -81,6 +81,12 @@ const char* const kAuxiliaryFiles[] = {"tokenizer.json", "tokenizer_config.json"
                                        "chat_template.jinja", "generation_config.json",
                                        "special_tokens_map.json"};
 
+// A value as it appears in an error message: JSON, cut short.
+std::string short_dump(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 64 ? s.substr(0, 60) + "..." : s;
+}
+
 class ManifestReader {
  public:
   explicit ManifestReader(std::string file) : file_(std::move(file)) {}
@@ -122,7 +128,7 @@ class ManifestReader {
          v.get<int64_t>() <= hi);
     if (!in_range)
       fail(name + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-           "], not " + v.dump());
+           "], not " + short_dump(v));
     return v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>();
   }
   int64_t integer(const json& obj, const char* key, const std::string& where, int64_t lo,
@@ -135,7 +141,7 @@ class ManifestReader {
     const json& v = field(obj, key, where);
     if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
       fail(where + "." + key + " must be a number in [" + json(lo).dump() + ", " + json(hi).dump() +
-           "], not " + v.dump());
+           "], not " + short_dump(v));
     return v.get<double>();
   }
 
@@ -358,7 +364,8 @@ ModelDir ModelDir::open(const std::string& dir_in) {
     const json& v = r.field(m, "format_version", "manifest");
     // Compared as JSON numbers: 2^32 + 1 is not version 1.
     if (!v.is_number_integer() || v != json(kFormatVersion))
-      r.fail("format_version " + v.dump() + " is not supported; this engine reads format_version " +
+      r.fail("format_version " + short_dump(v) +
+             " is not supported; this engine reads format_version " +
              std::to_string(kFormatVersion));
   }
   if (!r.field(m, "created_by", "manifest").is_string()) r.fail("created_by is not a string");

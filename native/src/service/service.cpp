@@ -20,6 +20,12 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+// A value as it appears in an error message: JSON, cut short (a request may be 64 MiB).
+std::string short_dump(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 64 ? s.substr(0, 60) + "..." : s;
+}
+
 // Typed field access with protocol errors that name the field.
 [[noreturn]] void bad_field(const std::string& name, const std::string& what) {
   throw ProtocolError("bad_request", "field \"" + name + "\" " + what);
@@ -54,7 +60,7 @@ int64_t integer_field(const json& obj, const std::string& name, int64_t fallback
                    it->get<int64_t>() >= lo && it->get<int64_t>() <= hi);
   if (!ok)
     bad_field(name, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                        "]" + note + ", not " + it->dump());
+                        "]" + note + ", not " + short_dump(*it));
   return it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
 }
 
@@ -66,7 +72,7 @@ float number_field(const json& obj, const std::string& name, float fallback, dou
   const double v = it->is_number() ? it->get<double>() : std::nan("");
   if (!(lo_open ? v > lo : v >= lo) || !(v <= hi))
     bad_field(name, std::string("must be a number in ") + (lo_open ? "(" : "[") + json(lo).dump() +
-                        ", " + json(hi).dump() + "], not " + it->dump());
+                        ", " + json(hi).dump() + "], not " + short_dump(*it));
   return static_cast<float>(v);
 }
 
