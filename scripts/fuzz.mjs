@@ -109,6 +109,7 @@ function runTypeScript() {
   if (r.status !== 0) {
     failed = true;
     console.error(r.stdout.split("\n").slice(-60).join("\n"));
+    console.error(r.stderr.split("\n").slice(-30).join("\n"));
     console.error("fuzz: the TypeScript manifest fuzzer FAILED");
   }
 }
