@@ -31,6 +31,9 @@ void cleanup() {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  // The path first, the exit handler second: handlers run in reverse order, so cleanup() runs
+  // while the path still exists (the other order is a use after free, which ASan reported).
+  (void)trace_path();
   std::atexit(cleanup);
   return 0;
 }
