@@ -5,7 +5,10 @@
 // is set up.
 //
 // Flags: --native-only (Debian packages and the native build), --chromium (also Debian's
-// Chromium, which the end-to-end tests drive; scripts/test.mjs asks for it, `npm start` does not).
+// Chromium, which the end-to-end tests drive; scripts/test.mjs asks for it, `npm start` does not),
+// --sanitizers (only: clang and its sanitizer/libFuzzer runtime, and the AddressSanitizer +
+// UndefinedBehaviorSanitizer build of the native tests and fuzz targets in native/build-asan;
+// scripts/test.mjs and `npm run fuzz` ask for it).
 import { execFileSync, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
@@ -15,6 +18,7 @@ import { fileURLToPath } from "node:url";
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const nativeOnly = process.argv.includes("--native-only");
 const withChromium = process.argv.includes("--chromium");
+const sanitizersOnly = process.argv.includes("--sanitizers");
 
 // Debian packages the build and the tests need (package name -> why).
 const debianPackages = {
@@ -32,6 +36,11 @@ const debianPackages = {
 };
 // Only with --chromium: a browser for the end-to-end tests (Playwright drives /usr/bin/chromium).
 const testDebianPackages = { chromium: "end-to-end tests (Playwright)" };
+// Only with --sanitizers: clang with libFuzzer and the sanitizer runtimes (Debian 12: clang 14).
+const sanitizerDebianPackages = {
+  clang: "sanitizer build and fuzzing (libFuzzer)",
+  "libclang-rt-14-dev": "libFuzzer and the sanitizer runtimes for clang 14",
+};
 
 function log(message) {
   console.error(`[setup] ${message}`);
@@ -62,7 +71,9 @@ function ensureDebianPackages() {
     );
     return;
   }
-  const wanted = { ...debianPackages, ...(withChromium ? testDebianPackages : {}) };
+  const wanted = sanitizersOnly
+    ? sanitizerDebianPackages
+    : { ...debianPackages, ...(withChromium ? testDebianPackages : {}) };
   const missing = Object.keys(wanted).filter((pkg) => !isInstalled(pkg));
   if (missing.length === 0) return;
   log(`installing Debian packages: ${missing.join(", ")}`);
@@ -168,8 +179,42 @@ function ensureNativeBuild() {
   });
 }
 
+/**
+ * native/build-asan: the engine, its doctest binary and the libFuzzer targets with
+ * AddressSanitizer and UndefinedBehaviorSanitizer (clang, -O1). Only what the tests and fuzzers
+ * run is built, to keep `npm test` short.
+ */
+function ensureSanitizerBuild() {
+  const build = join(root, "native", "build-asan");
+  if (!existsSync(join(build, "CMakeCache.txt"))) {
+    log("configuring the sanitizer build (native/build-asan: clang, ASan + UBSan, libFuzzer)");
+    run(
+      "cmake",
+      [
+        "-S",
+        "native",
+        "-B",
+        "native/build-asan",
+        "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g",
+        "-DCMAKE_CXX_COMPILER=clang++",
+        "-DREDWING_FUZZ=ON",
+      ],
+      { stdio: ["ignore", "ignore", "inherit"] },
+    );
+  }
+  const targets = ["redwing_tests", "fuzz_manifest", "fuzz_protocol", "fuzz_routing_trace"];
+  run("cmake", ["--build", "native/build-asan", "--parallel", "2", "--target", ...targets], {
+    stdio: ["ignore", process.env.REDWING_VERBOSE_BUILD ? "inherit" : "ignore", "inherit"],
+  });
+}
+
 try {
   ensureDebianPackages();
+  if (sanitizersOnly) {
+    ensureSanitizerBuild();
+    process.exit(0);
+  }
   if (!nativeOnly) ensureNodeModules();
   ensureNativeBuild();
   if (!nativeOnly) {

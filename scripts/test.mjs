@@ -16,6 +16,15 @@ const steps = [
   ["prettier", "npx", ["prettier", "--check", "."]],
   ["clang-format", "node", ["scripts/clang-format.mjs", "--check"]],
   ["C++ tests", "ctest", ["--test-dir", "native/build", "--output-on-failure", "-j2"]],
+  // AddressSanitizer + UndefinedBehaviorSanitizer: the C++ tests again, then each libFuzzer
+  // target for a few seconds from its seed corpus (docs/security.md "Fuzzing").
+  ["sanitizer build", "node", ["scripts/setup.mjs", "--sanitizers"]],
+  [
+    "C++ tests (ASan + UBSan)",
+    "ctest",
+    ["--test-dir", "native/build-asan", "--output-on-failure", "-j2"],
+  ],
+  ["fuzz (native, bounded)", "node", ["scripts/fuzz.mjs", "--seconds", "10", "--native-only"]],
   ["TypeScript tests", "npx", ["vitest", "run"]],
   // The browser the e2e tests drive: a Debian package, installed only for testing.
   ...(existsSync(CHROMIUM) ? [] : [["chromium", "node", ["scripts/setup.mjs", "--chromium"]]]),

@@ -215,6 +215,7 @@ export const ErrorCode = z.enum([
   "load_failed",
   "context_overflow",
   "generate_failed",
+  "non_finite_logits",
   "unload_failed",
   "internal",
 ]);

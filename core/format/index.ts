@@ -3,6 +3,7 @@ export * from "./dtype.ts";
 export * from "./manifest.ts";
 export { isPartialDirName, isSafeRelativePath } from "./paths.ts";
 export {
+  parseManifestText,
   readManifest,
   readModelDir,
   sha256File,

@@ -29,9 +29,25 @@ export function expertFileName(layer: number): string {
   return `${EXPERTS_DIR}/layer_${String(layer).padStart(3, "0")}.bin`;
 }
 
+/*
+ * Bounds shared with the native reader (native/src/format/model_dir.cpp; the two are held equal
+ * by fixtures/manifest-corpus): counts and ids fit the engine's 32-bit ints, sizes and offsets
+ * are safe integers (z.number().int() already refuses others), and the float fields that scale
+ * activations are finite and within a range no real model leaves, so a manifest cannot make every
+ * activation inf or NaN.
+ */
+export const MAX_COUNT = 2 ** 31 - 1;
+export const SCALE_RANGE = [1e-6, 1e6] as const;
+export const EPS_RANGE = [1e-12, 1] as const;
+export const THETA_RANGE = [1, 1e12] as const;
+
 const int = z.number().int();
 const nonNeg = int.nonnegative();
 const pos = int.positive();
+/** A count or id the engine holds in a 32-bit int. */
+const count = pos.max(MAX_COUNT);
+const countOrZero = nonNeg.max(MAX_COUNT);
+const inRange = ([lo, hi]: readonly [number, number]) => z.number().min(lo).max(hi);
 const floatDType = z.enum(FLOAT_DTYPES as [FloatDType, ...FloatDType[]]);
 const sha256 = z.string().regex(/^[0-9a-f]{64}$/, "sha256 must be 64 lower-case hex digits");
 const relPath = z.string().refine(isSafeRelativePath, {
@@ -39,18 +55,18 @@ const relPath = z.string().refine(isSafeRelativePath, {
 });
 
 export const RopeSchema = z.object({
-  theta: z.number().positive(),
-  rotary_pairs: nonNeg,
-  freq_dim: pos,
-  scale: z.number().positive(),
+  theta: inRange(THETA_RANGE),
+  rotary_pairs: countOrZero,
+  freq_dim: count,
+  scale: inRange(SCALE_RANGE),
 });
 
 export const LayerSchema = z
   .object({
     attention: z.enum(["sliding", "full"]),
-    sliding_window: pos.nullable(),
-    head_dim: pos,
-    num_kv_heads: pos,
+    sliding_window: count.nullable(),
+    head_dim: count,
+    num_kv_heads: count,
     k_eq_v: z.boolean(),
     moe: z.boolean(),
     rope: RopeSchema,
@@ -65,28 +81,32 @@ export const LayerSchema = z
     }
   });
 
-export const MoeSchema = z.object({ num_experts: pos, top_k: pos, intermediate_size: pos });
+export const MoeSchema = z.object({
+  num_experts: count,
+  top_k: count,
+  intermediate_size: count,
+});
 
 export const ArchitectureSchema = z
   .object({
     family: z.enum(["gemma4", "gemma3"]),
-    vocab_size: pos,
-    hidden_size: pos,
-    num_layers: pos,
-    num_attention_heads: pos,
-    intermediate_size: pos,
-    rms_norm_eps: z.number().positive(),
+    vocab_size: count,
+    hidden_size: count,
+    num_layers: count,
+    num_attention_heads: count,
+    intermediate_size: count,
+    rms_norm_eps: inRange(EPS_RANGE),
     norm_weight_offset: z.union([z.literal(0), z.literal(1)]),
-    embed_scale: z.number().positive(),
-    attention_scale: z.number().positive(),
-    final_logit_softcap: z.number().positive().nullable(),
+    embed_scale: inRange(SCALE_RANGE),
+    attention_scale: inRange(SCALE_RANGE),
+    final_logit_softcap: inRange(SCALE_RANGE).nullable(),
     activation: z.literal("gelu_tanh"),
     tie_word_embeddings: z.literal(true),
     v_norm: z.boolean(),
     moe: MoeSchema.nullable(),
-    bos_token_id: nonNeg.nullable(),
-    eos_token_ids: z.array(nonNeg).min(1),
-    pad_token_id: nonNeg.nullable(),
+    bos_token_id: countOrZero.nullable(),
+    eos_token_ids: z.array(countOrZero).min(1),
+    pad_token_id: countOrZero.nullable(),
     max_position_embeddings: pos,
     layers: z.array(LayerSchema),
   })
@@ -127,7 +147,7 @@ export const TensorSchema = z.union([PlainTensorSchema, QuantizedTensorSchema]);
 
 export const ExpertLayerSchema = z.object({
   file: relPath,
-  count: pos,
+  count,
   stride: pos,
   parts: z.object({
     gate_proj: QuantizedPartSchema,
@@ -327,7 +347,10 @@ export function checkManifestLayout(manifest: Manifest): string[] {
       }
     } else {
       const need = plainNbytes(t.dtype, t.shape);
-      if (t.nbytes !== need) problems.push(`tensor ${name}: nbytes ${t.nbytes}, expected ${need}`);
+      if (!Number.isSafeInteger(need)) problems.push(`tensor ${name}: bytes overflows (${need})`);
+      else if (t.nbytes !== need) {
+        problems.push(`tensor ${name}: nbytes ${t.nbytes}, expected ${need}`);
+      }
       regions.push({ what: `tensor ${name}`, offset: t.offset, nbytes: t.nbytes });
     }
   }
@@ -404,7 +427,10 @@ function checkQuantizedPart(what: string, part: QuantizedPart): string[] {
   }
   const need = quantizedPartNbytes(part);
   for (const r of ["weight", "scales", "biases"] as const) {
-    if (part[r].nbytes !== need[r]) {
+    // Beyond 2^53 a number is not exact: the native reader's checked arithmetic refuses it too.
+    if (!Number.isSafeInteger(need[r])) {
+      problems.push(`${what}.${r} bytes overflows (${need[r]})`);
+    } else if (part[r].nbytes !== need[r]) {
       problems.push(`${what}: ${r} has ${part[r].nbytes} bytes, expected ${need[r]}`);
     }
   }

@@ -93,9 +93,30 @@ export async function readManifest(dir: string): Promise<Manifest> {
     }
     throw new UserError(`cannot read ${manifestPath}: ${(error as Error).message}`, "model_io");
   }
+  return parseManifestText(text, manifestPath);
+}
+
+/**
+ * Checks the text of a manifest (format, version, schema, layout) and returns it parsed; throws
+ * a UserError naming `manifestPath` otherwise. Pure: no file is read (the fuzzers drive it).
+ */
+export function parseManifestText(text: string, manifestPath: string): Manifest {
+  // The writer never emits a byte order mark; the native reader refuses one too.
+  if (text.startsWith("\uFEFF")) {
+    throw new UserError(
+      `${manifestPath} starts with a byte order mark (BOM); the manifest is plain UTF-8 JSON`,
+      "model_invalid",
+    );
+  }
   let json: unknown;
   try {
-    json = JSON.parse(text);
+    // JSON.parse reads 1e400 as Infinity; like the native reader, call it what it is.
+    json = JSON.parse(text, (key, value: unknown) => {
+      if (typeof value === "number" && !Number.isFinite(value)) {
+        throw new Error(`the number for "${key}" is out of range`);
+      }
+      return value;
+    });
   } catch (error) {
     throw new UserError(
       `${manifestPath} is not valid JSON: ${(error as Error).message}`,

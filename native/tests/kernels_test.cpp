@@ -572,6 +572,10 @@ TEST_CASE("gelu_tanh_mul, softcap, softmax and rope") {
       REQUIRE(std::fabs(logits[i] - want) <=
               16 * kEps * 30.0 * std::fabs(std::tanh(raw[i] / 30.0)) + 1e-6);
     }
+    // NaN stays NaN (as std::tanh), so a broken model's logits are caught, not capped to 30.
+    std::vector<float> nan_row(16, std::nanf(""));
+    softcap(nan_row.data(), 16, 30.0f);
+    for (float x : nan_row) REQUIRE(std::isnan(x));
 
     for (int64_t len : {1, 8, 13, 128, 1037}) {
       std::vector<float> p = random_vector(len, 12, -30.0f, 30.0f);

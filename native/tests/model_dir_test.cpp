@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
@@ -135,7 +136,7 @@ TEST_CASE("files: sizes, missing files, symbolic links, paths outside the direct
     fx.write_manifest(bad);
     const std::string e = open_error(fx.dir);
     CHECK(e.find("\"norm\"") != std::string::npos);
-    CHECK(e.find("outside the file") != std::string::npos);
+    CHECK(e.find("lies outside weights.bin") != std::string::npos);
   }
   {
     json bad = m;
@@ -151,14 +152,99 @@ TEST_CASE("files: sizes, missing files, symbolic links, paths outside the direct
   }
 }
 
-TEST_CASE("a missing tensor is named when the model is built") {
+TEST_CASE("a missing or unexpected tensor is named when the directory is opened") {
   Fixture fx;
   json m = fx.manifest();
-  m["tensors"].erase("layers.2.self_attn.k_norm");
+  json bad = m;
+  bad["tensors"].erase("layers.2.self_attn.k_norm");
+  fx.write_manifest(bad);
+  CHECK(open_error(fx.dir).find("\"layers.2.self_attn.k_norm\" is missing") != std::string::npos);
+  bad = m;
+  bad["tensors"]["layers.9.extra"] = m["tensors"]["norm"];
+  fx.write_manifest(bad);
+  // It shares norm's bytes, which is refused first or as an unexpected name: either names it.
+  CHECK(open_error(fx.dir).find("layers.9.extra") != std::string::npos);
+}
+
+// Expert parts [2^62, 64] and [64, 2^62] with 4-bit weights and bf16 scales: every byte count
+// (rows * cols * 4 / 8, rows * cols / 32 * 2) is a multiple of 2^64 and wraps to 0 in 64-bit
+// arithmetic, so zero-byte regions "match" the shapes. Unchecked, the memory plan and the
+// scratch buffers then overflow too and a kernel writes past a 1-byte buffer.
+json wrapped_expert_manifest(json m) {
+  const int64_t huge = int64_t{1} << 62;
+  m["architecture"]["moe"]["intermediate_size"] = huge;
+  for (auto& [key, layer] : m["experts"]["layers"].items())
+    for (auto& [name, part] : layer["parts"].items()) {
+      part["shape"] = name == "down_proj" ? json::array({64, huge}) : json::array({huge, 64});
+      part["group_size"] = 32;
+      part["scale_dtype"] = "bf16";
+      for (const char* r : {"weight", "scales", "biases"}) part[r] = {{"offset", 0}, {"nbytes", 0}};
+    }
+  return m;
+}
+
+TEST_CASE("sizes that wrap around 64 bits are refused, naming the field") {
+  Fixture fx;
+  const json good = fx.manifest();
+  fx.write_manifest(wrapped_expert_manifest(good));
+  CHECK(open_error(fx.dir).find("architecture.moe.intermediate_size must be an integer") !=
+        std::string::npos);
+  // Within every field's range, the product still does not fit: checked arithmetic names it.
+  json m = good;
+  const int64_t big = 2147483616;  // a multiple of 32 below 2^31
+  m["experts"]["layers"]["0"]["parts"]["gate_proj"]["shape"] = json::array({big, big});
+  m["experts"]["layers"]["0"]["parts"]["gate_proj"]["bits"] = 8;
   fx.write_manifest(m);
-  ModelDir d = ModelDir::open(fx.dir.string());
-  auto backend = make_cpu_backend(1);
-  ResidentExpertSource experts(d);
-  CHECK_THROWS_WITH_AS(load_model(d, *backend, &experts),
-                       doctest::Contains("layers.2.self_attn.k_norm"), FormatError);
+  const std::string e = open_error(fx.dir);
+  INFO(e);
+  CHECK(e.find("experts.layers[\"0\"].parts.gate_proj.weight bytes overflows") !=
+        std::string::npos);
+}
+
+TEST_CASE("numbers are range-checked, not truncated to the C++ type") {
+  Fixture fx;
+  const json m = fx.manifest();
+  const auto with = [&](const std::function<void(json&)>& edit) {
+    json bad = m;
+    edit(bad);
+    fx.write_manifest(bad);
+    return open_error(fx.dir);
+  };
+  // 2^32 + 1 truncated to int is 1.
+  CHECK(with([](json& j) {
+          j["format_version"] = (uint64_t{1} << 32) + 1;
+        }).find("format_version 4294967297 is not supported") != std::string::npos);
+  CHECK(with([](json& j) {
+          j["architecture"]["num_layers"] = (uint64_t{1} << 32) + 4;
+        }).find("architecture.num_layers must be an integer") != std::string::npos);
+  CHECK(with([](json& j) {
+          j["architecture"]["embed_scale"] = 1e30;
+        }).find("architecture.embed_scale must be a number in") != std::string::npos);
+  CHECK(with([](json& j) {
+          j["architecture"]["rms_norm_eps"] = 0;
+        }).find("architecture.rms_norm_eps") != std::string::npos);
+  CHECK(with([](json& j) {
+          j["architecture"]["layers"][0]["rope"]["theta"] = 1e300;
+        }).find("rope.theta") != std::string::npos);
+  CHECK(with([](json& j) {
+          j["tensors"]["norm"]["offset"] = -64;
+        }).find("\"norm\".offset must be an integer") != std::string::npos);
+}
+
+TEST_CASE("a byte order mark, overlapping regions and unlisted files are refused") {
+  Fixture fx;
+  const json m = fx.manifest();
+  std::ofstream(fx.dir / "manifest.json") << "\xEF\xBB\xBF" << m.dump();
+  CHECK(open_error(fx.dir).find("byte order mark") != std::string::npos);
+
+  json bad = m;
+  bad["tensors"]["layers.0.input_layernorm"]["offset"] = m["tensors"]["norm"]["offset"];
+  fx.write_manifest(bad);
+  CHECK(open_error(fx.dir).find("overlap") != std::string::npos);
+
+  fx.write_manifest(m);
+  std::ofstream(fx.dir / "notes.txt") << "hello";
+  CHECK(open_error(fx.dir).find("notes.txt: not listed in the manifest") != std::string::npos);
+  fs::remove(fx.dir / "notes.txt");
+  CHECK(open_error(fx.dir) == "");
 }

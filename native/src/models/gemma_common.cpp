@@ -1,12 +1,18 @@
 #include "models/gemma_common.h"
 
+#include "format/checked.h"
+
 namespace redwing::gemma {
 
 Mat Scratch::get(int id, int64_t rows, int64_t cols) {
   if (id < 0) throw std::logic_error("bad scratch slot");
   if (slots_.size() <= static_cast<size_t>(id)) slots_.resize(static_cast<size_t>(id) + 1);
   auto& buf = slots_[static_cast<size_t>(id)];
-  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
+  const size_t bytes = checked::to_size_t(
+      checked::mul(
+          checked::size(checked::mul_i64(rows, cols, "scratch activations"), "scratch activations"),
+          sizeof(float), "scratch activations"),
+      "scratch activations");
   if (!buf || buf->size_bytes() < bytes) buf = backend_.alloc(bytes);
   return Mat{buf.get(), 0, rows, cols, cols};
 }
@@ -119,9 +125,10 @@ void output_logits(Backend& backend, const Architecture& arch, const Buffer& fin
   backend.qmatmul(embed_tokens, h, l);  // tied head: the quantized embedding as output matrix
   if (arch.final_logit_softcap) backend.softcap(l, *arch.final_logit_softcap);
   const size_t old = logits.size();
-  logits.resize(old + static_cast<size_t>(n * arch.vocab_size));
-  backend.download(*l.buf, 0, logits.data() + old,
-                   static_cast<size_t>(n * arch.vocab_size) * sizeof(float));
+  const size_t count = checked::to_size_t(
+      checked::size(checked::mul_i64(n, arch.vocab_size, "logits"), "logits"), "logits");
+  logits.resize(checked::to_size_t(checked::add(old, count, "logits"), "logits"));
+  backend.download(*l.buf, 0, logits.data() + old, count * sizeof(float));
 }
 
 }  // namespace redwing::gemma

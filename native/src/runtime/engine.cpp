@@ -19,6 +19,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Engine::Engine(const EngineOptions& options)
     : options_(options), dir_(ModelDir::open(options.model_dir)) {
   if (options_.chunk <= 0) throw std::invalid_argument("chunk size must be positive");
+  if (options_.threads < 0 || options_.threads > kMaxThreads)
+    throw std::invalid_argument("threads must be in [0, " + std::to_string(kMaxThreads) +
+                                "] (0: one per hardware thread), not " +
+                                std::to_string(options_.threads));
+  if (options_.expert_io_threads < 1 || options_.expert_io_threads > kMaxThreads)
+    throw std::invalid_argument("expert I/O threads must be in [1, " + std::to_string(kMaxThreads) +
+                                "], not " + std::to_string(options_.expert_io_threads));
   if (options_.expert_cache_slots < 0)
     throw std::invalid_argument("expert cache slots must be >= 0");
   const bool moe = dir_.arch().moe.has_value();

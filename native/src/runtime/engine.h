@@ -21,6 +21,9 @@
 
 namespace redwing {
 
+// The most compute threads an engine starts (a request for more is an error, not an abort).
+inline constexpr int kMaxThreads = 1024;
+
 struct EngineOptions {
   std::string model_dir;
   int threads = 0;              // 0: REDWING_THREADS or the hardware thread count

@@ -1,9 +1,12 @@
 #include "runtime/expert_store.h"
 
+#include "format/checked.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace redwing {
 namespace {
@@ -46,12 +49,29 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     l.crf_at.assign(static_cast<size_t>(info.count), 0);
     // Slots are allocated once, aligned for direct I/O; pages become resident when first read.
     l.slots.resize(static_cast<size_t>(options_.slots));
-    for (Slot& s : l.slots) s.data = platform::allocate_aligned(info.stride, 16384);
-    slot_bytes_ += static_cast<uint64_t>(options_.slots) * info.stride;
+    const size_t slot_size = checked::to_size_t(info.stride, "expert slot bytes");
+    for (Slot& s : l.slots) s.data = platform::allocate_aligned(slot_size, 16384);
+    slot_bytes_ = checked::add(
+        slot_bytes_,
+        checked::mul(static_cast<uint64_t>(options_.slots), info.stride, "expert slot bytes"),
+        "expert slot bytes");
     layers_.emplace(i, std::move(l));
   }
   direct_ = all_direct && !layers_.empty();
-  for (int t = 0; t < options_.io_threads; ++t) io_threads_.emplace_back([this] { io_main(); });
+  try {
+    for (int t = 0; t < options_.io_threads; ++t) io_threads_.emplace_back([this] { io_main(); });
+  } catch (const std::exception& e) {
+    // The destructor does not run for a constructor that throws: stop the started threads here
+    // (a joinable std::thread destroyed would abort the process) and report the refusal.
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    job_cv_.notify_all();
+    for (auto& t : io_threads_) t.join();
+    throw std::runtime_error("cannot start " + std::to_string(options_.io_threads) +
+                             " expert I/O threads: " + e.what());
+  }
 }
 
 ExpertStore::~ExpertStore() {

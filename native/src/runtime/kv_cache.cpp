@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <string>
 
+#include "format/checked.h"
+
 namespace redwing {
 
 int64_t kv_rows_needed(const LayerConfig& layer, const KvCacheOptions& options) {
   if (layer.sliding)
-    return std::min<int64_t>(options.context,
-                             layer.sliding_window + options.max_chunk + options.ring_slack);
+    return std::min<int64_t>(
+        options.context,
+        checked::add_i64(checked::add_i64(layer.sliding_window, options.max_chunk, "KV cache rows"),
+                         options.ring_slack, "KV cache rows"));
   return options.context;
 }
 
@@ -36,7 +40,13 @@ KvCache::KvCache(Backend& backend, const Architecture& arch, const KvCacheOption
     view.num_kv_heads = l.num_kv_heads;
     view.head_dim = l.head_dim;
     view.dtype = options.dtype;
-    const size_t bytes = static_cast<size_t>(view.capacity) * l.num_kv_heads * l.head_dim * elem;
+    const size_t bytes = checked::to_size_t(
+        checked::mul(checked::mul(checked::size(view.capacity, "KV cache rows"),
+                                  checked::mul(static_cast<uint64_t>(l.num_kv_heads),
+                                               static_cast<uint64_t>(l.head_dim), "KV cache row"),
+                                  "KV cache bytes"),
+                     elem, "KV cache bytes"),
+        "KV cache bytes");
     buffers_.push_back(backend.alloc(bytes));
     view.k = buffers_.back().get();
     buffers_.push_back(backend.alloc(bytes));

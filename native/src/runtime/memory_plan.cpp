@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "format/checked.h"
 #include "platform/file.h"
 #include "runtime/kv_cache.h"
 
@@ -30,10 +31,19 @@ MemoryPlan plan_memory(const ModelDir& dir, int64_t context, int slots, KvDType 
   kv.context = context;
   kv.max_chunk = chunk;
   const uint64_t elem = kv_dtype == KvDType::f16 ? 2 : 4;
+  // Every size below comes from the manifest or the request: computed with checked
+  // arithmetic, so a size that does not fit is an error naming it, never a wrapped value.
+  using checked::add;
+  using checked::mul;
   int64_t max_q = 0, max_kv = 0;
   for (const LayerConfig& l : arch.layers) {
-    p.kv_bytes += 2 * static_cast<uint64_t>(kv_rows_needed(l, kv)) *
-                  static_cast<uint64_t>(l.num_kv_heads) * static_cast<uint64_t>(l.head_dim) * elem;
+    const uint64_t per_row = mul(mul(static_cast<uint64_t>(l.num_kv_heads),
+                                     static_cast<uint64_t>(l.head_dim), "KV cache row"),
+                                 elem, "KV cache row");
+    p.kv_bytes = add(
+        p.kv_bytes,
+        mul(2 * checked::size(kv_rows_needed(l, kv), "KV cache rows"), per_row, "KV cache bytes"),
+        "KV cache bytes");
     max_q = std::max<int64_t>(max_q, int64_t{arch.num_attention_heads} * l.head_dim);
     max_kv = std::max<int64_t>(max_kv, int64_t{l.num_kv_heads} * l.head_dim);
   }
@@ -43,22 +53,35 @@ MemoryPlan plan_memory(const ModelDir& dir, int64_t context, int slots, KvDType 
     if (info == nullptr) continue;
     ++p.moe_layers;
     p.expert_stride = std::max(p.expert_stride, info->stride);
-    const uint64_t file = static_cast<uint64_t>(info->count) * info->stride;
-    p.all_experts_bytes += file;
-    p.expert_bytes += slots > 0 ? static_cast<uint64_t>(slots) * info->stride : file;
+    const uint64_t file =
+        mul(static_cast<uint64_t>(info->count), info->stride, "expert file bytes");
+    p.all_experts_bytes = add(p.all_experts_bytes, file, "expert bytes");
+    p.expert_bytes =
+        add(p.expert_bytes,
+            slots > 0 ? mul(static_cast<uint64_t>(slots), info->stride, "expert slot bytes") : file,
+            "expert bytes");
   }
 
   // Scratch activations (float32) of one prefill chunk: the residual and its norms, attention
   // projections, MLP intermediates, the router and every routed row; then the logits of one
   // row, and a fixed allowance for the executable, libraries and thread stacks.
-  const int64_t hidden = arch.hidden_size;
-  const int64_t top_k = arch.moe ? arch.moe->top_k : 0;
-  const int64_t moe_inter = arch.moe ? arch.moe->intermediate_size : 0;
-  const int64_t experts = arch.moe ? arch.moe->num_experts : 0;
-  const int64_t per_row = hidden * (8 + 2 * top_k) + 2 * max_q + 2 * max_kv +
-                          2 * std::max<int64_t>(arch.intermediate_size, moe_inter) + experts;
-  p.work_bytes = static_cast<uint64_t>(chunk * per_row) * 4 +
-                 static_cast<uint64_t>(arch.vocab_size) * 4 * 2 + (64ull << 20);
+  const uint64_t hidden = checked::size(arch.hidden_size, "hidden_size");
+  const uint64_t top_k = arch.moe ? static_cast<uint64_t>(arch.moe->top_k) : 0;
+  const uint64_t moe_inter =
+      arch.moe ? checked::size(arch.moe->intermediate_size, "moe.intermediate_size") : 0;
+  const uint64_t experts = arch.moe ? static_cast<uint64_t>(arch.moe->num_experts) : 0;
+  const uint64_t inter =
+      std::max(checked::size(arch.intermediate_size, "intermediate_size"), moe_inter);
+  const char* what = "working memory per row";
+  uint64_t per_row = mul(hidden, add(8, mul(2, top_k, what), what), what);
+  per_row = add(per_row, mul(2, checked::size(max_q, what), what), what);
+  per_row = add(per_row, mul(2, checked::size(max_kv, what), what), what);
+  per_row = add(per_row, add(mul(2, inter, what), experts, what), what);
+  const uint64_t logits = mul(checked::size(arch.vocab_size, "vocab_size"), 8, "logits bytes");
+  p.work_bytes = add(
+      add(mul(mul(checked::size(chunk, "chunk"), per_row, "working memory"), 4, "working memory"),
+          logits, "working memory"),
+      64ull << 20, "working memory");
   return p;
 }
 
@@ -106,6 +129,12 @@ uint64_t parse_byte_size(const std::string& s) {
     throw std::invalid_argument("\"" + s + "\" is not a size (e.g. 2G, 1500M)");
   if (!(v > 0)) throw std::invalid_argument("size must be positive: \"" + s + "\"");
   return static_cast<uint64_t>(v * mult);
+}
+
+uint64_t MemoryPlan::total() const {
+  using checked::add;
+  return add(add(add(core_bytes, kv_bytes, "memory plan"), expert_bytes, "memory plan"), work_bytes,
+             "memory plan");
 }
 
 std::string MemoryPlan::to_json() const {

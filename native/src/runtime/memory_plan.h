@@ -20,7 +20,7 @@ struct MemoryPlan {
   uint64_t expert_bytes = 0;       // slots (streaming) or every expert file (resident)
   uint64_t work_bytes = 0;         // activations, logits, threads and the process itself
   uint64_t all_experts_bytes = 0;  // every expert file, for comparison
-  uint64_t total() const { return core_bytes + kv_bytes + expert_bytes + work_bytes; }
+  uint64_t total() const;          // throws SizeOverflow when the sum does not fit
   std::string to_json() const;
 };
 

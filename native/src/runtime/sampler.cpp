@@ -139,7 +139,17 @@ std::vector<Candidate> Sampler::candidates(std::span<float> logits,
   return out;
 }
 
+void check_finite_logits(std::span<const float> logits) {
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!std::isfinite(logits[i]))
+      throw NonFiniteLogits("the model produced a non-finite logit (" +
+                            std::string(std::isnan(logits[i]) ? "NaN" : "inf") + " at entry " +
+                            std::to_string(i) +
+                            "): its weights or its manifest's scales are broken");
+}
+
 int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
+  check_finite_logits(logits);
   if (config_.temperature == 0.0f) {
     penalize(logits, history);
     return argmax(logits);

@@ -13,9 +13,20 @@
 
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 namespace redwing {
+
+// The model produced an inf or NaN logit (poisoned weights, or activations that overflowed):
+// generation stops with this error instead of sampling a meaningless token.
+class NonFiniteLogits : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws NonFiniteLogits naming the first inf or NaN entry of `logits`.
+void check_finite_logits(std::span<const float> logits);
 
 struct SamplerConfig {
   float temperature = 0.2f;
@@ -52,6 +63,7 @@ class Sampler {
 
   // Picks the next token. `logits` (one per vocabulary entry) is modified in place by the
   // repetition penalty; `history` is the sequence so far (prompt and generated tokens).
+  // Throws NonFiniteLogits when a logit is inf or NaN.
   int32_t sample(std::span<float> logits, std::span<const int32_t> history);
 
   // Steps 1-5 without the draw: the kept tokens, most probable first, with their final

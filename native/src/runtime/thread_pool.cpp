@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,8 +53,22 @@ int ThreadPool::default_thread_count() {
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = default_thread_count();
-  workers_.reserve(static_cast<size_t>(n_threads - 1));
-  for (int i = 0; i + 1 < n_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+  try {
+    workers_.reserve(static_cast<size_t>(n_threads - 1));
+    for (int i = 0; i + 1 < n_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+  } catch (const std::exception& e) {
+    // The system refused a thread: stop the ones already running (destroying a joinable
+    // std::thread would abort the process) and report it as an error.
+    const size_t started = workers_.size();
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+    throw std::runtime_error("cannot start " + std::to_string(n_threads) +
+                             " threads (the system refused after " + std::to_string(started + 1) +
+                             "): " + e.what());
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -46,32 +47,60 @@ json backend_devices() {
   return out;
 }
 
-// A request that breaks the protocol; `code` goes into the error event.
-struct ProtocolError : std::runtime_error {
-  ProtocolError(std::string code, const std::string& message)
-      : std::runtime_error(message), code(std::move(code)) {}
-  std::string code;
-};
+// A value as it appears in an error message: JSON, cut short (a request may be 64 MiB).
+std::string short_dump(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 64 ? s.substr(0, 60) + "..." : s;
+}
 
 // Typed field access with protocol errors that name the field.
-template <typename T>
-T field(const json& obj, const char* name, T fallback) {
+[[noreturn]] void bad_field(const std::string& name, const std::string& what) {
+  throw ProtocolError("bad_request", "field \"" + name + "\" " + what);
+}
+
+bool boolean_field(const json& obj, const char* name, bool fallback) {
   auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) return fallback;
-  try {
-    if constexpr (std::is_same_v<T, bool>) {
-      if (!it->is_boolean()) throw ProtocolError("bad_request", "");
-    } else if constexpr (std::is_integral_v<T>) {
-      if (!it->is_number_integer()) throw ProtocolError("bad_request", "");
-    } else if constexpr (std::is_floating_point_v<T>) {
-      if (!it->is_number()) throw ProtocolError("bad_request", "");
-    } else {
-      if (!it->is_string()) throw ProtocolError("bad_request", "");
-    }
-    return it->get<T>();
-  } catch (const std::exception&) {
-    throw ProtocolError("bad_request", std::string("field \"") + name + "\" has the wrong type");
-  }
+  if (!it->is_boolean()) bad_field(name, "must be true or false");
+  return it->get<bool>();
+}
+
+std::string string_field(const json& obj, const char* name, const std::string& fallback) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_string()) bad_field(name, "must be a string");
+  std::string v = it->get<std::string>();
+  // A NUL would cut a path short at the system call: refuse it rather than open another file.
+  if (v.find('\0') != std::string::npos) bad_field(name, "contains a NUL character");
+  return v;
+}
+
+// An integer within [lo, hi]; anything else (a float, a string, a value that does not fit the
+// C++ type it goes into) is a bad_request naming the field, never a silently truncated value.
+int64_t integer_field(const json& obj, const std::string& name, int64_t fallback, int64_t lo,
+                      int64_t hi, const char* note = "") {
+  auto it = obj.find(name.substr(name.find('.') + 1));
+  if (it == obj.end() || it->is_null()) return fallback;
+  const bool ok = (it->is_number_unsigned() && it->get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                   static_cast<int64_t>(it->get<uint64_t>()) >= lo) ||
+                  (it->is_number_integer() && !it->is_number_unsigned() &&
+                   it->get<int64_t>() >= lo && it->get<int64_t>() <= hi);
+  if (!ok)
+    bad_field(name, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                        "]" + note + ", not " + short_dump(*it));
+  return it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
+}
+
+// A finite number within [lo, hi] (or (lo, hi] when lo_open), as a float.
+float number_field(const json& obj, const std::string& name, float fallback, double lo, double hi,
+                   bool lo_open = false) {
+  auto it = obj.find(name.substr(name.find('.') + 1));
+  if (it == obj.end() || it->is_null()) return fallback;
+  const double v = it->is_number() ? it->get<double>() : std::nan("");
+  if (!(lo_open ? v > lo : v >= lo) || !(v <= hi))
+    bad_field(name, std::string("must be a number in ") + (lo_open ? "(" : "[") + json(lo).dump() +
+                        ", " + json(hi).dump() + "], not " + short_dump(*it));
+  return static_cast<float>(v);
 }
 
 std::vector<int32_t> token_list(const json& obj, const char* name, bool required) {
@@ -111,6 +140,99 @@ std::vector<std::string> split_words(const std::string& s) {
 }
 
 }  // namespace
+
+Request parse_request(const std::string& line) {
+  Request out;
+  json msg;
+  try {
+    msg = json::parse(line);
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
+    throw ProtocolError("bad_json", std::string("the message is not valid JSON: ") + e.what());
+  }
+  if (!msg.is_object()) throw ProtocolError("bad_request", "a message must be a JSON object");
+  if (auto it = msg.find("id"); it != msg.end()) {
+    if (!it->is_string() && !it->is_number_integer())
+      throw ProtocolError("bad_request", "\"id\" must be a string or an integer");
+    out.id = *it;
+  }
+  auto type_it = msg.find("type");
+  if (type_it == msg.end() || !type_it->is_string())
+    throw ProtocolError("bad_request", "the message has no \"type\" string");
+  out.type = type_it->get<std::string>();
+  try {
+    if (out.type == "load") parse_load(msg);
+    if (out.type == "generate") parse_generate(msg);
+    if (out.type == "hello") integer_field(msg, "protocol", kProtocolVersion, 0, INT32_MAX);
+    if (out.type == "cancel") {
+      const json target = msg.contains("target") ? msg["target"] : json(nullptr);
+      if (!target.is_string() && !target.is_number_integer())
+        throw ProtocolError("bad_request", "cancel needs a \"target\": the id of a generate");
+    }
+  } catch (ProtocolError& e) {
+    e.id = out.id;  // the error event answers this request
+    throw;
+  }
+  out.message = std::move(msg);
+  return out;
+}
+
+LoadRequest parse_load(const json& req) {
+  LoadRequest l;
+  l.model = string_field(req, "model", "");
+  if (l.model.empty())
+    throw ProtocolError("bad_request", "load needs \"model\": a model directory");
+  l.options.backend = string_field(req, "backend", "cpu");
+  l.context = integer_field(req, "context", 4096, 1, INT32_MAX);
+  EngineOptions& o = l.options;
+  o.model_dir = l.model;
+  o.threads = static_cast<int>(
+      integer_field(req, "threads", 0, 0, kMaxThreads, " (0: one per hardware thread)"));
+  o.chunk = integer_field(req, "chunk", o.chunk, 1, INT32_MAX);
+  try {
+    o.kv_dtype = parse_kv_dtype(string_field(req, "kv_dtype", "f16"));
+  } catch (const std::invalid_argument& e) {
+    throw ProtocolError("bad_request", std::string("field \"kv_dtype\": ") + e.what());
+  }
+  // SSD expert streaming: slots per MoE layer (0: every expert resident), or a memory budget in
+  // bytes that the engine turns into a slot count for this context.
+  o.expert_cache_slots =
+      static_cast<int>(integer_field(req, "expert_cache_slots", 0, 0, INT32_MAX));
+  o.memory_budget = static_cast<uint64_t>(integer_field(req, "memory_budget", 0, 0, INT64_MAX));
+  o.context = l.context;
+  l.prefix_slack = integer_field(req, "prefix_slack", 0, 0, INT32_MAX);
+  return l;
+}
+
+GenerateRequest parse_generate(const json& req) {
+  GenerateRequest g;
+  SessionRequest& r = g.request;
+  r.prompt = token_list(req, "tokens", true);
+  if (r.prompt.empty()) throw ProtocolError("bad_request", "\"tokens\" is empty");
+  r.stop_ids = token_list(req, "stop_token_ids", false);
+  r.max_new = static_cast<int>(integer_field(req, "max_new_tokens", 256, 0, INT32_MAX));
+  r.ignore_eos = boolean_field(req, "ignore_eos", false);
+  g.stream = boolean_field(req, "stream", true);
+  g.stats_interval_ms = integer_field(req, "stats_interval_ms", 1000, 0, INT32_MAX);
+  json sampling = req.contains("sampling") ? req["sampling"] : json::object();
+  if (sampling.is_null()) sampling = json::object();
+  if (!sampling.is_object()) throw ProtocolError("bad_request", "\"sampling\" must be an object");
+  SamplerConfig& c = r.sampler;
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  c.temperature = number_field(sampling, "sampling.temperature", c.temperature, 0, kFloatMax);
+  c.top_k = static_cast<int>(
+      integer_field(sampling, "sampling.top_k", c.top_k, 0, INT32_MAX, " (0: no top-k)"));
+  c.top_p = number_field(sampling, "sampling.top_p", c.top_p, 0, 1);
+  c.repetition_penalty = number_field(sampling, "sampling.repetition_penalty", c.repetition_penalty,
+                                      0, kFloatMax, true);
+  c.repetition_context = static_cast<int>(
+      integer_field(sampling, "sampling.repetition_context", c.repetition_context, 0, INT32_MAX));
+  if (auto it = sampling.find("seed"); it != sampling.end() && !it->is_null()) {
+    if (!it->is_number_unsigned())
+      throw ProtocolError("bad_request", "\"sampling.seed\" must be a non-negative integer");
+    g.seed = it->get<uint64_t>();
+  }
+  return g;
+}
 
 Service::Service(std::function<void(const std::string&)> write_line)
     : write_line_(std::move(write_line)) {
@@ -186,24 +308,16 @@ bool Service::handle_line(const std::string& line) {
   json id = nullptr;
   try {
     if (line.find_first_not_of(" \t\r") == std::string::npos) return true;  // blank: ignored
-    json msg;
-    try {
-      msg = json::parse(line);
-    } catch (const json::parse_error& e) {
-      throw ProtocolError("bad_json", std::string("the message is not valid JSON: ") + e.what());
-    }
-    if (!msg.is_object()) throw ProtocolError("bad_request", "a message must be a JSON object");
-    if (auto it = msg.find("id"); it != msg.end()) {
-      if (!it->is_string() && !it->is_number_integer())
-        throw ProtocolError("bad_request", "\"id\" must be a string or an integer");
-      id = *it;
-    }
-    auto type_it = msg.find("type");
-    if (type_it == msg.end() || !type_it->is_string())
-      throw ProtocolError("bad_request", "the message has no \"type\" string");
-    const std::string type = *type_it;
+    // Every field is checked here, on arrival: a bad load or generate is answered at once and
+    // never reaches the worker.
+    Request parsed = parse_request(line);
+    id = parsed.id;
+    json& msg = parsed.message;
+    const std::string& type = parsed.type;
     if (type == "hello") {
-      const int64_t want = field<int64_t>(msg, "protocol", kProtocolVersion);
+      const int64_t want = msg.contains("protocol") && !msg["protocol"].is_null()
+                               ? msg["protocol"].get<int64_t>()
+                               : kProtocolVersion;
       if (want != kProtocolVersion)
         throw ProtocolError("unsupported_version", "this service speaks protocol version " +
                                                        std::to_string(kProtocolVersion) +
@@ -264,7 +378,7 @@ bool Service::handle_line(const std::string& line) {
     }
     jobs_cv_.notify_one();
   } catch (const ProtocolError& e) {
-    error(id, e.code, e.what());
+    error(e.id.is_null() ? id : e.id, e.code, e.what());
   } catch (const std::exception& e) {
     error(id, "internal", e.what());
   }
@@ -308,6 +422,8 @@ void Service::run_job(const Job& job) {
           {"owner_pid", e.owner_pid}});
   } catch (const ContextOverflow& e) {
     error(id, "context_overflow", e.what());
+  } catch (const NonFiniteLogits& e) {
+    error(id, "non_finite_logits", e.what());
   } catch (const std::invalid_argument& e) {
     error(id, "bad_request", e.what());
   } catch (const std::exception& e) {
@@ -321,33 +437,19 @@ void Service::do_load(const Job& job) {
   if (loaded_)
     throw ProtocolError("already_loaded",
                         "a model is loaded (" + loaded_->model_dir + "); unload it first");
-  const std::string model = field<std::string>(req, "model", "");
-  if (model.empty()) throw ProtocolError("bad_request", "load needs \"model\": a model directory");
-  const std::string backend = field<std::string>(req, "backend", "cpu");
+  const LoadRequest parsed = parse_load(req);
+  const std::string& model = parsed.model;
+  const int64_t context = parsed.context;
+  const EngineOptions& options = parsed.options;
+  const int64_t prefix_slack = parsed.prefix_slack;
+  // Whether this machine has the backend is checked here, not in parse_load: the parser stays a
+  // pure function of the message (the fuzzer drives it), and enumerating devices loads drivers.
   const json names = backend_names();
-  if (backend != "auto" && std::find(names.begin(), names.end(), backend) == names.end())
-    throw ProtocolError("unsupported_backend", "backend \"" + backend + "\" is not available (" +
-                                                   names.dump() + ", auto)");
-  const int64_t context = field<int64_t>(req, "context", 4096);
-  if (context <= 0) throw ProtocolError("bad_request", "\"context\" must be positive");
-  EngineOptions options;
-  options.model_dir = model;
-  options.threads = static_cast<int>(field<int64_t>(req, "threads", 0));
-  options.backend = backend;
-  options.chunk = field<int64_t>(req, "chunk", options.chunk);
-  if (options.chunk <= 0) throw ProtocolError("bad_request", "\"chunk\" must be positive");
-  options.kv_dtype = parse_kv_dtype(field<std::string>(req, "kv_dtype", "f16"));
-  // SSD expert streaming: slots per MoE layer (0: every expert resident), or a memory budget in
-  // bytes that the engine turns into a slot count for this context.
-  const int64_t slots = field<int64_t>(req, "expert_cache_slots", 0);
-  const int64_t budget = field<int64_t>(req, "memory_budget", 0);
-  if (slots < 0 || budget < 0)
-    throw ProtocolError("bad_request", "expert_cache_slots and memory_budget must be >= 0");
-  options.expert_cache_slots = static_cast<int>(slots);
-  options.memory_budget = static_cast<uint64_t>(budget);
-  options.context = context;
-  const int64_t prefix_slack = field<int64_t>(req, "prefix_slack", 0);
-  if (prefix_slack < 0) throw ProtocolError("bad_request", "\"prefix_slack\" must be >= 0");
+  if (options.backend != "auto" &&
+      std::find(names.begin(), names.end(), options.backend) == names.end())
+    throw ProtocolError(
+        "unsupported_backend",
+        "backend \"" + options.backend + "\" is not available (" + names.dump() + ", auto)");
 
   const auto progress = [&](const char* phase, double fraction) {
     emit({{"type", "load_progress"}, {"id", id}, {"phase", phase}, {"fraction", fraction}});
@@ -355,6 +457,12 @@ void Service::do_load(const Job& job) {
   progress("lock", 0.0);
   if (platform::path_kind(model) != platform::PathKind::directory)
     throw ProtocolError("load_failed", "model directory not found: " + model);
+  // A model directory before anything is created for it: no lock file for an arbitrary path.
+  try {
+    ModelDir::open(model);
+  } catch (const std::exception& e) {
+    throw ProtocolError("load_failed", e.what());
+  }
   Loaded l;
   l.model_dir = model;
   l.lock = platform::FileLock::acquire(platform::model_lock_path(model));
@@ -416,31 +524,11 @@ void Service::do_generate(const Job& job) {
   const json& req = job.request;
   const json id = req["id"];
   if (!loaded_) throw ProtocolError("not_loaded", "no model is loaded: send load first");
-  SessionRequest r;
-  r.prompt = token_list(req, "tokens", true);
-  if (r.prompt.empty()) throw ProtocolError("bad_request", "\"tokens\" is empty");
-  r.stop_ids = token_list(req, "stop_token_ids", false);
-  r.max_new = static_cast<int>(field<int64_t>(req, "max_new_tokens", 256));
-  r.ignore_eos = field<bool>(req, "ignore_eos", false);
-  const bool stream = field<bool>(req, "stream", true);
-  const int64_t interval_ms = field<int64_t>(req, "stats_interval_ms", 1000);
-  json sampling = req.contains("sampling") ? req["sampling"] : json::object();
-  if (sampling.is_null()) sampling = json::object();
-  if (!sampling.is_object()) throw ProtocolError("bad_request", "\"sampling\" must be an object");
-  r.sampler.temperature = field<float>(sampling, "temperature", r.sampler.temperature);
-  r.sampler.top_k = static_cast<int>(field<int64_t>(sampling, "top_k", r.sampler.top_k));
-  r.sampler.top_p = field<float>(sampling, "top_p", r.sampler.top_p);
-  r.sampler.repetition_penalty =
-      field<float>(sampling, "repetition_penalty", r.sampler.repetition_penalty);
-  r.sampler.repetition_context = static_cast<int>(
-      field<int64_t>(sampling, "repetition_context", r.sampler.repetition_context));
-  if (auto it = sampling.find("seed"); it != sampling.end() && !it->is_null()) {
-    if (!it->is_number_unsigned())
-      throw ProtocolError("bad_request", "\"sampling.seed\" must be a non-negative integer");
-    r.sampler.seed = it->get<uint64_t>();
-  } else {
-    r.sampler.seed = std::random_device{}();
-  }
+  GenerateRequest parsed = parse_generate(req);
+  SessionRequest& r = parsed.request;
+  r.sampler.seed = parsed.seed ? *parsed.seed : std::random_device{}();
+  const bool stream = parsed.stream;
+  const int64_t interval_ms = parsed.stats_interval_ms;
 
   Session& session = *loaded_->session;
   Engine& engine = *loaded_->engine;

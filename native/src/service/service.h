@@ -15,6 +15,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -27,6 +28,40 @@ inline constexpr int kProtocolVersion = 1;
 inline constexpr const char* kServiceVersion = "0.1.0";
 // Longest accepted request line; longer ones are discarded with a message_too_large error.
 inline constexpr size_t kMaxLineBytes = 64u << 20;
+
+// A request that breaks the protocol; `code` goes into the error event.
+struct ProtocolError : std::runtime_error {
+  ProtocolError(std::string code, const std::string& message)
+      : std::runtime_error(message), code(std::move(code)) {}
+  std::string code;
+  nlohmann::json id;  // the request's id once it is known (null before)
+};
+
+// One request line, parsed and checked. For load and generate every field is checked too
+// (parse_load, parse_generate), so a bad request is refused on arrival.
+struct Request {
+  nlohmann::json id;  // null when absent
+  std::string type;
+  nlohmann::json message;
+};
+// Throws ProtocolError (bad_json, bad_request) naming the field at fault.
+Request parse_request(const std::string& line);
+
+struct LoadRequest {
+  std::string model;
+  int64_t context = 0;
+  int64_t prefix_slack = 0;
+  EngineOptions options;
+};
+LoadRequest parse_load(const nlohmann::json& request);
+
+struct GenerateRequest {
+  SessionRequest request;
+  std::optional<uint64_t> seed;  // none: a random seed
+  bool stream = true;
+  int64_t stats_interval_ms = 1000;
+};
+GenerateRequest parse_generate(const nlohmann::json& request);
 
 class Service {
  public:

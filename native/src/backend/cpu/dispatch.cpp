@@ -11,14 +11,26 @@
 
 #include "backend/cpu/kernels_impl.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace redwing::cpu {
 namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c",
+// and the sanitizer and fuzzing build (native/build-asan) is compiled with clang.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+#endif
 
 bool cpu_has_avx2_fma_f16c() {
 #if defined(REDWING_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 #else
   return false;
 #endif
@@ -176,7 +188,7 @@ const char* cpu_features() {
     if (__builtin_cpu_supports("avx")) add("avx");
     if (__builtin_cpu_supports("avx2")) add("avx2");
     if (__builtin_cpu_supports("fma")) add("fma");
-    if (__builtin_cpu_supports("f16c")) add("f16c");
+    if (cpu_has_f16c()) add("f16c");
     if (__builtin_cpu_supports("avx512f")) add("avx512f");
     if (__builtin_cpu_supports("avx512bw")) add("avx512bw");
     if (__builtin_cpu_supports("avx512dq")) add("avx512dq");

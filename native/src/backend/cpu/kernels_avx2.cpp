@@ -432,7 +432,10 @@ inline __m256 tanh_ps(__m256 v) {
   p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3.0f));
   const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, a2), a, a);
   const __m256 is_small = _mm256_cmp_ps(a, _mm256_set1_ps(0.3f), _CMP_LT_OQ);
-  return _mm256_or_ps(_mm256_blendv_ps(large, small, is_small), sign);
+  const __m256 t = _mm256_or_ps(_mm256_blendv_ps(large, small, is_small), sign);
+  // NaN in, NaN out, as std::tanh: the clamped exponent would otherwise turn it into +-1 and a
+  // broken model into a constant, finite token instead of a non-finite-logits error.
+  return _mm256_blendv_ps(t, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
 }
 
 void gelu_tanh_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
