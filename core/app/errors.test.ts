@@ -40,6 +40,12 @@ describe("toAppError", () => {
       "verify_model",
     ],
     [
+      "non-finite logits",
+      new EngineError("the logits hold NaN or infinity", "non_finite_logits"),
+      "non_finite_logits",
+      "verify_model",
+    ],
+    [
       "corrupt file",
       new UserError("weights.bin in /m is corrupt", "model_corrupt"),
       "model_corrupt",

@@ -104,6 +104,14 @@ function fromEngineError(error: EngineError): AppError {
         action: "verify_model",
         detail,
       };
+    case "non_finite_logits":
+      return {
+        code: "non_finite_logits",
+        message:
+          "The model produced invalid numbers (NaN or infinity) and the reply was stopped. Its weights may be damaged: verify its files; reinstall it if they are.",
+        action: "verify_model",
+        detail,
+      };
     case "engine_closed":
     case "engine_down":
     case "protocol":
