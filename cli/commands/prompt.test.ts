@@ -10,7 +10,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadTokenizer } from "../../core/chat/tokenizer.ts";
-import { demoTokenizerFiles } from "../../core/demo/demo.ts";
+import { gemma3TokenizerFiles } from "../../core/synth/synth.ts";
 import { synthesizeModel } from "../../core/synth/synth.ts";
 import { runCli } from "../run-in-process.testkit.ts";
 
@@ -33,7 +33,7 @@ let fallback: string;
 
 beforeAll(async () => {
   home = await mkdtemp(join(tmpdir(), "redwing-prompt-"));
-  const files = demoTokenizerFiles();
+  const files = gemma3TokenizerFiles();
   // tokenizer_config.json without a chat_template, so the template comes from the directory.
   const config = JSON.parse(readFileSync(files.config, "utf8")) as Record<string, unknown>;
   delete config.chat_template;
