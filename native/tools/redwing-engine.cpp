@@ -17,16 +17,19 @@
 // Errors go to stderr; the exit status is 2 for bad usage, 1 for any other failure.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "platform/file.h"
@@ -102,10 +105,26 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
 
 template <typename T>
 T parse_number(const std::string& s, const std::string& what) {
+  const auto invalid = [&] {
+    return UsageError("--" + what + ": \"" + s + "\" is not a valid number");
+  };
   T v{};
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size())
-    throw UsageError("--" + what + ": \"" + s + "\" is not a valid number");
+  if constexpr (std::is_floating_point_v<T>) {
+    // Not std::from_chars: Apple's libc++ has no floating-point from_chars (the macOS cross
+    // build, scripts/macos-cross.mjs, fails on it). strtod in the default "C" locale; what
+    // from_chars would reject (leading space or '+', hex) is rejected here too.
+    if (s.empty() || s.front() == ' ' || s.front() == '+' ||
+        s.find_first_of("xX") != std::string::npos)
+      throw invalid();
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(s.c_str(), &end);
+    if (errno == ERANGE || end != s.c_str() + s.size()) throw invalid();
+    v = static_cast<T>(d);
+  } else {
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || p != s.data() + s.size()) throw invalid();
+  }
   return v;
 }
 
