@@ -58,7 +58,8 @@ const char* kUsage =
     "  --context N              context the budget plans for (default 4096)\n"
     "  --expert-cache-policy lfu|lru   --io-threads N (default 8)   --direct-io on|off\n"
     "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
-    "  --backend cpu|vulkan|auto   where the model runs (default cpu; auto: a GPU if present)\n"
+    "  --backend cpu|metal|vulkan|auto  where the model runs (default cpu; auto: a GPU if\n"
+    "                              present; metal: macOS builds only)\n"
     "benchmark only (these change the model's output):\n"
     "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
     "  --record-routing FILE    write the routing used, one line per layer and row\n"
@@ -158,8 +159,8 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   if (f.count("threads")) o.threads = parse_number<int>(f.at("threads"), "threads");
   if (f.count("backend")) {
     o.backend = f.at("backend");
-    if (o.backend != "cpu" && o.backend != "vulkan" && o.backend != "auto")
-      throw UsageError("--backend must be cpu, vulkan or auto");
+    if (o.backend != "cpu" && o.backend != "metal" && o.backend != "vulkan" && o.backend != "auto")
+      throw UsageError("--backend must be cpu, metal, vulkan or auto");
   }
   if (f.count("chunk")) o.chunk = parse_number<int64_t>(f.at("chunk"), "chunk");
   if (o.chunk <= 0) throw UsageError("--chunk must be positive");
