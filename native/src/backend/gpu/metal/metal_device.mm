@@ -72,10 +72,10 @@ DeviceInfo describe(id<MTLDevice> device) {
   DeviceInfo info;
   info.api = "metal";
   info.name = device.name.UTF8String;
-  // Apple silicon: integrated but with its own fast unified memory, counted with the discrete
-  // GPUs (as the Vulkan layer counts an Apple GPU through MoltenVK); an Intel Mac's integrated
-  // GPU is low-power and not preferred.
-  info.discrete = !device.isLowPower;
+  // Apple silicon (Apple7 = M1 and later; MSL 3.0 needs it): integrated but with its own fast
+  // unified memory, counted with the discrete GPUs (as the Vulkan layer counts an Apple GPU
+  // through MoltenVK). An Intel Mac's low-power integrated GPU is not preferred.
+  info.discrete = [device supportsFamily:MTLGPUFamilyApple7] || !device.isLowPower;
   info.software = false;
   info.memory_bytes = device.recommendedMaxWorkingSetSize;
   // The kernels index words with 32-bit integers: keep a binding under 4 GiB.
