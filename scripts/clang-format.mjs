@@ -13,7 +13,7 @@ const files = execFileSync(
 )
   .toString()
   .split("\n")
-  .filter((f) => /\.(cpp|h|hpp|cc)$/.test(f));
+  .filter((f) => /\.(cpp|h|hpp|cc|mm)$/.test(f));
 if (files.length === 0) process.exit(0);
 const args = check ? ["--dry-run", "--Werror", ...files] : ["-i", ...files];
 const result = spawnSync("clang-format", args, { cwd: root, stdio: "inherit" });

@@ -32,7 +32,8 @@ const debianPackages = {
   "libvulkan-dev": "GPU backend: the Vulkan loader and headers",
   "mesa-vulkan-drivers": "GPU backend tests: lavapipe, Mesa's software Vulkan device",
   "vulkan-tools": "GPU diagnostics (vulkaninfo)",
-  "spirv-cross": "GPU kernels: SPIR-V -> Metal Shading Language (the Metal backend, later)",
+  "spirv-cross":
+    "GPU kernels: SPIR-V -> Metal Shading Language (metal-kernels/, scripts/metal-kernels.mjs)",
 };
 // Only with --chromium: a browser for the end-to-end tests (Playwright drives /usr/bin/chromium).
 const testDebianPackages = { chromium: "end-to-end tests (Playwright)" };

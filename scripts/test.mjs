@@ -15,6 +15,14 @@ const steps = [
   ["eslint", "npx", ["eslint", "."]],
   ["prettier", "npx", ["prettier", "--check", "."]],
   ["clang-format", "node", ["scripts/clang-format.mjs", "--check"]],
+  // The Metal kernels are SPIRV-Cross's output for the current GPU kernels (Debian's tools; a
+  // Mac compiles them with Xcode instead), and the engine cross-compiles for macOS on Linux.
+  ...(process.platform === "darwin"
+    ? []
+    : [
+        ["Metal kernels", "node", ["scripts/metal-kernels.mjs", "--check"]],
+        ["macOS cross build", "node", ["scripts/macos-cross.mjs"]],
+      ]),
   ["C++ tests", "ctest", ["--test-dir", "native/build", "--output-on-failure", "-j2"]],
   // AddressSanitizer + UndefinedBehaviorSanitizer: the C++ tests again, then each libFuzzer
   // target for a few seconds from its seed corpus (docs/security.md "Fuzzing").

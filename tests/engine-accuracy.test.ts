@@ -10,7 +10,7 @@
  * - default f16 KV cache: argmax equal at >= 99% of the prompt positions (max diff reported).
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -45,7 +45,10 @@ function engine(args: string[]): string {
     env: {
       ...process.env,
       REDWING_THREADS: process.env.REDWING_THREADS ?? "2",
-      ...(args.includes("vulkan") ? { VK_DRIVER_FILES: LAVAPIPE, VK_ICD_FILENAMES: LAVAPIPE } : {}),
+      // Where lavapipe is installed (not on a Mac, where Vulkan is MoltenVK).
+      ...(args.includes("vulkan") && existsSync(LAVAPIPE)
+        ? { VK_DRIVER_FILES: LAVAPIPE, VK_ICD_FILENAMES: LAVAPIPE }
+        : {}),
     },
   });
   if (result.status !== 0) {
@@ -270,20 +273,22 @@ for (const fixture of FIXTURES) {
   }
 }
 
-// The Vulkan backend (through lavapipe here) against the same references: the CPU backend's
-// bar with an f32 cache, top-1 identical at every position with an f16 cache, and the greedy
-// continuation. One checkpoint form per fixture: the import is the same for both backends.
+// The GPU backend (Vulkan through lavapipe here; REDWING_GPU_TEST_BACKEND=metal on a Mac, see
+// docs/macos.md) against the same references: the CPU backend's bar with an f32 cache, top-1
+// identical at every position with an f16 cache, and the greedy continuation. One checkpoint
+// form per fixture: the import is the same for both backends.
+const GPU_BACKEND = process.env.REDWING_GPU_TEST_BACKEND ?? "vulkan";
 for (const fixture of FIXTURES) {
-  describe(`${fixture} on the vulkan backend`, () => {
+  describe(`${fixture} on the ${GPU_BACKEND} backend`, () => {
     const dir = join(ROOT, "fixtures", fixture);
     const ref = JSON.parse(readFileSync(join(dir, "reference.json"), "utf8")) as Reference;
     const vocab = ref.vocab_size;
     const logits = readF32(join(dir, "logits.f32"));
-    const vulkan = ["--backend", "vulkan"];
+    const gpu = ["--backend", GPU_BACKEND];
     let model = "";
 
     beforeAll(async () => {
-      model = join(workDir, `${fixture}-vulkan`);
+      model = join(workDir, `${fixture}-${GPU_BACKEND}`);
       await importCheckpoint(join(dir, "mlx"), model, { durable: false });
     });
 
@@ -297,19 +302,19 @@ for (const fixture of FIXTURES) {
       it(`${name}: f32 KV within ${TOLERANCE}, f16 KV top-1 identical everywhere`, () => {
         const rows = ref.logits_shape[0];
         const f32 = compare(
-          engineLogits(model, ref.prompt, [...vulkan, ...flags, "--kv-dtype", "f32"]),
+          engineLogits(model, ref.prompt, [...gpu, ...flags, "--kv-dtype", "f32"]),
           logits,
           rows,
           vocab,
         );
         const f16 = compare(
-          engineLogits(model, ref.prompt, [...vulkan, ...flags, "--kv-dtype", "f16"]),
+          engineLogits(model, ref.prompt, [...gpu, ...flags, "--kv-dtype", "f16"]),
           logits,
           rows,
           vocab,
         );
         report.push(
-          `${fixture} vulkan ${name}: f32 ${f32.maxAbs.toExponential(2)} (top-1 ${(f32.agreement * 100).toFixed(1)}%), f16 ${f16.maxAbs.toExponential(2)} (top-1 ${(f16.agreement * 100).toFixed(1)}%)`,
+          `${fixture} ${GPU_BACKEND} ${name}: f32 ${f32.maxAbs.toExponential(2)} (top-1 ${(f32.agreement * 100).toFixed(1)}%), f16 ${f16.maxAbs.toExponential(2)} (top-1 ${(f16.agreement * 100).toFixed(1)}%)`,
         );
         expect(f32.maxAbs).toBeLessThanOrEqual(TOLERANCE);
         expect(f32.agreement).toBe(1);
@@ -319,7 +324,7 @@ for (const fixture of FIXTURES) {
     }
 
     it("greedy continuation equals transformers' token for token", () => {
-      const out = greedyContinuation(model, ref, [...vulkan, "--chunk", "7"]);
+      const out = greedyContinuation(model, ref, [...gpu, "--chunk", "7"]);
       const result = JSON.parse(out) as { tokens: number[]; stop_reason: string };
       expect(result.tokens).toEqual(ref.greedy);
       expect(result.stop_reason).toBe("length");

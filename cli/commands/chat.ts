@@ -36,7 +36,7 @@ export interface GenerationCliOptions {
   expertCacheSlots?: number;
   memoryBudget?: number;
   threads?: number;
-  backend?: "cpu" | "vulkan" | "auto";
+  backend?: "cpu" | "metal" | "vulkan" | "auto";
   quiet?: boolean;
   json?: boolean;
 }
@@ -73,12 +73,12 @@ export function parseByteSize(value: string): number {
   return Math.floor(Number(m[1]) * 1024 ** power);
 }
 
-/** `--backend cpu|vulkan|auto` (docs/gpu.md): where the engine runs the model. */
+/** `--backend cpu|metal|vulkan|auto` (docs/gpu.md): where the engine runs the model. */
 export function backendOption(): Option {
   return new Option(
     "--backend <name>",
-    "where the model runs: cpu, vulkan (a GPU) or auto (a GPU when there is one)",
-  ).choices(["cpu", "vulkan", "auto"]);
+    "where the model runs: cpu, metal (a Mac GPU), vulkan (a GPU) or auto (a GPU when there is one)",
+  ).choices(["cpu", "metal", "vulkan", "auto"]);
 }
 
 /** Adds the model, sampling, engine and output options to a command. */

@@ -21,7 +21,7 @@ interface ServeOptions {
   model?: string;
   maxContext: number;
   threads?: number;
-  backend?: "cpu" | "vulkan" | "auto";
+  backend?: "cpu" | "metal" | "vulkan" | "auto";
   expertCacheSlots?: number;
   memoryBudget?: number;
   quiet?: boolean;

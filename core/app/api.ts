@@ -79,7 +79,7 @@ export const EngineSettingsSchema = z.object({
   /** 0: one per core. */
   threads: z.number().int().min(0).max(256),
   /** Where the engine runs the model (docs/gpu.md): the CPU, a Vulkan GPU, or a GPU if any. */
-  backend: z.enum(["cpu", "vulkan", "auto"]),
+  backend: z.enum(["cpu", "metal", "vulkan", "auto"]),
   kvDtype: z.enum(["f16", "f32"]),
 });
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;

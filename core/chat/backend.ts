@@ -23,7 +23,7 @@ export interface LoadParams {
   context: number;
   threads?: number;
   /** Where the model runs (docs/gpu.md); omitted: the CPU. */
-  backend?: "cpu" | "vulkan" | "auto";
+  backend?: "cpu" | "metal" | "vulkan" | "auto";
   expertCacheSlots?: number;
   /** Bytes. */
   memoryBudget?: number;

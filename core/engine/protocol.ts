@@ -34,8 +34,8 @@ export const LoadParamsSchema = z.object({
   /** KV cache positions (default 4096). */
   context: z.number().int().positive().optional(),
   threads: z.number().int().nonnegative().optional(),
-  /** cpu, vulkan or auto (docs/gpu.md); default cpu. */
-  backend: z.enum(["cpu", "vulkan", "auto"]).optional(),
+  /** cpu, metal, vulkan or auto (docs/gpu.md); default cpu. */
+  backend: z.enum(["cpu", "metal", "vulkan", "auto"]).optional(),
   kv_dtype: z.enum(["f16", "f32"]).optional(),
   /** Prefill chunk size in tokens (default 128). */
   chunk: z.number().int().positive().optional(),

@@ -75,7 +75,7 @@ export interface ServerOptions {
   context?: number;
   threads?: number;
   /** Where the engine runs the model (docs/gpu.md); default the CPU. */
-  backend?: "cpu" | "vulkan" | "auto";
+  backend?: "cpu" | "metal" | "vulkan" | "auto";
   expertCacheSlots?: number;
   memoryBudget?: number;
   engine?: EngineClientOptions;

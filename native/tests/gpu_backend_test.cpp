@@ -16,6 +16,9 @@
 #if defined(REDWING_HAVE_VULKAN)
 #include "backend/gpu/gpu_backend.h"
 #endif
+#if defined(REDWING_HAVE_METAL)
+#include "backend/gpu/metal/metal_device.h"
+#endif
 
 using namespace redwing;
 
@@ -36,6 +39,12 @@ void force_lavapipe() {
 }
 
 std::unique_ptr<Backend> gpu_backend() {
+#if defined(REDWING_HAVE_METAL)
+  // On a Mac the same tests run through Metal with REDWING_GPU_TEST_API=metal (docs/macos.md);
+  // otherwise through Vulkan (MoltenVK there).
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return make_gpu_backend(gpu::open_metal_device(0));
+#endif
   force_lavapipe();
   const auto devices = gpu::list_vulkan_devices();
   REQUIRE_MESSAGE(!devices.empty(), "no Vulkan device (install mesa-vulkan-drivers)");
@@ -279,13 +288,17 @@ TEST_CASE("gpu: backend selection") {
   const auto all = available_backends();
   REQUIRE(all.size() >= 2);
   CHECK(all[0].name == "cpu");
-  CHECK(all[1].name == "vulkan");
-  // lavapipe is a software device: auto never picks it.
+  CHECK(all.back().name == "vulkan");
+  // lavapipe is a software device: auto never picks it; on a Mac auto prefers Metal.
   bool hardware = false;
-  for (const auto& b : all)
+  bool metal = false;
+  for (const auto& b : all) {
     hardware = hardware || (b.name == "vulkan" && b.discrete && !b.software);
-  CHECK(resolve_backend("auto") == (hardware ? "vulkan" : "cpu"));
-  CHECK_THROWS_AS(make_backend("metal", 1), std::invalid_argument);
+    metal = metal || (b.name == "metal" && b.discrete);
+  }
+  CHECK(resolve_backend("auto") == (metal ? "metal" : hardware ? "vulkan" : "cpu"));
+  CHECK_THROWS_AS(make_backend("mystery", 1), std::invalid_argument);
+  if (!metal_built()) CHECK_THROWS_AS(make_backend("metal", 1), std::runtime_error);
   auto v = make_backend("vulkan", 1);
   CHECK(v->name() == "vulkan");
 }

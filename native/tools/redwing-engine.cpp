@@ -26,12 +26,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "platform/file.h"
@@ -64,7 +66,8 @@ const char* kUsage =
     "  --expert-cache-policy lrfu|lfu|lru (default lrfu)   --io-threads N (default 8)\n"
     "  --direct-io on|off\n"
     "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
-    "  --backend cpu|vulkan|auto   where the model runs (default cpu; auto: a GPU if present)\n"
+    "  --backend cpu|metal|vulkan|auto  where the model runs (default cpu; auto: a GPU if\n"
+    "                              present; metal: macOS builds only)\n"
     "benchmark only (these change the model's output):\n"
     "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
     "  --record-routing FILE    write the routing used, one line per layer and row\n"
@@ -111,10 +114,26 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
 
 template <typename T>
 T parse_number(const std::string& s, const std::string& what) {
+  const auto invalid = [&] {
+    return UsageError("--" + what + ": \"" + s + "\" is not a valid number");
+  };
   T v{};
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size())
-    throw UsageError("--" + what + ": \"" + s + "\" is not a valid number");
+  if constexpr (std::is_floating_point_v<T>) {
+    // Not std::from_chars: Apple's libc++ has no floating-point from_chars (the macOS cross
+    // build, scripts/macos-cross.mjs, fails on it). strtod in the default "C" locale; what
+    // from_chars would reject (leading space or '+', hex) is rejected here too.
+    if (s.empty() || s.front() == ' ' || s.front() == '+' ||
+        s.find_first_of("xX") != std::string::npos)
+      throw invalid();
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(s.c_str(), &end);
+    if (errno == ERANGE || end != s.c_str() + s.size()) throw invalid();
+    v = static_cast<T>(d);
+  } else {
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || p != s.data() + s.size()) throw invalid();
+  }
   return v;
 }
 
@@ -148,8 +167,8 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   if (f.count("threads")) o.threads = parse_number<int>(f.at("threads"), "threads");
   if (f.count("backend")) {
     o.backend = f.at("backend");
-    if (o.backend != "cpu" && o.backend != "vulkan" && o.backend != "auto")
-      throw UsageError("--backend must be cpu, vulkan or auto");
+    if (o.backend != "cpu" && o.backend != "metal" && o.backend != "vulkan" && o.backend != "auto")
+      throw UsageError("--backend must be cpu, metal, vulkan or auto");
   }
   if (f.count("chunk")) o.chunk = parse_number<int64_t>(f.at("chunk"), "chunk");
   if (o.chunk <= 0) throw UsageError("--chunk must be positive");

@@ -5,8 +5,11 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
-#if defined(REDWING_HAVE_VULKAN)
+#if defined(REDWING_HAVE_VULKAN) || defined(REDWING_HAVE_METAL)
 #include "backend/gpu/gpu_backend.h"
+#endif
+#if defined(REDWING_HAVE_METAL)
+#include "backend/gpu/metal/metal_device.h"
 #endif
 
 namespace redwing {
@@ -19,7 +22,27 @@ bool vulkan_built() {
 #endif
 }
 
+bool metal_built() {
+#if defined(REDWING_HAVE_METAL)
+  return true;
+#else
+  return false;
+#endif
+}
+
 namespace {
+
+#if defined(REDWING_HAVE_METAL)
+// REDWING_METAL_DEVICE=<index> picks a Metal device; the system default (0) otherwise.
+int pick_metal_device(size_t count) {
+  int i = 0;
+  if (const char* env = std::getenv("REDWING_METAL_DEVICE")) i = std::atoi(env);
+  if (i < 0 || i >= static_cast<int>(count))
+    throw std::runtime_error("backend \"metal\": no Metal device " + std::to_string(i) +
+                             " (this machine has " + std::to_string(count) + ")");
+  return i;
+}
+#endif
 
 #if defined(REDWING_HAVE_VULKAN)
 // The index of the Vulkan device to use, or -1 when there is none. `hardware_only`: skip
@@ -48,6 +71,10 @@ int pick_vulkan_device(const std::vector<gpu::DeviceInfo>& devices, bool hardwar
 std::vector<BackendInfo> available_backends() {
   std::vector<BackendInfo> out;
   out.push_back({"cpu", cpu::cpu_features(), 0, false, false});
+#if defined(REDWING_HAVE_METAL)
+  for (const auto& d : gpu::list_metal_devices())
+    out.push_back({"metal", d.name, d.memory_bytes, d.software, d.discrete});
+#endif
 #if defined(REDWING_HAVE_VULKAN)
   for (const auto& d : gpu::list_vulkan_devices())
     out.push_back({"vulkan", d.name, d.memory_bytes, d.software, d.discrete});
@@ -56,9 +83,14 @@ std::vector<BackendInfo> available_backends() {
 }
 
 std::string resolve_backend(const std::string& kind) {
-  if (kind == "cpu" || kind == "vulkan") return kind;
+  if (kind == "cpu" || kind == "vulkan" || kind == "metal") return kind;
   if (kind != "auto")
-    throw std::invalid_argument("unknown backend \"" + kind + "\" (cpu, vulkan or auto)");
+    throw std::invalid_argument("unknown backend \"" + kind + "\" (cpu, metal, vulkan or auto)");
+#if defined(REDWING_HAVE_METAL)
+  // On a Mac, Metal first: Vulkan there runs through MoltenVK, about 3x slower (docs/macos.md).
+  for (const auto& d : gpu::list_metal_devices())
+    if (d.discrete) return "metal";
+#endif
 #if defined(REDWING_HAVE_VULKAN)
   if (pick_vulkan_device(gpu::list_vulkan_devices(), true) >= 0) return "vulkan";
 #endif
@@ -68,6 +100,14 @@ std::string resolve_backend(const std::string& kind) {
 std::unique_ptr<Backend> make_backend(const std::string& kind, int threads) {
   const std::string chosen = resolve_backend(kind);
   if (chosen == "cpu") return make_cpu_backend(threads);
+  if (chosen == "metal") {
+#if defined(REDWING_HAVE_METAL)
+    return make_gpu_backend(
+        gpu::open_metal_device(pick_metal_device(gpu::list_metal_devices().size())));
+#else
+    throw std::runtime_error("backend \"metal\": this build has no Metal support (macOS only)");
+#endif
+  }
 #if defined(REDWING_HAVE_VULKAN)
   const auto devices = gpu::list_vulkan_devices();
   const int index = pick_vulkan_device(devices, kind == "auto");

@@ -255,6 +255,7 @@ export function TuningView() {
             value={e.backend}
             options={[
               ["cpu", "CPU"],
+              ["metal", "GPU (Metal, Mac)"],
               ["vulkan", "GPU (Vulkan)"],
               ["auto", "Auto (a GPU when there is one)"],
             ]}
