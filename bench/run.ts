@@ -5,6 +5,7 @@ import { runEngineBench } from "./engine.ts";
 import { runInstallBench } from "./install.ts";
 import { runServerLoadBench } from "./server-load.ts";
 import { runStreamingBench } from "./streaming.ts";
+import { runVsLlamaCppBench } from "./vs-llama-cpp.ts";
 
 const benches: Record<string, () => Promise<unknown>> = {
   kernels: runKernelBench,
@@ -12,6 +13,7 @@ const benches: Record<string, () => Promise<unknown>> = {
   install: () => runInstallBench(),
   server: () => runServerLoadBench(),
   streaming: runStreamingBench,
+  "vs-llama-cpp": runVsLlamaCppBench,
 };
 
 // Names are the arguments that are neither options nor an option's value (`--model DIR`).

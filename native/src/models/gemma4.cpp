@@ -224,8 +224,8 @@ class Gemma4 final : public Model {
       backend_.gather_rows(e_in, rows, in);
       Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
       Mat u = scratch_.get(kExpertUp, n, moe.intermediate_size);
-      backend_.qmatmul(*gate, in, g);
-      backend_.qmatmul(*up, in, u);
+      const Backend::QProduct gate_up[] = {{gate.get(), in, g}, {up.get(), in, u}};
+      backend_.qmatmul_batch(gate_up);
       backend_.gelu_tanh_mul(g, u, g);
       backend_.qmatmul(*down, g, y_all.row_range(first_row[k], n));
     });
