@@ -214,27 +214,67 @@ class Gemma4 final : public Model {
       first_row[k + 1] = first_row[k] + static_cast<int64_t>(routing.rows[k].size());
     Mat y_all = scratch_.get(kExpertOut, first_row[n_experts], hidden);
 
-    experts_->for_each(layer, routing.ids, [&](size_t k, const ExpertMatrices& mats) {
-      const auto& rows = routing.rows[k];
-      const int64_t n = static_cast<int64_t>(rows.size());
-      auto gate = backend_.import_qweight(mats.gate);
-      auto up = backend_.import_qweight(mats.up);
-      auto down = backend_.import_qweight(mats.down);
-      Mat in = scratch_.get(kExpertRows, n, hidden);
-      backend_.gather_rows(e_in, rows, in);
-      Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
-      Mat u = scratch_.get(kExpertUp, n, moe.intermediate_size);
-      const Backend::QProduct gate_up[] = {{gate.get(), in, g}, {up.get(), in, u}};
-      backend_.qmatmul_batch(gate_up);
-      backend_.gelu_tanh_mul(g, u, g);
-      backend_.qmatmul(*down, g, y_all.row_range(first_row[k], n));
-    });
+    if (experts_->holds_every_expert()) {
+      grouped_experts(layer, routing, e_in, y_all, first_row);
+    } else {
+      experts_->for_each(layer, routing.ids, [&](size_t k, const ExpertMatrices& mats) {
+        const auto& rows = routing.rows[k];
+        const int64_t n = static_cast<int64_t>(rows.size());
+        auto gate = backend_.import_qweight(mats.gate);
+        auto up = backend_.import_qweight(mats.up);
+        auto down = backend_.import_qweight(mats.down);
+        Mat in = scratch_.get(kExpertRows, n, hidden);
+        backend_.gather_rows(e_in, rows, in);
+        Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
+        Mat u = scratch_.get(kExpertUp, n, moe.intermediate_size);
+        const Backend::QProduct gate_up[] = {{gate.get(), in, g}, {up.get(), in, u}};
+        backend_.qmatmul_batch(gate_up);
+        backend_.gelu_tanh_mul(g, u, g);
+        backend_.qmatmul(*down, g, y_all.row_range(first_row[k], n));
+      });
+    }
     for (size_t k = 0; k < n_experts; ++k)
       backend_.scatter_add_rows(y_all.row_range(first_row[k], first_row[k + 1] - first_row[k]),
                                 routing.rows[k], routing.weights[k], sum);
 
     backend_.rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, sum);
     return sum;
+  }
+
+  // Every chosen expert of a layer at once, when the source has them all in memory: the gate
+  // and up products of all experts run as one batched product, then all the down products, so
+  // a decode step synchronizes its threads twice per MoE layer instead of three times per
+  // expert. Each expert's rows get the same kernels as in the one-at-a-time path (same bits).
+  void grouped_experts(int layer, const Routing& routing, Mat e_in, Mat y_all,
+                       const std::vector<int64_t>& first_row) {
+    const MoeConfig& moe = *arch_.moe;
+    const size_t n_experts = routing.ids.size();
+    const int64_t rows = first_row[n_experts];
+    std::vector<ExpertMatrices> mats = experts_->acquire(layer, routing.ids);
+    struct Release {
+      ExpertSource* source;
+      int layer;
+      ~Release() { source->release(layer); }
+    } release{experts_, layer};
+    Mat in = scratch_.get(kExpertRows, rows, arch_.hidden_size);
+    Mat g = scratch_.get(kExpertGate, rows, moe.intermediate_size);
+    Mat u = scratch_.get(kExpertUp, rows, moe.intermediate_size);
+    std::vector<std::unique_ptr<QWeight>> weights;
+    std::vector<Backend::QProduct> gate_up, down;
+    for (size_t k = 0; k < n_experts; ++k) {
+      const int64_t r0 = first_row[k];
+      const int64_t n = first_row[k + 1] - r0;
+      backend_.gather_rows(e_in, routing.rows[k], in.row_range(r0, n));
+      weights.push_back(backend_.import_qweight(mats[k].gate));
+      gate_up.push_back({weights.back().get(), in.row_range(r0, n), g.row_range(r0, n)});
+      weights.push_back(backend_.import_qweight(mats[k].up));
+      gate_up.push_back({weights.back().get(), in.row_range(r0, n), u.row_range(r0, n)});
+      weights.push_back(backend_.import_qweight(mats[k].down));
+      down.push_back({weights.back().get(), g.row_range(r0, n), y_all.row_range(r0, n)});
+    }
+    backend_.qmatmul_batch(gate_up);
+    backend_.gelu_tanh_mul(g, u, g);
+    backend_.qmatmul_batch(down);
   }
 
   Architecture arch_;

@@ -55,6 +55,10 @@ class ExpertSource {
   virtual void for_each(int layer, std::span<const int32_t> experts,
                         const std::function<void(size_t, const ExpertMatrices&)>& fn);
   virtual ExpertStats stats() const { return {}; }
+  // True when acquire() never waits for a read (every expert is in memory or mapped), so the
+  // model can take a layer's experts all at once and run their products together instead of
+  // one expert at a time as for_each delivers them.
+  virtual bool holds_every_expert() const { return false; }
 };
 
 // The expert layout of MoE layer i, checked against the architecture (shapes, count); throws
@@ -71,6 +75,7 @@ class ResidentExpertSource final : public ExpertSource {
 
   std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
   void release(int layer) override {}
+  bool holds_every_expert() const override { return true; }
   uint64_t bytes() const { return bytes_; }
 
  private:
@@ -90,6 +95,7 @@ class MappedExpertSource final : public ExpertSource {
   explicit MappedExpertSource(const ModelDir& dir);
   std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
   void release(int layer) override {}
+  bool holds_every_expert() const override { return true; }
 
  private:
   struct Layer {
