@@ -27,7 +27,8 @@ import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
-import { writeGemma4Gguf } from "./gguf-gemma4.ts";
+import { gemma4Gguf, writeGemma4Gguf } from "./gguf-gemma4.ts";
+import { tensorBytes } from "./gguf.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const peers = join(root, "bench", "peers");
@@ -158,6 +159,41 @@ async function runLlama(
   };
 }
 
+/**
+ * Weight bytes one decode token reads: every matrix once, the routed experts' share of the
+ * expert tensors (top_k of num_experts), the tied head once. The same for both engines (both
+ * store 4.5 bits per 4-bit weight and 8.5 per router weight).
+ */
+export function decodeWeightBytes(layers: number, topK = 8, experts = 128): number {
+  let bytes = 0;
+  for (const t of gemma4Gguf(layers).tensors) {
+    const size = tensorBytes(t.dims, t.type);
+    bytes += t.dims.length === 3 ? (size * topK) / experts : size;
+  }
+  return bytes;
+}
+
+const KernelBenchReport = z.object({ bandwidth_gbps_by_threads: z.record(z.string(), z.number()) });
+
+/** The memory read bandwidth at `threads` threads, from the kernel benchmark's probe. */
+async function bandwidthProbe(threads: number): Promise<number | null> {
+  try {
+    const out = await captureOutput([
+      nativeBinary("redwing-bench-kernels"),
+      "--threads",
+      String(threads),
+      "--quick",
+      "--only",
+      "none",
+    ]);
+    return (
+      KernelBenchReport.parse(JSON.parse(out)).bandwidth_gbps_by_threads[String(threads)] ?? null
+    );
+  } catch {
+    return null;
+  }
+}
+
 export async function runVsLlamaCppBench(): Promise<void> {
   const layers = flag("layers", 30);
   const runs = flag("runs", 3);
@@ -207,6 +243,15 @@ export async function runVsLlamaCppBench(): Promise<void> {
     const ours = pick("redwing", r.c, r.k);
     return { what: r.what, llama_cpp: llama, redwing: ours, ratio: ours / llama };
   });
+  const probe = await bandwidthProbe(threads);
+  const bytesPerToken = decodeWeightBytes(layers);
+  const decodeGbps = (rate: number) => (bytesPerToken * rate) / 1e9;
+  const bandwidth = {
+    weight_bytes_per_decode_token: bytesPerToken,
+    probe_gbps: probe,
+    redwing_decode_gbps: decodeGbps(rows[0]!.redwing),
+    llama_cpp_decode_gbps: decodeGbps(rows[0]!.llama_cpp),
+  };
   const result = {
     model:
       `synthetic gemma-4-26b-a4b, ${layers} of 30 layers` +
@@ -218,6 +263,7 @@ export async function runVsLlamaCppBench(): Promise<void> {
     peer: "llama.cpp via node-llama-cpp (prebuilt CPU binaries), bench/peers/package.json",
     rows,
     redwing_decode_parts_ms_per_token: lastParts ?? null,
+    bandwidth,
   };
   console.log(result.model);
   console.log(`${threads} threads, medians of ${runs} interleaved runs, tokens/s`);
@@ -227,6 +273,14 @@ export async function runVsLlamaCppBench(): Promise<void> {
     console.log(
       `| ${r.what} | ${r.llama_cpp.toFixed(2)} | ${r.redwing.toFixed(2)} | ${r.ratio.toFixed(2)} |`,
     );
+  const share = (gbps: number) =>
+    probe ? ` (${((100 * gbps) / probe).toFixed(0)}% of the probe)` : "";
+  console.log(
+    `Decode reads ${(bytesPerToken / 1e9).toFixed(2)} GB of weights per token: Redwing ` +
+      `${bandwidth.redwing_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_decode_gbps)}, ` +
+      `llama.cpp ${bandwidth.llama_cpp_decode_gbps.toFixed(1)} GB/s${share(bandwidth.llama_cpp_decode_gbps)}; ` +
+      `bandwidth probe ${probe?.toFixed(1) ?? "n/a"} GB/s at ${threads} threads`,
+  );
   if (lastParts)
     console.log("Redwing decode parts (ms/token, last run):", JSON.stringify(lastParts));
   const dir = join(root, "bench", "results");
