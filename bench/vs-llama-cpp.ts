@@ -20,7 +20,7 @@
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdir, rename, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
@@ -259,6 +259,9 @@ export async function runVsLlamaCppBench(): Promise<void> {
       ", every expert in memory",
     threads,
     runs,
+    // The machine's 1-minute load average at the end: other work on the cores slows llama.cpp's
+    // spinning thread barriers far more than it slows Redwing, so read ratios with this in mind.
+    load_average_at_end: loadavg()[0] ?? 0,
     decode_tokens: decode,
     peer: "llama.cpp via node-llama-cpp (prebuilt CPU binaries), bench/peers/package.json",
     rows,
@@ -266,7 +269,9 @@ export async function runVsLlamaCppBench(): Promise<void> {
     bandwidth,
   };
   console.log(result.model);
-  console.log(`${threads} threads, medians of ${runs} interleaved runs, tokens/s`);
+  console.log(
+    `${threads} threads, medians of ${runs} interleaved runs, tokens/s; load average at the end ${result.load_average_at_end.toFixed(1)}`,
+  );
   console.log("| | llama.cpp | Redwing | Redwing / llama.cpp |");
   console.log("|---|---|---|---|");
   for (const r of rows)
