@@ -6,6 +6,7 @@ import { runInstallBench } from "./install.ts";
 import { runServerLoadBench } from "./server-load.ts";
 import { runStreamingBench } from "./streaming.ts";
 import { runCachePolicyBench } from "./cache-policy.ts";
+import { runVsLlamaCppBench } from "./vs-llama-cpp.ts";
 
 const benches: Record<string, () => Promise<unknown>> = {
   kernels: runKernelBench,
@@ -14,12 +15,16 @@ const benches: Record<string, () => Promise<unknown>> = {
   server: () => runServerLoadBench(),
   streaming: runStreamingBench,
   "cache-policy": runCachePolicyBench,
+  "vs-llama-cpp": runVsLlamaCppBench,
 };
 
 // Names are the arguments that are neither options nor an option's value (`--model DIR`).
 const args = process.argv.slice(2);
 const requested = args.filter((arg, i) => !arg.startsWith("-") && !args[i - 1]?.startsWith("--"));
-const names = requested.length > 0 ? requested : Object.keys(benches);
+// vs-llama-cpp installs its peer from the npm registry and writes two 14 GB models: it runs only
+// when named.
+const names =
+  requested.length > 0 ? requested : Object.keys(benches).filter((n) => n !== "vs-llama-cpp");
 for (const name of names) {
   const bench = benches[name];
   if (!bench) {

@@ -203,3 +203,75 @@ TEST_CASE("gather_rows and scatter_add_rows") {
   b->scatter_add_rows(Mat{gbuf.get(), 0, 2, 2, 2}, rows, wts, Mat{dbuf.get(), 0, 3, 2, 2});
   CHECK(download(*b, *dbuf, 6) == std::vector<float>{9, 8, 10, 10, 20, 22});
 }
+
+namespace {
+
+// A random 4-bit matrix with f32 scales and biases, and its dequantized values.
+struct RandomQuant {
+  std::vector<uint32_t> packed;
+  std::vector<float> scales, biases, dense;
+  HostQuantMatrix host;
+  RandomQuant(int64_t rows, int64_t cols, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const int64_t groups = cols / 64;
+    packed.assign(static_cast<size_t>(rows * cols / 8), 0);
+    scales = randn(static_cast<size_t>(rows * groups), seed + 1, 0.05f);
+    biases = randn(static_cast<size_t>(rows * groups), seed + 2, 0.1f);
+    dense.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint32_t q = static_cast<uint32_t>(rng() & 15);
+        packed[static_cast<size_t>((r * cols + c) / 8)] |= q << (4 * ((r * cols + c) % 8));
+        const size_t g = static_cast<size_t>(r * groups + c / 64);
+        dense[static_cast<size_t>(r * cols + c)] = scales[g] * static_cast<float>(q) + biases[g];
+      }
+    host = {packed.data(), scales.data(), biases.data(), DType::f32, 4, 64, rows, cols};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("qmatmul_batch: the same bits as one qmatmul per product, for 1 and several rows") {
+  auto b = make_cpu_backend(2);
+  // Different shapes and inputs; row counts that do not divide the chunking evenly.
+  const RandomQuant w0(37, 128, 11), w1(130, 256, 12), w2(5, 128, 13);
+  const RandomQuant* ws[] = {&w0, &w1, &w2};
+  for (int64_t T : {1, 3}) {
+    std::vector<std::unique_ptr<QWeight>> q;
+    std::vector<std::unique_ptr<Buffer>> xs, batched, single;
+    std::vector<Backend::QProduct> products;
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& w = *ws[i];
+      q.push_back(b->import_qweight(w.host));
+      xs.push_back(upload(*b, randn(static_cast<size_t>(T * w.host.cols), 20 + i)));
+      batched.push_back(b->alloc(static_cast<size_t>(T * w.host.rows) * 4));
+      single.push_back(b->alloc(static_cast<size_t>(T * w.host.rows) * 4));
+      const Mat x{xs[i].get(), 0, T, w.host.cols, w.host.cols};
+      products.push_back({q[i].get(), x, Mat{batched[i].get(), 0, T, w.host.rows, w.host.rows}});
+      b->qmatmul(*q[i], x, Mat{single[i].get(), 0, T, w.host.rows, w.host.rows});
+    }
+    b->qmatmul_batch(products);
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& w = *ws[i];
+      const size_t n = static_cast<size_t>(T * w.host.rows);
+      const auto got = download(*b, *batched[i], n);
+      const auto want = download(*b, *single[i], n);
+      CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
+      // And both against the dequantized product, computed in double.
+      std::vector<float> x(static_cast<size_t>(T * w.host.cols));
+      b->download(*xs[i], 0, x.data(), x.size() * 4);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < w.host.rows; ++r) {
+          double ref = 0;
+          for (int64_t c = 0; c < w.host.cols; ++c)
+            ref += static_cast<double>(w.dense[static_cast<size_t>(r * w.host.cols + c)]) *
+                   x[static_cast<size_t>(t * w.host.cols + c)];
+          CHECK(got[static_cast<size_t>(t * w.host.rows + r)] ==
+                doctest::Approx(ref).epsilon(1e-4).scale(1.0));
+        }
+    }
+  }
+  CHECK_THROWS_AS(b->qmatmul_batch(std::vector<Backend::QProduct>{
+                      {b->import_qweight(w0.host).get(), Mat{}, Mat{}}}),
+                  std::logic_error);
+}

@@ -129,6 +129,18 @@ class Backend {
   // ---- products ----
   // y[t] = W x[t] for every row t of x (x.cols == W.cols, y.cols == W.rows).
   virtual void qmatmul(const QWeight& w, Mat x, Mat y) = 0;
+  // Independent products y = W x run as one operation, with the same results as qmatmul on each
+  // (the products must not write what another one reads). A backend can split their rows over
+  // its threads as one loop, so a decode step synchronizes once per group of products that read
+  // the same input (q/k/v, gate/up) instead of once per product. The default runs them in turn.
+  struct QProduct {
+    const QWeight* w = nullptr;
+    Mat x;
+    Mat y;
+  };
+  virtual void qmatmul_batch(std::span<const QProduct> products) {
+    for (const QProduct& p : products) qmatmul(*p.w, p.x, p.y);
+  }
   // out[i] = scale * row ids[i] of `table` (dequantized).
   virtual void embed(const QWeight& table, std::span<const int32_t> ids, float scale, Mat out) = 0;
   // dst[i] = src[rows[i]]

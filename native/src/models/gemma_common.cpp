@@ -78,19 +78,17 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
   Mat h = scratch.get(kNormed, T, arch.hidden_size);
   backend.rms_norm(x, w.input_norm.get(), off, eps, h);
 
+  // q, k and v read the same input: one batched product.
   Mat q = scratch.get(kQuery, T, static_cast<int64_t>(heads) * d);
-  backend.qmatmul(*w.q_proj, h, q);
+  Mat k = scratch.get(kKey, T, static_cast<int64_t>(lc.num_kv_heads) * d);
+  Mat v = scratch.get(kValue, T, static_cast<int64_t>(lc.num_kv_heads) * d);
+  const Backend::QProduct qkv[] = {
+      {w.q_proj.get(), h, q}, {w.k_proj.get(), h, k}, {w.v_proj.get(), h, v}};
+  backend.qmatmul_batch(std::span(qkv, lc.k_eq_v ? 2 : 3));
+  if (lc.k_eq_v) backend.copy(k, v);  // the raw projection, before k_norm and RoPE
   backend.rms_norm(q.split_rows(d), w.q_norm.get(), off, eps, q.split_rows(d));
   backend.rope(q, heads, d, rope, pos0);
 
-  Mat k = scratch.get(kKey, T, static_cast<int64_t>(lc.num_kv_heads) * d);
-  Mat v = scratch.get(kValue, T, static_cast<int64_t>(lc.num_kv_heads) * d);
-  backend.qmatmul(*w.k_proj, h, k);
-  if (lc.k_eq_v) {
-    backend.copy(k, v);  // the raw projection, before k_norm and RoPE
-  } else {
-    backend.qmatmul(*w.v_proj, h, v);
-  }
   backend.rms_norm(k.split_rows(d), w.k_norm.get(), off, eps, k.split_rows(d));
   backend.rope(k, lc.num_kv_heads, d, rope, pos0);
   if (arch.v_norm) backend.rms_norm(v.split_rows(d), nullptr, 0.0f, eps, v.split_rows(d));
@@ -109,8 +107,8 @@ void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& 
   const int64_t inter = w.gate->rows;
   Mat g = scratch.get(kGate, in.rows, inter);
   Mat u = scratch.get(kUp, in.rows, inter);
-  backend.qmatmul(*w.gate, in, g);
-  backend.qmatmul(*w.up, in, u);
+  const Backend::QProduct gate_up[] = {{w.gate.get(), in, g}, {w.up.get(), in, u}};
+  backend.qmatmul_batch(gate_up);
   backend.gelu_tanh_mul(g, u, g);
   backend.qmatmul(*w.down, g, out);
 }

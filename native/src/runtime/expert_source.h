@@ -59,6 +59,10 @@ class ExpertSource {
   // source's lifetime (every expert resident). A backend that copies weights to a device may
   // then import each expert once and keep it there.
   virtual bool stable() const { return false; }
+  // True when acquire() never waits for a read (every expert is in memory or mapped), so the
+  // model can take a layer's experts all at once and run their products together instead of
+  // one expert at a time as for_each delivers them.
+  virtual bool holds_every_expert() const { return false; }
 };
 
 // The expert layout of MoE layer i, checked against the architecture (shapes, count); throws
@@ -76,6 +80,7 @@ class ResidentExpertSource final : public ExpertSource {
   std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
   void release(int layer) override {}
   bool stable() const override { return true; }
+  bool holds_every_expert() const override { return true; }
   uint64_t bytes() const { return bytes_; }
 
  private:
@@ -95,6 +100,7 @@ class MappedExpertSource final : public ExpertSource {
   explicit MappedExpertSource(const ModelDir& dir);
   std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
   void release(int layer) override {}
+  bool holds_every_expert() const override { return true; }
 
  private:
   struct Layer {

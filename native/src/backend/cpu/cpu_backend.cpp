@@ -212,12 +212,16 @@ class CpuBackend final : public Backend {
 
   // ---- products ----
 
-  void qmatmul(const QWeight& wq, Mat x, Mat y) override {
-    const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(wq).m;
+  static void check_product(const cpu::QuantMatrix& w, Mat x, Mat y) {
     if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
       throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
                              std::to_string(x.cols) + " by " + std::to_string(w.rows) + "x" +
                              std::to_string(w.cols) + ")");
+  }
+
+  void qmatmul(const QWeight& wq, Mat x, Mat y) override {
+    const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(wq).m;
+    check_product(w, x, y);
     const float* px = f32(x);
     float* py = f32(y);
     const int64_t grain = std::max<int64_t>(4, 65536 / std::max<int64_t>(w.cols, 1));
@@ -229,6 +233,34 @@ class CpuBackend final : public Backend {
         cpu::qmatmul(w, px, x.rows, x.stride, py, y.stride, b, e);
       });
     }
+  }
+
+  // One parallel loop over the rows of all the products together: a chunk of the combined row
+  // range may span two products. Each output row is computed by the same kernel call per row
+  // range as in qmatmul, so the results are the same bits.
+  void qmatmul_batch(std::span<const QProduct> products) override {
+    batch_.clear();
+    int64_t total_rows = 0;
+    int64_t max_cols = 1;
+    for (const QProduct& p : products) {
+      const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(*p.w).m;
+      check_product(w, p.x, p.y);
+      batch_.push_back({&w, f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride, total_rows});
+      total_rows += w.rows;
+      max_cols = std::max(max_cols, w.cols);
+    }
+    const int64_t grain = std::max<int64_t>(4, 65536 / max_cols);
+    pool_.parallel_for(total_rows, grain, [&](int64_t b, int64_t e) {
+      for (const BatchedProduct& j : batch_) {
+        const int64_t lo = std::max(b, j.first_row) - j.first_row;
+        const int64_t hi = std::min(e, j.first_row + j.w->rows) - j.first_row;
+        if (lo >= hi) continue;
+        if (j.x_rows == 1)
+          cpu::qmatvec(*j.w, j.x, j.y, lo, hi);
+        else
+          cpu::qmatmul(*j.w, j.x, j.x_rows, j.x_stride, j.y, j.y_stride, lo, hi);
+      }
+    });
   }
 
   void embed(const QWeight& tq, std::span<const int32_t> ids, float s, Mat out) override {
@@ -372,7 +404,19 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // One product of a qmatmul_batch call; its rows are [first_row, first_row + w->rows) of the
+  // combined row range.
+  struct BatchedProduct {
+    const cpu::QuantMatrix* w;
+    const float* x;
+    int64_t x_rows;
+    int64_t x_stride;
+    float* y;
+    int64_t y_stride;
+    int64_t first_row;
+  };
   ThreadPool pool_;
+  std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
 };
 
 }  // namespace

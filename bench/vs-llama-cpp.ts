@@ -1,0 +1,298 @@
+/**
+ * Redwing against llama.cpp on the same model shapes, the same machine, in the same run.
+ *
+ *   npm run bench -- vs-llama-cpp [--layers 30] [--runs 3] [--threads 2] [--decode 32]
+ *                                 [--prompt 512] [--context 4096]
+ *
+ * Both engines get a model with the shapes of Gemma 4 26B-A4B and random weights: Redwing the
+ * synthetic model of `redwing synth --preset gemma-4-26b-a4b`, llama.cpp a GGUF with the same
+ * tensors written by bench/gguf-gemma4.ts (Q4_0 where Redwing has 4-bit groups, Q8_0 for the
+ * router), every expert in memory for both. llama.cpp is node-llama-cpp's prebuilt CPU build,
+ * pinned in bench/peers/package.json and installed there on first use (`npm ci --prefix
+ * bench/peers`), never a dependency of the app.
+ *
+ * Each round runs, for each engine in turn (alternating which goes first): a prompt of --prompt
+ * tokens then --decode greedy tokens (prefill rate, and decode rate at short context), and a
+ * prompt of --context tokens then --decode tokens (decode rate at long context). Rates are the
+ * medians over rounds; the table prints Redwing / llama.cpp. Models are cached in
+ * REDWING_BENCH_DIR (default: the temp dir); the 30-layer pair takes about 28 GB of disk.
+ */
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, rename, writeFile } from "node:fs/promises";
+import { loadavg, tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { z } from "zod";
+import { captureOutput, nativeBinary } from "../core/native.ts";
+import { synthesizeModel } from "../core/synth/synth.ts";
+import { syntheticPrompt } from "./engine.ts";
+import { gemma4Gguf, writeGemma4Gguf } from "./gguf-gemma4.ts";
+import { tensorBytes } from "./gguf.ts";
+
+const root = fileURLToPath(new URL("..", import.meta.url));
+const peers = join(root, "bench", "peers");
+
+function flag(name: string, fallback: number): number {
+  const i = process.argv.indexOf(`--${name}`);
+  const value = i >= 0 ? Number(process.argv[i + 1]) : fallback;
+  if (!Number.isInteger(value) || value < 1)
+    throw new Error(`--${name} must be a positive integer`);
+  return value;
+}
+
+function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+}
+
+const RedwingReport = z.object({
+  tokens: z.array(z.number()),
+  prompt_tokens: z.number(),
+  prefill_seconds: z.number(),
+  decode_seconds: z.number(),
+  decode_parts_ms_per_token: z.record(z.string(), z.number()).optional(),
+});
+
+const LlamaReport = z.object({
+  prompt_tokens: z.number(),
+  prefill_seconds: z.number(),
+  decode_tokens: z.number(),
+  decode_seconds: z.number(),
+});
+
+interface Rates {
+  prefill: number; // prompt tokens per second
+  decode: number; // generated tokens per second after the first
+}
+
+async function models(layers: number): Promise<{ redwing: string; gguf: string }> {
+  const cache = process.env.REDWING_BENCH_DIR ?? join(tmpdir(), "redwing-bench");
+  await mkdir(cache, { recursive: true });
+  const redwing = join(cache, `gemma-4-26b-a4b-${layers}l`);
+  if (!existsSync(join(redwing, "manifest.json"))) {
+    console.error(`vs-llama-cpp: writing the synthetic Redwing model ${redwing}`);
+    await synthesizeModel({ preset: "gemma-4-26b-a4b", out: redwing, layers, force: true });
+  }
+  const gguf = join(cache, `gemma-4-26b-a4b-${layers}l-q4_0.gguf`);
+  if (!existsSync(gguf)) {
+    console.error(`vs-llama-cpp: writing the GGUF ${gguf}`);
+    await writeGemma4Gguf(`${gguf}.partial`, layers);
+    await rename(`${gguf}.partial`, gguf);
+  }
+  return { redwing, gguf };
+}
+
+/** Installs the pinned peer into bench/peers on first use. */
+async function ensurePeer(): Promise<void> {
+  if (existsSync(join(peers, "node_modules", "node-llama-cpp", "package.json"))) return;
+  console.error("vs-llama-cpp: installing node-llama-cpp into bench/peers (npm ci)");
+  const code = await new Promise<number>((done, fail) => {
+    const child = spawn("npm", ["ci", "--prefix", peers, "--no-audit", "--no-fund"], {
+      stdio: "inherit",
+    });
+    child.on("error", fail);
+    child.on("close", (c) => done(c ?? 1));
+  });
+  if (code !== 0) throw new Error(`npm ci --prefix bench/peers failed (exit ${code})`);
+}
+
+async function runRedwing(
+  model: string,
+  threads: number,
+  prompt: number,
+  decode: number,
+  context: number,
+): Promise<Rates & { parts?: Record<string, number> }> {
+  const out = await captureOutput(
+    [
+      nativeBinary("redwing-engine"),
+      "generate",
+      "--model",
+      model,
+      "--tokens",
+      syntheticPrompt(prompt).join(","),
+      "--max-new",
+      String(decode + 1),
+      "--temperature",
+      "0",
+      "--threads",
+      String(threads),
+      "--context",
+      String(context),
+    ],
+    { inheritStderr: true },
+  );
+  const r = RedwingReport.parse(JSON.parse(out));
+  return {
+    prefill: r.prompt_tokens / r.prefill_seconds,
+    decode: (r.tokens.length - 1) / r.decode_seconds,
+    parts: r.decode_parts_ms_per_token,
+  };
+}
+
+async function runLlama(
+  gguf: string,
+  threads: number,
+  prompt: number,
+  decode: number,
+  context: number,
+): Promise<Rates> {
+  const out = await captureOutput(
+    [
+      process.execPath,
+      join(peers, "llama-run.mjs"),
+      gguf,
+      String(threads),
+      String(prompt),
+      String(decode),
+      String(context),
+    ],
+    { inheritStderr: true },
+  );
+  const line = out.trim().split("\n").at(-1) ?? "";
+  const r = LlamaReport.parse(JSON.parse(line));
+  return {
+    prefill: r.prompt_tokens / r.prefill_seconds,
+    decode: r.decode_tokens / r.decode_seconds,
+  };
+}
+
+/**
+ * Weight bytes one decode token reads: every matrix once, the routed experts' share of the
+ * expert tensors (top_k of num_experts), the tied head once. The same for both engines (both
+ * store 4.5 bits per 4-bit weight and 8.5 per router weight).
+ */
+export function decodeWeightBytes(layers: number, topK = 8, experts = 128): number {
+  let bytes = 0;
+  for (const t of gemma4Gguf(layers).tensors) {
+    const size = tensorBytes(t.dims, t.type);
+    bytes += t.dims.length === 3 ? (size * topK) / experts : size;
+  }
+  return bytes;
+}
+
+const KernelBenchReport = z.object({ bandwidth_gbps_by_threads: z.record(z.string(), z.number()) });
+
+/** The memory read bandwidth at `threads` threads, from the kernel benchmark's probe. */
+async function bandwidthProbe(threads: number): Promise<number | null> {
+  try {
+    const out = await captureOutput([
+      nativeBinary("redwing-bench-kernels"),
+      "--threads",
+      String(threads),
+      "--quick",
+      "--only",
+      "none",
+    ]);
+    return (
+      KernelBenchReport.parse(JSON.parse(out)).bandwidth_gbps_by_threads[String(threads)] ?? null
+    );
+  } catch {
+    return null;
+  }
+}
+
+export async function runVsLlamaCppBench(): Promise<void> {
+  const layers = flag("layers", 30);
+  const runs = flag("runs", 3);
+  const threads = flag("threads", 2);
+  const decode = flag("decode", 32);
+  const prompt = flag("prompt", 512);
+  const longContext = flag("context", 4096);
+  await ensurePeer();
+  const { redwing, gguf } = await models(layers);
+
+  const cases = [
+    { name: "short", prompt, context: prompt + decode + 8 },
+    { name: "long", prompt: longContext, context: longContext + decode + 8 },
+  ] as const;
+  const samples: Record<string, Record<string, Rates[]>> = { redwing: {}, llama: {} };
+  let lastParts: Record<string, number> | undefined;
+  for (let round = 0; round < runs; round++) {
+    for (const c of cases) {
+      // Alternate who goes first, so neither engine always gets the cooler machine.
+      const order =
+        (round + (c.name === "long" ? 1 : 0)) % 2 === 0
+          ? ["redwing", "llama"]
+          : ["llama", "redwing"];
+      for (const engine of order) {
+        const rates =
+          engine === "redwing"
+            ? await runRedwing(redwing, threads, c.prompt, decode, c.context)
+            : await runLlama(gguf, threads, c.prompt, decode, c.context);
+        if (engine === "redwing" && c.name === "short")
+          lastParts = (rates as { parts?: Record<string, number> }).parts;
+        (samples[engine]![c.name] ??= []).push(rates);
+        console.error(
+          `vs-llama-cpp: round ${round + 1} ${c.name} ${engine}: prefill ${rates.prefill.toFixed(1)} tok/s, decode ${rates.decode.toFixed(2)} tok/s`,
+        );
+      }
+    }
+  }
+  const pick = (engine: string, c: string, k: keyof Rates) =>
+    median(samples[engine]![c]!.map((r) => r[k]));
+  const rows = [
+    { what: `decode (after a ${prompt}-token prompt)`, c: "short", k: "decode" as const },
+    { what: `prefill ${prompt}`, c: "short", k: "prefill" as const },
+    { what: `decode at ${longContext} context`, c: "long", k: "decode" as const },
+    { what: `prefill ${longContext}`, c: "long", k: "prefill" as const },
+  ].map((r) => {
+    const llama = pick("llama", r.c, r.k);
+    const ours = pick("redwing", r.c, r.k);
+    return { what: r.what, llama_cpp: llama, redwing: ours, ratio: ours / llama };
+  });
+  const probe = await bandwidthProbe(threads);
+  const bytesPerToken = decodeWeightBytes(layers);
+  const decodeGbps = (rate: number) => (bytesPerToken * rate) / 1e9;
+  const bandwidth = {
+    weight_bytes_per_decode_token: bytesPerToken,
+    probe_gbps: probe,
+    redwing_decode_gbps: decodeGbps(rows[0]!.redwing),
+    llama_cpp_decode_gbps: decodeGbps(rows[0]!.llama_cpp),
+  };
+  const result = {
+    model:
+      `synthetic gemma-4-26b-a4b, ${layers} of 30 layers` +
+      (layers < 30 ? " (reduced: same per-layer shapes, fewer layers)" : "") +
+      ", every expert in memory",
+    threads,
+    runs,
+    // The machine's 1-minute load average at the end: other work on the cores slows llama.cpp's
+    // spinning thread barriers far more than it slows Redwing, so read ratios with this in mind.
+    load_average_at_end: loadavg()[0] ?? 0,
+    decode_tokens: decode,
+    peer: "llama.cpp via node-llama-cpp (prebuilt CPU binaries), bench/peers/package.json",
+    rows,
+    redwing_decode_parts_ms_per_token: lastParts ?? null,
+    bandwidth,
+  };
+  console.log(result.model);
+  console.log(
+    `${threads} threads, medians of ${runs} interleaved runs, tokens/s; load average at the end ${result.load_average_at_end.toFixed(1)}`,
+  );
+  console.log("| | llama.cpp | Redwing | Redwing / llama.cpp |");
+  console.log("|---|---|---|---|");
+  for (const r of rows)
+    console.log(
+      `| ${r.what} | ${r.llama_cpp.toFixed(2)} | ${r.redwing.toFixed(2)} | ${r.ratio.toFixed(2)} |`,
+    );
+  const share = (gbps: number) =>
+    probe ? ` (${((100 * gbps) / probe).toFixed(0)}% of the probe)` : "";
+  console.log(
+    `Decode reads ${(bytesPerToken / 1e9).toFixed(2)} GB of weights per token: Redwing ` +
+      `${bandwidth.redwing_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_decode_gbps)}, ` +
+      `llama.cpp ${bandwidth.llama_cpp_decode_gbps.toFixed(1)} GB/s${share(bandwidth.llama_cpp_decode_gbps)}; ` +
+      `bandwidth probe ${probe?.toFixed(1) ?? "n/a"} GB/s at ${threads} threads`,
+  );
+  if (lastParts)
+    console.log("Redwing decode parts (ms/token, last run):", JSON.stringify(lastParts));
+  const dir = join(root, "bench", "results");
+  await mkdir(dir, { recursive: true });
+  await writeFile(join(dir, "vs-llama-cpp.json"), JSON.stringify(result, null, 2) + "\n");
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  await runVsLlamaCppBench();
+}
