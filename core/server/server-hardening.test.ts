@@ -11,13 +11,14 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ensureDemoModel } from "../demo/demo.ts";
+import { gemma3TokenizerFiles, synthesizeModel } from "../synth/synth.ts";
 import { nativeBuildDir } from "../native.ts";
 import { hostAllowed, originAllowed, startServer, type RedwingServer } from "./server.ts";
 
 const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 /** Large enough that a prompt under the character bound still takes seconds to tokenize. */
 const CONTEXT = 8192;
+const MODEL = "random-words";
 
 /** Sends a request with exactly these headers (fetch would set Host itself). */
 function raw(
@@ -39,7 +40,7 @@ function raw(
 }
 
 /**
- * POSTs `{model: "demo", <field>: <text repeated>}` from another process (so that building and
+ * POSTs `{model: MODEL, <field>: <text repeated>}` from another process (so that building and
  * sending megabytes does not count against this process's event loop, which runs the server);
  * answers the status and the parsed answer.
  */
@@ -52,8 +53,8 @@ function postFromChild(
   const script = `
     const text = "hello world. ".repeat(${repeat});
     const body = ${JSON.stringify(body)} === "prompt"
-      ? { model: "demo", prompt: text, max_tokens: 1 }
-      : { model: "demo", messages: [{ role: "user", content: text }], max_tokens: 1 };
+      ? { model: ${JSON.stringify(MODEL)}, prompt: text, max_tokens: 1 }
+      : { model: ${JSON.stringify(MODEL)}, messages: [{ role: "user", content: text }], max_tokens: 1 };
     const res = await fetch(${JSON.stringify(server.url + path)}, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -136,9 +137,17 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
   beforeAll(async () => {
     home = await mkdtemp(join(tmpdir(), "redwing-serve-hard-"));
     process.env.REDWING_HOME = home;
-    await ensureDemoModel(join(home, "models", "demo"));
+    // A random-weight model with Gemma's full tokenizer (262k entries) and an 8K context: the
+    // trained demo model's small vocabulary and 4K context would tokenize too fast to tell.
+    const files = gemma3TokenizerFiles();
+    await synthesizeModel({
+      preset: "demo-gemma4-moe",
+      out: join(home, "models", MODEL),
+      seed: 17,
+      files: { "tokenizer.json": files.tokenizer, "tokenizer_config.json": files.config },
+    });
     // The default body limit (4 MiB): the largest prompt a client can send.
-    server = await startServer({ port: 0, context: CONTEXT });
+    server = await startServer({ port: 0, context: CONTEXT, model: MODEL });
     port = Number(new URL(server.url).port);
   }, 120_000);
 
@@ -171,7 +180,7 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
 
   it("the openai client still works (it sends Host 127.0.0.1:<port> and no Origin)", async () => {
     const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
-    expect((await client.models.list()).data.map((m) => m.id)).toEqual(["demo"]);
+    expect((await client.models.list()).data.map((m) => m.id)).toEqual([MODEL]);
   });
 
   it("a NUL in a model name is a clear 404 naming the served model, not a 500", async () => {
