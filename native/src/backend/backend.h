@@ -7,11 +7,14 @@
 // accumulations are float32 throughout.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "format/host_tensor.h"
 
@@ -60,6 +63,32 @@ struct RopeParams {
   int freq_dim = 0;
   double scale = 1.0;
 };
+
+// inv_freq of RopeParams for head_dim / 2 pairs, exactly as transformers computes it in float32:
+// 1 / (theta ** (arange(0, 2 * pairs, 2) / freq_dim)) / scale, and 0 (no rotation) at or past
+// rotary_pairs. Every backend builds its tables from this, so all rotate by the same bits.
+inline std::vector<float> rope_inv_freq(const RopeParams& p, int head_dim) {
+  const int half = head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half), 0.0f);
+  const float theta = static_cast<float>(p.theta);
+  for (int j = 0; j < std::min(p.rotary_pairs, half); ++j) {
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(p.freq_dim);
+    inv_freq[static_cast<size_t>(j)] =
+        (1.0f / std::pow(theta, exponent)) / static_cast<float>(p.scale);
+  }
+  return inv_freq;
+}
+
+// cos and sin of position * inv_freq[j] in float32 (transformers: inv_freq @ position_ids), into
+// c[j] and s[j] for every pair j.
+inline void rope_cos_sin(std::span<const float> inv_freq, int64_t position, float* c, float* s) {
+  const float pos = static_cast<float>(position);
+  for (size_t j = 0; j < inv_freq.size(); ++j) {
+    const float angle = pos * inv_freq[j];
+    c[j] = std::cos(angle);
+    s[j] = std::sin(angle);
+  }
+}
 
 enum class KvDType : uint8_t { f16, f32 };
 

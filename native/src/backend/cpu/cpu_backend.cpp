@@ -184,29 +184,14 @@ class CpuBackend final : public Backend {
     if (x.cols != static_cast<int64_t>(n_heads) * head_dim)
       throw std::logic_error("rope: bad width");
     const int half = head_dim / 2;
-    // inv_freq exactly as transformers computes it, in float32:
-    // 1 / (theta ** (arange(0, 2 * pairs, 2) / freq_dim)) / scale.
-    std::vector<float> inv_freq(static_cast<size_t>(half), 0.0f);
-    const float theta = static_cast<float>(rp.theta);
-    for (int j = 0; j < std::min(rp.rotary_pairs, half); ++j) {
-      const float exponent = static_cast<float>(2 * j) / static_cast<float>(rp.freq_dim);
-      inv_freq[static_cast<size_t>(j)] =
-          (1.0f / std::pow(theta, exponent)) / static_cast<float>(rp.scale);
-    }
+    const std::vector<float> inv_freq = rope_inv_freq(rp, head_dim);
     float* p = f32(x);
     for_rows(x.rows, x.cols, [&](int64_t r) {
       thread_local std::vector<float> cs;
       cs.resize(2 * static_cast<size_t>(half));
       float* c = cs.data();
-      float* s = c + half;
-      // angle = position * inv_freq in float32 (transformers: inv_freq @ position_ids).
-      const float pos = static_cast<float>(pos0 + r);
-      for (int j = 0; j < half; ++j) {
-        const float angle = pos * inv_freq[static_cast<size_t>(j)];
-        c[j] = std::cos(angle);
-        s[j] = std::sin(angle);
-      }
-      cpu::rope_neox(p + r * x.stride, n_heads, head_dim, c, s);
+      rope_cos_sin(inv_freq, pos0 + r, c, c + half);
+      cpu::rope_neox(p + r * x.stride, n_heads, head_dim, c, c + half);
     });
   }
 

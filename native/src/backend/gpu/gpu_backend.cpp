@@ -228,24 +228,13 @@ class GpuBackend final : public Backend {
       throw std::logic_error("rope: bad width");
     if (x.rows == 0) return;
     const int half = head_dim / 2;
-    // The table exactly as the CPU backend computes it (cpu_backend.cpp), so both rotate by the
-    // same bits: inv_freq in float32 as transformers, then cos and sin of position * inv_freq.
-    std::vector<float> inv_freq(static_cast<size_t>(half), 0.0f);
-    const float theta = static_cast<float>(rp.theta);
-    for (int j = 0; j < std::min(rp.rotary_pairs, half); ++j) {
-      const float exponent = static_cast<float>(2 * j) / static_cast<float>(rp.freq_dim);
-      inv_freq[static_cast<size_t>(j)] =
-          (1.0f / std::pow(theta, exponent)) / static_cast<float>(rp.scale);
-    }
+    // The table exactly as the CPU backend computes it (backend.h), so both rotate by the same
+    // bits: per row, cos of every pair then sin of every pair.
+    const std::vector<float> inv_freq = rope_inv_freq(rp, head_dim);
     std::vector<float> table(static_cast<size_t>(x.rows) * 2 * static_cast<size_t>(half));
     for (int64_t r = 0; r < x.rows; ++r) {
       float* c = table.data() + r * 2 * half;
-      const float pos = static_cast<float>(pos0 + r);
-      for (int j = 0; j < half; ++j) {
-        const float angle = pos * inv_freq[static_cast<size_t>(j)];
-        c[j] = std::cos(angle);
-        c[half + j] = std::sin(angle);
-      }
+      rope_cos_sin(inv_freq, pos0 + r, c, c + half);
     }
     const Binding tb = upload_host(table.data(), table.size() * sizeof(float));
     const View vx = view(x);
