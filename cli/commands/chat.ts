@@ -1,14 +1,8 @@
 import { readFile } from "node:fs/promises";
 import { createInterface } from "node:readline/promises";
 import { InvalidArgumentError, Option, type Command } from "commander";
-import {
-  nativeOneShotBackend,
-  serviceBackend,
-  type Backend,
-  type GenerateRequest,
-} from "../../core/chat/backend.ts";
+import { nativeOneShotBackend, serviceBackend, type Backend } from "../../core/chat/backend.ts";
 import { resolveModel, type ResolvedModel } from "../../core/chat/model.ts";
-import { runGeneration, type GenerationResult } from "../../core/chat/session.ts";
 import { formatStats } from "../../core/chat/stats.ts";
 import {
   loadChatTemplate,
@@ -18,9 +12,9 @@ import {
 } from "../../core/chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../../core/chat/tokenizer.ts";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
+import { ENGINE_DEFAULTS, expertCacheSlotsFor, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
 import { UserError } from "../../core/errors.ts";
-
-export const DEFAULT_EXPERT_CACHE_SLOTS = 16;
+import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
 
 /** Options shared by `chat` and `complete`. */
 export interface GenerationCliOptions {
@@ -88,17 +82,37 @@ export function addGenerationOptions(cmd: Command): Command {
       "--model <name-or-dir>",
       "installed model name or model directory (default: the demo model)",
     )
-    .option("--max-new <n>", "most tokens to generate", intArg(0), 1024)
-    .option("--max-context <n>", "context size in tokens (prompt plus output)", intArg(1), 4096)
+    .option("--max-new <n>", "most tokens to generate", intArg(0), SAMPLING_DEFAULTS.maxNewTokens)
+    .option(
+      "--max-context <n>",
+      "context size in tokens (prompt plus output)",
+      intArg(1),
+      ENGINE_DEFAULTS.context,
+    )
     .option(
       "--temperature <t>",
       "sampling temperature; 0 picks the most likely token",
       numberArg(0),
-      0.2,
+      SAMPLING_DEFAULTS.temperature,
     )
-    .option("--top-k <k>", "sample from the k most likely tokens (0: all)", intArg(0), 64)
-    .option("--top-p <p>", "nucleus sampling probability mass", numberArg(0, 1), 0.95)
-    .option("--repetition-penalty <r>", "penalty for repeated tokens (1: none)", numberArg(0), 1.0)
+    .option(
+      "--top-k <k>",
+      "sample from the k most likely tokens (0: all)",
+      intArg(0),
+      SAMPLING_DEFAULTS.topK,
+    )
+    .option(
+      "--top-p <p>",
+      "nucleus sampling probability mass",
+      numberArg(0, 1),
+      SAMPLING_DEFAULTS.topP,
+    )
+    .option(
+      "--repetition-penalty <r>",
+      "penalty for repeated tokens (1: none)",
+      numberArg(0),
+      SAMPLING_DEFAULTS.repetitionPenalty,
+    )
     .option("--seed <n>", "random seed (same seed, same output)", intArg(0))
     .addOption(
       new Option("--stop <text>", "stop when the output contains this text (repeatable)")
@@ -107,7 +121,7 @@ export function addGenerationOptions(cmd: Command): Command {
     )
     .option(
       "--expert-cache-slots <n>",
-      `experts kept in memory per MoE layer (default: ${DEFAULT_EXPERT_CACHE_SLOTS}, or what --memory-budget allows)`,
+      `experts kept in memory per MoE layer (default: ${ENGINE_DEFAULTS.expertCacheSlots}, or what --memory-budget allows)`,
       intArg(0),
     )
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
@@ -165,36 +179,33 @@ export async function generateText(
       "context_overflow",
     );
   }
-  const request: Omit<GenerateRequest, "signal"> = {
-    modelDir: loaded.model.dir,
-    tokens: promptTokens,
-    maxNew: Math.min(opts.maxNew, opts.maxContext - promptTokens.length),
-    sampling: {
-      temperature: opts.temperature,
-      topK: opts.topK,
-      topP: opts.topP,
-      repetitionPenalty: opts.repetitionPenalty,
-      seed: opts.seed,
-    },
-    stopTokenIds: loaded.model.manifest.architecture.eos_token_ids,
-    load: {
-      context: opts.maxContext,
-      threads: opts.threads,
-      backend: opts.backend,
-      // With a memory budget and no slot count, the engine picks the count that fits.
-      expertCacheSlots:
-        opts.expertCacheSlots ??
-        (opts.memoryBudget === undefined ? DEFAULT_EXPERT_CACHE_SLOTS : undefined),
-      memoryBudget: opts.memoryBudget,
-    },
-  };
-  const result = await runGeneration(backend, loaded.tokenizer, request, {
-    stopStrings: opts.stop,
-    onText: (text) => {
-      if (!opts.json) process.stdout.write(text);
-    },
-    signal,
+  const engine = await backend.engine({
+    model: loaded.model.dir,
+    context: opts.maxContext,
+    threads: opts.threads,
+    backend: opts.backend,
+    // With a memory budget and no slot count, the engine picks the count that fits.
+    expert_cache_slots: expertCacheSlotsFor(opts.expertCacheSlots, opts.memoryBudget),
+    memory_budget: opts.memoryBudget,
   });
+  const result = await generateAll(
+    engine,
+    loaded.tokenizer,
+    {
+      tokens: promptTokens,
+      maxNewTokens: Math.min(opts.maxNew, opts.maxContext - promptTokens.length),
+      sampling: opts,
+      stopIds: loaded.model.manifest.architecture.eos_token_ids,
+      stopStrings: opts.stop,
+    },
+    {
+      signal,
+      readMemory: () => engine.readMemory(),
+      onText: (text) => {
+        if (!opts.json) process.stdout.write(text);
+      },
+    },
+  );
   if (!opts.json && !opts.quiet) {
     // End the text's line (--quiet keeps the text exactly as generated), then the statistics.
     if (!result.text.endsWith("\n")) process.stdout.write("\n");

@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import { UserError } from "../../core/errors.ts";
+import { ENGINE_DEFAULTS } from "../../core/defaults.ts";
 import { runNative } from "../../core/native.ts";
 import { backendOption } from "./chat.ts";
 
@@ -30,8 +31,8 @@ export function registerLogitsCommand(program: Command): void {
     .requiredOption("--model <model-dir>", "an installed Redwing model directory")
     .requiredOption("--tokens <ids>", "comma-separated token ids, e.g. 2,17,99")
     .option("--mode <mode>", "prefill (batched chunks) or decode (one token at a time)", "prefill")
-    .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", "f16")
-    .option("--chunk <n>", "prefill chunk size in tokens", "128")
+    .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
+    .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
     .option("--threads <n>", "CPU threads (default: all)")
     .addOption(backendOption())
     .action(async (options: LogitsOptions) => {

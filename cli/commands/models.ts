@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { listModels } from "../../core/chat/model.ts";
 import { formatBytes } from "../../core/chat/stats.ts";
+import { ENGINE_DEFAULTS } from "../../core/defaults.ts";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { modelsDir } from "../../core/paths.ts";
 
@@ -44,7 +45,7 @@ export function registerModelsCommand(program: Command): void {
         );
       }
       process.stdout.write(
-        `(in ${dir}; memory: resident weights, 16 cached experts per MoE layer and a 4096-token KV cache)\n`,
+        `(in ${dir}; memory: resident weights, ${ENGINE_DEFAULTS.expertCacheSlots} cached experts per MoE layer and a ${ENGINE_DEFAULTS.context}-token KV cache)\n`,
       );
     });
 }

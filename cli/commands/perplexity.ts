@@ -7,7 +7,8 @@ import { loadTokenizer } from "../../core/chat/tokenizer.ts";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { UserError } from "../../core/errors.ts";
 import { captureOutput, nativeBinary } from "../../core/native.ts";
-import { DEFAULT_EXPERT_CACHE_SLOTS, parseByteSize } from "./chat.ts";
+import { ENGINE_DEFAULTS, expertCacheSlotsFor, PERPLEXITY_DEFAULTS } from "../../core/defaults.ts";
+import { parseByteSize } from "./chat.ts";
 
 interface PerplexityOptions {
   model?: string;
@@ -59,14 +60,18 @@ export function registerPerplexityCommand(program: Command): void {
       "installed model name or model directory (default: the demo model)",
     )
     .requiredOption("--file <text-file>", "plain UTF-8 text to score")
-    .option("--context <n>", "tokens a prediction may look back on (window size)", "512")
+    .option(
+      "--context <n>",
+      "tokens a prediction may look back on (window size)",
+      String(PERPLEXITY_DEFAULTS.window),
+    )
     .option("--stride <n>", "start a new window every n tokens (default: half the context)")
-    .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", "f16")
-    .option("--chunk <n>", "prefill chunk size in tokens", "128")
+    .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
+    .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
     .option("--threads <n>", "CPU threads (default: all)")
     .option(
       "--expert-cache-slots <n>",
-      `experts kept in memory per MoE layer (default: ${DEFAULT_EXPERT_CACHE_SLOTS}; 0: all)`,
+      `experts kept in memory per MoE layer (default: ${ENGINE_DEFAULTS.expertCacheSlots}; 0: all)`,
     )
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G")
     .option("--json", "print one JSON object")
@@ -100,12 +105,12 @@ export function registerPerplexityCommand(program: Command): void {
       if (model.manifest.architecture.moe) {
         const budget =
           opts.memoryBudget === undefined ? undefined : parseByteSize(opts.memoryBudget);
-        const slots =
-          opts.expertCacheSlots !== undefined
-            ? positiveInteger(opts.expertCacheSlots, "--expert-cache-slots", 0)
-            : budget === undefined
-              ? DEFAULT_EXPERT_CACHE_SLOTS
-              : undefined;
+        const slots = expertCacheSlotsFor(
+          opts.expertCacheSlots === undefined
+            ? undefined
+            : positiveInteger(opts.expertCacheSlots, "--expert-cache-slots", 0),
+          budget,
+        );
         if (slots !== undefined) args.push("--expert-cache-slots", String(slots));
         if (budget !== undefined) args.push("--memory-budget", String(budget));
       }

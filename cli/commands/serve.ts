@@ -1,11 +1,7 @@
 import { InvalidArgumentError, type Command } from "commander";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
-import {
-  DEFAULT_HOST,
-  DEFAULT_PORT,
-  DEFAULT_QUEUE_LIMIT,
-  startServer,
-} from "../../core/server/server.ts";
+import { ENGINE_DEFAULTS, SERVER_DEFAULTS } from "../../core/defaults.ts";
+import { startServer } from "../../core/server/server.ts";
 import { backendOption, parseByteSize } from "./chat.ts";
 
 interface ServeOptions {
@@ -50,8 +46,8 @@ export function registerServeCommand(program: Command): void {
       "--model <name-or-dir>",
       "installed model name or model directory (default: the demo model)",
     )
-    .option("--host <address>", "address to bind", DEFAULT_HOST)
-    .option("--port <n>", "port (0: any free port)", intArg(0, 65535), DEFAULT_PORT)
+    .option("--host <address>", "address to bind", SERVER_DEFAULTS.host)
+    .option("--port <n>", "port (0: any free port)", intArg(0, 65535), SERVER_DEFAULTS.port)
     .option("--allow-remote", "allow binding to a non-loopback address (needs an API key)")
     .option("--api-key <key>", "require this Bearer key on every request (or REDWING_API_KEY)")
     .option("--cors-origin <origin>", "allow browser requests from this origin ('*': any)")
@@ -71,11 +67,24 @@ export function registerServeCommand(program: Command): void {
       "--queue-limit <n>",
       "requests that may wait for the engine; more get 429",
       intArg(0),
-      DEFAULT_QUEUE_LIMIT,
+      SERVER_DEFAULTS.queueLimit,
     )
-    .option("--max-body <size>", "largest request body, e.g. 4M", parseByteSize, 4 * 1024 * 1024)
-    .option("--max-context <n>", "context size in tokens (prompt plus output)", intArg(1), 4096)
-    .option("--expert-cache-slots <n>", "experts kept in memory per MoE layer", intArg(0))
+    .option(
+      "--max-body <size>",
+      "largest request body, e.g. 4M", parseByteSize,
+      SERVER_DEFAULTS.bodyLimitBytes,
+    )
+    .option(
+      "--max-context <n>",
+      "context size in tokens (prompt plus output)",
+      intArg(1),
+      ENGINE_DEFAULTS.context,
+    )
+    .option(
+      "--expert-cache-slots <n>",
+      `experts kept in memory per MoE layer (default: ${ENGINE_DEFAULTS.expertCacheSlots}, or what --memory-budget allows)`,
+      intArg(0),
+    )
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))
     .addOption(backendOption())

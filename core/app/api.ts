@@ -8,6 +8,7 @@
  * channel, in order, to every connected window.
  */
 import { z } from "zod";
+import { ENGINE_DEFAULTS, SAMPLING_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
 
 // ---- shared shapes ----------------------------------------------------------------------------
 
@@ -65,6 +66,8 @@ export const SamplingSettingsSchema = z.object({
     .max(2 ** 31 - 1)
     .nullable(),
   maxNewTokens: z.number().int().min(1).max(32768),
+  /** Text that ends a reply (not shown); a file from before this field has none. */
+  stop: z.array(z.string().min(1).max(200)).max(8).default([]),
 });
 export type SamplingSettings = z.infer<typeof SamplingSettingsSchema>;
 
@@ -100,24 +103,25 @@ export type Settings = z.infer<typeof SettingsSchema>;
 
 export const DEFAULT_SETTINGS: Settings = {
   sampling: {
-    temperature: 0.2,
-    topK: 64,
-    topP: 0.95,
-    repetitionPenalty: 1.0,
+    temperature: SAMPLING_DEFAULTS.temperature,
+    topK: SAMPLING_DEFAULTS.topK,
+    topP: SAMPLING_DEFAULTS.topP,
+    repetitionPenalty: SAMPLING_DEFAULTS.repetitionPenalty,
     seed: null,
-    maxNewTokens: 1024,
+    maxNewTokens: SAMPLING_DEFAULTS.maxNewTokens,
+    stop: [],
   },
   engine: {
-    context: 4096,
-    expertCacheSlots: 16,
+    context: ENGINE_DEFAULTS.context,
+    expertCacheSlots: ENGINE_DEFAULTS.expertCacheSlots,
     memoryBudgetBytes: null,
-    threads: 0,
-    backend: "cpu",
-    kvDtype: "f16",
+    threads: ENGINE_DEFAULTS.threads,
+    backend: ENGINE_DEFAULTS.backend,
+    kvDtype: ENGINE_DEFAULTS.kvDtype,
   },
   systemPrompt: "",
   activeModel: null,
-  server: { enabled: false, port: 8080 },
+  server: { enabled: false, port: SERVER_DEFAULTS.port },
 };
 
 /** A partial update: any subset of fields, nested objects merged. */

@@ -1,8 +1,9 @@
 /**
  * Chat replies: the conversation is rendered with the model's chat template, tokenized, and
  * generated through the app's one engine (taking its turn in the engine queue, shared with the
- * OpenAI-compatible server). Generated ids become text with core/chat's TextStream
- * (incremental detokenization, end-of-turn ids); the text goes out as `chat.delta` events, at
+ * OpenAI-compatible server) by the generation loop the CLI and the server use too
+ * (core/generation: end-of-turn ids, the settings' stop strings); the text goes out as
+ * `chat.delta` events, at
  * most ~30 a second, then one `chat.done` with the finished message and the same statistics
  * line the CLI prints. The message is saved when the reply ends, however it ends: the text so
  * far is kept on stop and on an engine crash.
@@ -10,8 +11,12 @@
 import { randomUUID } from "node:crypto";
 import { formatStats, type GenerationStats } from "../chat/stats.ts";
 import { renderChat, type ChatMessage } from "../chat/template.ts";
-import { TextStream } from "../chat/text-stream.ts";
-import type { FinishedEvent, StatsEvent } from "../engine/index.ts";
+import type { StatsEvent } from "../engine/index.ts";
+import {
+  generate,
+  type GenerationFinishReason,
+  type MemoryReading,
+} from "../generation/generate.ts";
 import { QueueAbortedError } from "../server/queue.ts";
 import type { AppError, AppEvent, Conversation, Message, MessageStats, Settings } from "./api.ts";
 import type { ConversationStore } from "./conversations.ts";
@@ -88,17 +93,23 @@ class DeltaCoalescer {
   }
 }
 
-/** MessageStats from the engine's finished event and a stats reading right after it. */
-export function messageStats(finished: FinishedEvent, after: StatsEvent | null): MessageStats {
-  const t = finished.timings;
-  const s: GenerationStats = {
-    promptTokens: finished.prompt_tokens,
-    generatedTokens: finished.tokens.length,
-    ttftSeconds: t?.ttft_seconds ?? 0,
-    decodeSeconds: t?.decode_seconds ?? 0,
-    peakMemoryBytes: after?.memory.peak_rss_bytes ?? null,
-    cacheHitRate: after?.expert_cache.hit_rate ?? null,
-  };
+/** The memory figures of a stats reading (null: the engine gave none). */
+function memoryReading(stats: StatsEvent | null): MemoryReading | null {
+  return stats
+    ? { peakMemoryBytes: stats.memory.peak_rss_bytes, cacheHitRate: stats.expert_cache.hit_rate }
+    : null;
+}
+
+/** A message's finish reason for the generation loop's. */
+const APP_FINISH_REASON: Record<GenerationFinishReason, Message["finishReason"]> = {
+  stop_token: "eos",
+  stop_string: "stop",
+  length: "length",
+  cancelled: "cancelled",
+};
+
+/** MessageStats: the CLI's statistics line and its figures. */
+export function messageStats(s: GenerationStats): MessageStats {
   const decoded = Math.max(0, s.generatedTokens - 1);
   return {
     line: formatStats(s),
@@ -259,9 +270,6 @@ export class ChatManager {
           );
         }
         const s = this.opts.settings().sampling;
-        const stream = new TextStream((ids) => model.tokenizer.decode(ids), {
-          stopIds: model.stopIds,
-        });
         Object.assign(tracker, {
           generating: true,
           startedAt: Date.now(),
@@ -269,61 +277,44 @@ export class ChatManager {
           tokens: 0,
           stats: null,
         });
-        let finished: FinishedEvent | null = null;
-        for await (const event of client.generate(
+        const events = generate(
+          client,
+          model.tokenizer,
           {
             tokens,
-            max_new_tokens: Math.min(s.maxNewTokens, context - tokens.length),
-            sampling: {
-              temperature: s.temperature,
-              top_k: s.topK,
-              top_p: s.topP,
-              repetition_penalty: s.repetitionPenalty,
-              ...(s.seed !== null ? { seed: s.seed } : {}),
-            },
-            stop_token_ids: model.stopIds,
-            stats_interval_ms: STATS_INTERVAL_MS,
+            maxNewTokens: Math.min(s.maxNewTokens, context - tokens.length),
+            sampling: s,
+            stopIds: model.stopIds,
+            stopStrings: s.stop,
+            statsIntervalMs: STATS_INTERVAL_MS,
           },
-          { signal },
-        )) {
+          { signal, readMemory: async () => memoryReading(await engine.stats()) },
+        );
+        for await (const event of events) {
           if (event.type === "tokens") {
-            for (const id of event.tokens) {
-              tracker.firstTokenAt ??= Date.now();
-              tracker.tokens++;
-              const piece = stream.push(id);
-              if (piece) {
-                text += piece;
-                deltas.push(piece);
-              }
-            }
+            tracker.firstTokenAt ??= Date.now();
+            tracker.tokens += event.count;
+          } else if (event.type === "text") {
+            text += event.text;
+            deltas.push(event.text);
           } else if (event.type === "stats") {
-            tracker.stats = event;
-          } else if (event.type === "finished") {
-            finished = event;
+            tracker.stats = event.stats;
+          } else {
+            const r = event.result;
+            finishReason = APP_FINISH_REASON[r.finishReason];
+            if (r.stats) {
+              stats = messageStats(r.stats);
+              const slots = model.ready.expert_cache_slots;
+              if (stats.hitRate !== null && slots > 0) {
+                this.opts.hitRates.record(model.name, slots, stats.hitRate);
+              }
+              tracker.last = {
+                decodeTokensPerSecond: stats.decodeTokensPerSecond,
+                ttftMs: stats.ttftMs,
+                tokens: stats.generatedTokens,
+              };
+            }
           }
-        }
-        const rest = signal.aborted ? "" : stream.end();
-        if (rest) {
-          text += rest;
-          deltas.push(rest);
-        }
-        if (signal.aborted) finishReason = "cancelled";
-        else if (stream.finishReason === "stop_token") finishReason = "eos";
-        else if (stream.finishReason === "stop_string") finishReason = "stop";
-        else
-          finishReason =
-            finished?.reason === "cancelled" ? "cancelled" : (finished?.reason ?? "length");
-        if (finished?.timings) {
-          stats = messageStats(finished, await engine.stats());
-          const slots = model.ready.expert_cache_slots;
-          if (stats.hitRate !== null && slots > 0) {
-            this.opts.hitRates.record(model.name, slots, stats.hitRate);
-          }
-          tracker.last = {
-            decodeTokensPerSecond: stats.decodeTokensPerSecond,
-            ttftMs: stats.ttftMs,
-            tokens: stats.generatedTokens,
-          };
         }
       } finally {
         tracker.generating = false;

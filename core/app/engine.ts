@@ -13,6 +13,7 @@ import { stat } from "node:fs/promises";
 import { join } from "node:path";
 import { loadChatTemplate } from "../chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
+import { SERVER_DEFAULTS } from "../defaults.ts";
 import { DEMO_MODEL_NAME, ensureDemoModel, isDemoCreatedBy } from "../demo/demo.ts";
 import {
   EngineClient,
@@ -59,8 +60,6 @@ export interface EngineManagerOptions {
   log?: (line: string) => void;
 }
 
-/** Requests of the server: at most this many wait behind the running one. */
-const SERVER_QUEUE_LIMIT = 4;
 
 /** The load parameters for saved engine settings. */
 export function loadParams(dir: string, s: EngineSettings): LoadParams {
@@ -78,7 +77,7 @@ export function loadParams(dir: string, s: EngineSettings): LoadParams {
 }
 
 export class EngineManager {
-  readonly queue = new EngineQueue(SERVER_QUEUE_LIMIT);
+  readonly queue = new EngineQueue(SERVER_DEFAULTS.queueLimit);
   private client: EngineClient | null = null;
   private clientStarting: Promise<EngineClient> | null = null;
   /** Shown as "crashed" until a reload starts. */

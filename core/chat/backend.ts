@@ -1,56 +1,30 @@
 /**
- * How the chat commands reach the engine. `Backend` is the small surface they need (generate a
- * token stream from prompt ids); `nativeOneShotBackend` implements it by running
- * `redwing-engine generate` once per request (native/tools/redwing-engine.cpp), which needs no
- * service but gives all tokens at the end and cannot stop early on a stop string.
+ * How the chat commands reach the engine. A `Backend` hands out the engine with a model loaded
+ * (core/generation's TokenEngine, which the one generation loop drives):
+ * - `serviceBackend`: the decode service (core/engine's EngineClient), which streams tokens as
+ *   they are made, stops early on a stop string (cancel), and reports peak memory and the expert
+ *   cache hit rate. The model is loaded on first use and kept for the next requests with the same
+ *   settings.
+ * - `nativeOneShotBackend`: one `redwing-engine generate` run per request
+ *   (native/tools/redwing-engine.cpp), which needs no service but gives all tokens at the end and
+ *   cannot stop early on a stop string.
  */
 import { spawn, spawnSync } from "node:child_process";
+import type { GenerateEvent, GenerateParams, LoadParams } from "../engine/protocol.ts";
 import { UserError } from "../errors.ts";
+import type { MemoryReading, TokenEngine } from "../generation/generate.ts";
 import { nativeBinary } from "../native.ts";
-import type { GenerationStats } from "./stats.ts";
 
-export interface SamplingParams {
-  temperature: number;
-  topK: number;
-  topP: number;
-  repetitionPenalty: number;
-  /** Omitted: a random seed. */
-  seed?: number;
+/** An engine with a model loaded, and its memory figures after a generation. */
+export interface BackendEngine extends TokenEngine {
+  readMemory(): Promise<MemoryReading | null>;
 }
-
-export interface LoadParams {
-  /** KV cache positions. */
-  context: number;
-  threads?: number;
-  /** Where the model runs (docs/gpu.md); omitted: the CPU. */
-  backend?: "cpu" | "metal" | "vulkan" | "auto";
-  expertCacheSlots?: number;
-  /** Bytes. */
-  memoryBudget?: number;
-}
-
-export interface GenerateRequest {
-  modelDir: string;
-  tokens: number[];
-  maxNew: number;
-  sampling: SamplingParams;
-  stopTokenIds: number[];
-  load: LoadParams;
-  signal?: AbortSignal;
-}
-
-export type BackendEvent =
-  | { type: "tokens"; tokens: number[] }
-  | {
-      type: "finished";
-      reason: "eos" | "stop" | "length" | "cancelled";
-      stats: GenerationStats;
-    };
 
 export interface Backend {
   /** A short name for messages ("service", "redwing-engine generate"). */
   readonly name: string;
-  generate(request: GenerateRequest): AsyncIterable<BackendEvent>;
+  /** The engine with `load.model` loaded with these settings. */
+  engine(load: LoadParams): Promise<BackendEngine>;
   /** Releases the engine (stops a service); safe to call twice. */
   close(): Promise<void>;
 }
@@ -109,126 +83,100 @@ async function runOneShot(args: string[], signal?: AbortSignal): Promise<OneShot
   });
 }
 
+/** The command line of `redwing-engine generate` for a load and a generate request. */
+function oneShotArgs(load: LoadParams, params: GenerateParams, streaming: boolean): string[] {
+  const s = params.sampling ?? {};
+  const args = ["generate", "--model", load.model, "--tokens", params.tokens.join(",")];
+  if (params.max_new_tokens !== undefined) args.push("--max-new", String(params.max_new_tokens));
+  const flags: [string, number | undefined][] = [
+    ["--temperature", s.temperature],
+    ["--top-k", s.top_k],
+    ["--top-p", s.top_p],
+    ["--repetition-penalty", s.repetition_penalty],
+    ["--seed", s.seed],
+    ["--threads", load.threads],
+  ];
+  for (const [flag, value] of flags) if (value !== undefined) args.push(flag, String(value));
+  if (load.backend !== undefined) args.push("--backend", load.backend);
+  if (streaming) {
+    const more: [string, number | undefined][] = [
+      ["--context", load.context],
+      ["--expert-cache-slots", load.expert_cache_slots],
+      ["--memory-budget", load.memory_budget],
+    ];
+    for (const [flag, value] of more) if (value !== undefined) args.push(flag, String(value));
+  }
+  return args;
+}
+
 /** The fallback backend: one `redwing-engine generate` process per request. */
 export function nativeOneShotBackend(): Backend {
   let streaming: boolean | undefined;
   return {
     name: "redwing-engine generate",
-    async *generate(req: GenerateRequest): AsyncIterable<BackendEvent> {
-      const s = req.sampling;
-      const args = [
-        "generate",
-        "--model",
-        req.modelDir,
-        "--tokens",
-        req.tokens.join(","),
-        "--max-new",
-        String(req.maxNew),
-        "--temperature",
-        String(s.temperature),
-        "--top-k",
-        String(s.topK),
-        "--top-p",
-        String(s.topP),
-        "--repetition-penalty",
-        String(s.repetitionPenalty),
-      ];
-      if (s.seed !== undefined) args.push("--seed", String(s.seed));
-      if (req.load.threads !== undefined) args.push("--threads", String(req.load.threads));
-      if (req.load.backend !== undefined) args.push("--backend", req.load.backend);
-      if (streaming === undefined)
-        streaming = supportsStreamingFlags(nativeBinary("redwing-engine"));
-      if (streaming) {
-        args.push("--context", String(req.load.context));
-        if (req.load.expertCacheSlots !== undefined) {
-          args.push("--expert-cache-slots", String(req.load.expertCacheSlots));
-        }
-        if (req.load.memoryBudget !== undefined) {
-          args.push("--memory-budget", String(req.load.memoryBudget));
-        }
-      }
-      const r = await runOneShot(args, req.signal);
-      yield { type: "tokens", tokens: r.tokens };
-      yield {
-        type: "finished",
-        reason: r.stop_reason === "length" ? "length" : "eos",
-        stats: {
-          promptTokens: r.prompt_tokens,
-          generatedTokens: r.tokens.length,
-          ttftSeconds: r.prefill_seconds,
-          decodeSeconds: r.decode_seconds,
-          peakMemoryBytes: r.peak_rss_bytes ?? null,
-          // A resident MoE (0 slots) or a dense model has no expert cache to report.
-          cacheHitRate: r.expert_cache_slots ? (r.hit_rate ?? null) : null,
+    async engine(load: LoadParams): Promise<BackendEngine> {
+      streaming ??= supportsStreamingFlags(nativeBinary("redwing-engine"));
+      let memory: MemoryReading | null = null;
+      return {
+        async *generate(params, options = {}): AsyncIterable<GenerateEvent> {
+          memory = null;
+          const r = await runOneShot(oneShotArgs(load, params, streaming!), options.signal);
+          memory = {
+            peakMemoryBytes: r.peak_rss_bytes ?? null,
+            // A resident MoE (0 slots) or a dense model has no expert cache to report.
+            cacheHitRate: r.expert_cache_slots ? (r.hit_rate ?? null) : null,
+          };
+          yield { type: "tokens", id: null, tokens: r.tokens };
+          const decoded = Math.max(0, r.tokens.length - 1);
+          yield {
+            type: "finished",
+            id: null,
+            reason: r.stop_reason === "length" ? "length" : "eos",
+            tokens: r.tokens,
+            prompt_tokens: r.prompt_tokens,
+            cached_tokens: 0,
+            prefill_tokens: r.prompt_tokens,
+            timings: {
+              prefill_seconds: r.prefill_seconds,
+              ttft_seconds: r.prefill_seconds,
+              decode_seconds: r.decode_seconds,
+              prefill_tokens_per_second:
+                r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0,
+              decode_tokens_per_second: r.decode_seconds > 0 ? decoded / r.decode_seconds : 0,
+            },
+          };
         },
+        readMemory: async () => memory,
       };
     },
     async close() {},
   };
 }
 
-/**
- * The decode service (core/engine's EngineClient): streams tokens as they are made, stops
- * early on a stop string (cancel), and reports peak memory and the expert cache hit rate. The
- * model is loaded on the first request and kept for the next ones with the same settings.
- */
+/** The decode service through core/engine's EngineClient. */
 export async function serviceBackend(onLog?: (line: string) => void): Promise<Backend> {
   const { EngineClient } = await import("../engine/index.ts");
   const client = await EngineClient.start({ restart: false, onLog });
   let loadedKey: string | null = null;
   return {
     name: "service",
-    async *generate(req: GenerateRequest): AsyncIterable<BackendEvent> {
-      const load = {
-        model: req.modelDir,
-        context: req.load.context,
-        threads: req.load.threads,
-        backend: req.load.backend,
-        expert_cache_slots: req.load.expertCacheSlots,
-        memory_budget: req.load.memoryBudget,
-      };
+    async engine(load: LoadParams): Promise<BackendEngine> {
       const key = JSON.stringify(load);
       if (loadedKey !== key) {
         if (loadedKey !== null) await client.unload();
         await client.load(load);
         loadedKey = key;
       }
-      const s = req.sampling;
-      for await (const event of client.generate(
-        {
-          tokens: req.tokens,
-          max_new_tokens: req.maxNew,
-          sampling: {
-            temperature: s.temperature,
-            top_k: s.topK,
-            top_p: s.topP,
-            repetition_penalty: s.repetitionPenalty,
-            seed: s.seed,
-          },
-          stop_token_ids: req.stopTokenIds,
-          stats_interval_ms: 0,
-        },
-        { signal: req.signal },
-      )) {
-        if (event.type === "tokens") {
-          yield { type: "tokens", tokens: event.tokens };
-        } else if (event.type === "finished") {
+      return {
+        generate: (params, options) => client.generate(params, options),
+        async readMemory() {
           const stats = await client.stats();
-          const t = event.timings;
-          yield {
-            type: "finished",
-            reason: event.reason,
-            stats: {
-              promptTokens: event.prompt_tokens,
-              generatedTokens: event.tokens.length,
-              ttftSeconds: t?.ttft_seconds ?? 0,
-              decodeSeconds: t?.decode_seconds ?? 0,
-              peakMemoryBytes: stats.memory.peak_rss_bytes,
-              cacheHitRate: stats.expert_cache.hit_rate,
-            },
+          return {
+            peakMemoryBytes: stats.memory.peak_rss_bytes,
+            cacheHitRate: stats.expert_cache.hit_rate,
           };
-        }
-      }
+        },
+      };
     },
     async close() {
       await client.close();

@@ -2,7 +2,6 @@
 export * from "./backend.ts";
 export * from "./detokenize.ts";
 export * from "./model.ts";
-export * from "./session.ts";
 export * from "./stats.ts";
 export * from "./stop.ts";
 export * from "./template.ts";
