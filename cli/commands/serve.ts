@@ -71,7 +71,8 @@ export function registerServeCommand(program: Command): void {
     )
     .option(
       "--max-body <size>",
-      "largest request body, e.g. 4M", parseByteSize,
+      "largest request body, e.g. 4M",
+      parseByteSize,
       SERVER_DEFAULTS.bodyLimitBytes,
     )
     .option(

@@ -60,7 +60,6 @@ export interface EngineManagerOptions {
   log?: (line: string) => void;
 }
 
-
 /** The load parameters for saved engine settings. */
 export function loadParams(dir: string, s: EngineSettings): LoadParams {
   return {

@@ -78,7 +78,9 @@ const REQUEST: GenerationRequest = {
   stopIds: [1, 106],
 };
 
-async function collect<T>(events: AsyncIterable<GenerationEvent<T>>): Promise<GenerationEvent<T>[]> {
+async function collect<T>(
+  events: AsyncIterable<GenerationEvent<T>>,
+): Promise<GenerationEvent<T>[]> {
   const out: GenerationEvent<T>[] = [];
   for await (const e of events) out.push(e);
   return out;

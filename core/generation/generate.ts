@@ -16,7 +16,10 @@ import { toProtocolSampling, type SamplingSettings } from "./sampling.ts";
 
 /** What the loop needs of an engine; core/engine's EngineClient is one. */
 export interface TokenEngine {
-  generate(params: GenerateParams, options?: { signal?: AbortSignal }): AsyncIterable<GenerateEvent>;
+  generate(
+    params: GenerateParams,
+    options?: { signal?: AbortSignal },
+  ): AsyncIterable<GenerateEvent>;
 }
 
 /** Memory figures read after a generation, for its statistics line. */

@@ -7,11 +7,7 @@
 import { randomUUID } from "node:crypto";
 import type { FastifyReply } from "fastify";
 import { OPENAI_SAMPLING_DEFAULTS } from "../defaults.ts";
-import {
-  generate,
-  type GenerationRequest,
-  type GenerationResult,
-} from "../generation/generate.ts";
+import { generate, type GenerationRequest, type GenerationResult } from "../generation/generate.ts";
 import { unknownModel, type ServerContext } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import { QueueAbortedError, QueueFullError } from "./queue.ts";

@@ -173,7 +173,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
 
   // Set once listening (port 0 picks one).
   let listeningPort = port;
-  app.addHook("onRequest", accessHook(options, () => listeningPort));
+  app.addHook(
+    "onRequest",
+    accessHook(options, () => listeningPort),
+  );
   if (options.log) {
     const log = options.log;
     app.addHook("onResponse", async (request, reply) => {
