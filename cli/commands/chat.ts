@@ -12,9 +12,10 @@ import {
 } from "../../core/chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../../core/chat/tokenizer.ts";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
-import { ENGINE_DEFAULTS, expertCacheSlotsFor, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
+import { ENGINE_DEFAULTS, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
 import { UserError } from "../../core/errors.ts";
 import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
+import { toProtocolLoad } from "../../core/generation/settings.ts";
 
 /** Options shared by `chat` and `complete`. */
 export interface GenerationCliOptions {
@@ -179,15 +180,9 @@ export async function generateText(
       "context_overflow",
     );
   }
-  const engine = await backend.engine({
-    model: loaded.model.dir,
-    context: opts.maxContext,
-    threads: opts.threads,
-    backend: opts.backend,
-    // With a memory budget and no slot count, the engine picks the count that fits.
-    expert_cache_slots: expertCacheSlotsFor(opts.expertCacheSlots, opts.memoryBudget),
-    memory_budget: opts.memoryBudget,
-  });
+  const engine = await backend.engine(
+    toProtocolLoad(loaded.model.dir, { ...opts, context: opts.maxContext }),
+  );
   const result = await generateAll(
     engine,
     loaded.tokenizer,

@@ -12,7 +12,7 @@ import type { GenerationStats } from "../chat/stats.ts";
 import { TextStream } from "../chat/text-stream.ts";
 import type { ChatTokenizer } from "../chat/tokenizer.ts";
 import type { FinishedEvent, GenerateEvent, GenerateParams, StatsEvent } from "../engine/index.ts";
-import { toProtocolSampling, type SamplingSettings } from "./sampling.ts";
+import { toProtocolSampling, type SamplingSettings } from "./settings.ts";
 
 /** What the loop needs of an engine; core/engine's EngineClient is one. */
 export interface TokenEngine {

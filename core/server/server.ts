@@ -19,10 +19,11 @@ import Fastify, { type FastifyInstance } from "fastify";
 import { resolveModel, type ResolvedModel } from "../chat/model.ts";
 import { ChatTemplate, loadChatTemplate } from "../chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
-import { ENGINE_DEFAULTS, expertCacheSlotsFor, SERVER_DEFAULTS } from "../defaults.ts";
+import { ENGINE_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
 import { DEMO_MODEL_NAME } from "../demo/demo.ts";
 import { EngineClient, type EngineClientOptions } from "../engine/index.ts";
 import { UserError } from "../errors.ts";
+import { toProtocolLoad } from "../generation/settings.ts";
 import { accessHook, checkBinding, type AccessOptions } from "./access.ts";
 import type { AdmissionQueue, ServerContext, ServerMetrics } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
@@ -231,14 +232,7 @@ async function startOwnEngine(
     ...options.engine,
   });
   try {
-    await engine.load({
-      model: modelDir,
-      context,
-      threads: options.threads,
-      backend: options.backend,
-      expert_cache_slots: expertCacheSlotsFor(options.expertCacheSlots, options.memoryBudget),
-      memory_budget: options.memoryBudget,
-    });
+    await engine.load(toProtocolLoad(modelDir, { ...options, context }));
   } catch (error) {
     await engine.close();
     throw error;

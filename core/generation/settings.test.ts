@@ -1,0 +1,61 @@
+import { describe, expect, it } from "vitest";
+import { ENGINE_DEFAULTS } from "../defaults.ts";
+import { LoadParamsSchema, SamplingSchema } from "../engine/protocol.ts";
+import { toProtocolLoad, toProtocolSampling } from "./settings.ts";
+
+describe("toProtocolSampling", () => {
+  it("names every field as the protocol does, and the protocol's schema accepts it", () => {
+    const out = toProtocolSampling({
+      temperature: 0.7,
+      topK: 40,
+      topP: 0.9,
+      repetitionPenalty: 1.15,
+      seed: 7,
+    });
+    expect(out).toEqual({
+      temperature: 0.7,
+      top_k: 40,
+      top_p: 0.9,
+      repetition_penalty: 1.15,
+      seed: 7,
+    });
+    expect(SamplingSchema.strict().parse(out)).toEqual(out);
+  });
+
+  it("leaves the seed out when it is random (null or absent), and keeps seed 0", () => {
+    const base = { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1 };
+    expect(toProtocolSampling({ ...base, seed: null })).not.toHaveProperty("seed");
+    expect(toProtocolSampling(base)).not.toHaveProperty("seed");
+    expect(toProtocolSampling({ ...base, seed: 0 })).toHaveProperty("seed", 0);
+  });
+});
+
+describe("toProtocolLoad", () => {
+  it("names every field as the protocol does, and the protocol's schema accepts it", () => {
+    const out = toProtocolLoad("/models/m", {
+      context: 8192,
+      threads: 4,
+      backend: "vulkan",
+      expertCacheSlots: 8,
+      memoryBudget: 2 ** 33,
+    });
+    expect(out).toEqual({
+      model: "/models/m",
+      context: 8192,
+      threads: 4,
+      backend: "vulkan",
+      expert_cache_slots: 8,
+      memory_budget: 2 ** 33,
+    });
+    expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
+  });
+
+  it("loads the default slot count, or none when a memory budget picks it", () => {
+    expect(toProtocolLoad("m", { context: 4096 }).expert_cache_slots).toBe(
+      ENGINE_DEFAULTS.expertCacheSlots,
+    );
+    const budgeted = toProtocolLoad("m", { context: 4096, memoryBudget: 1e9 });
+    expect(budgeted.expert_cache_slots).toBeUndefined();
+    expect(budgeted.memory_budget).toBe(1e9);
+  });
+});

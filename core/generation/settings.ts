@@ -1,0 +1,57 @@
+/**
+ * Generation settings in one shape each, and the one conversion of each to the decode protocol's
+ * fields (snake_case, docs/protocol.md): sampling for the CLI options, the app's settings and the
+ * server's request fields; the engine options of `redwing chat`, `complete` and `serve`.
+ */
+import { expertCacheSlotsFor } from "../defaults.ts";
+import type { LoadParams, Sampling } from "../engine/protocol.ts";
+
+export interface SamplingSettings {
+  /** 0: the most likely token. */
+  temperature: number;
+  /** 0: no top-k. */
+  topK: number;
+  topP: number;
+  /** 1: none. */
+  repetitionPenalty: number;
+  /** Omitted or null: a random seed. */
+  seed?: number | null;
+}
+
+/** The protocol's sampling fields for `s`; no seed field when the seed is random. */
+export function toProtocolSampling(s: SamplingSettings): Sampling {
+  return {
+    temperature: s.temperature,
+    top_k: s.topK,
+    top_p: s.topP,
+    repetition_penalty: s.repetitionPenalty,
+    ...(s.seed !== undefined && s.seed !== null ? { seed: s.seed } : {}),
+  };
+}
+
+/** The engine options of the CLI's commands (`--max-context`, `--threads`, ...). */
+export interface EngineOptions {
+  /** KV cache positions. */
+  context: number;
+  /** Omitted: REDWING_THREADS or one per core. */
+  threads?: number;
+  /** Where the model runs (docs/gpu.md); omitted: the CPU. */
+  backend?: "cpu" | "metal" | "vulkan" | "auto";
+  /** Omitted: the default, unless a memory budget picks the count. */
+  expertCacheSlots?: number;
+  /** Bytes. */
+  memoryBudget?: number;
+}
+
+/** The protocol's load request for `model` (a directory) with these options. */
+export function toProtocolLoad(model: string, o: EngineOptions): LoadParams {
+  return {
+    model,
+    context: o.context,
+    threads: o.threads,
+    backend: o.backend,
+    // With a memory budget and no slot count, the engine picks the count that fits.
+    expert_cache_slots: expertCacheSlotsFor(o.expertCacheSlots, o.memoryBudget),
+    memory_budget: o.memoryBudget,
+  };
+}
