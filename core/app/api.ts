@@ -51,6 +51,9 @@ const id = z.string().min(1).max(100);
 
 // ---- settings ---------------------------------------------------------------------------------
 
+/** Text that ends a reply (not shown). */
+const stopStrings = z.array(z.string().min(1).max(200)).max(8);
+
 export const SamplingSettingsSchema = z.object({
   /** 0: greedy. */
   temperature: z.number().min(0).max(2),
@@ -66,8 +69,8 @@ export const SamplingSettingsSchema = z.object({
     .max(2 ** 31 - 1)
     .nullable(),
   maxNewTokens: z.number().int().min(1).max(32768),
-  /** Text that ends a reply (not shown); a file from before this field has none. */
-  stop: z.array(z.string().min(1).max(200)).max(8).default([]),
+  /** A file from before this field has none. */
+  stop: stopStrings.default([]),
 });
 export type SamplingSettings = z.infer<typeof SamplingSettingsSchema>;
 
@@ -126,7 +129,8 @@ export const DEFAULT_SETTINGS: Settings = {
 
 /** A partial update: any subset of fields, nested objects merged. */
 export const SettingsPatchSchema = z.object({
-  sampling: SamplingSettingsSchema.partial().optional(),
+  // Without the default: a patch that leaves `stop` out keeps the saved stop strings.
+  sampling: SamplingSettingsSchema.extend({ stop: stopStrings }).partial().optional(),
   engine: EngineSettingsSchema.partial().optional(),
   systemPrompt: SettingsSchema.shape.systemPrompt.optional(),
   activeModel: SettingsSchema.shape.activeModel.optional(),

@@ -7,7 +7,7 @@ import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { AppInfoSchema, DEFAULT_SETTINGS, SettingsSchema } from "./api.ts";
+import { AppInfoSchema, DEFAULT_SETTINGS, SettingsPatchSchema, SettingsSchema } from "./api.ts";
 import { createAppController } from "./controller.ts";
 import {
   applyPatch,
@@ -88,6 +88,29 @@ describe("settings store", () => {
     const { settings, repaired } = readSettings(openSettingsStore(dir).store);
     expect(repaired).toEqual([]);
     expect(settings.sampling).toEqual({ ...DEFAULT_SETTINGS.sampling, temperature: 0.5 });
+  });
+
+  it("keeps the stop strings across a sampling patch that leaves them out; a file without them has none", async () => {
+    await writeFile(
+      join(dir, "settings.json"),
+      JSON.stringify({
+        sampling: { ...DEFAULT_SETTINGS.sampling, temperature: 0.4, stop: undefined },
+        __internal__: { migrations: { version: "0.1.0" } },
+      }),
+    );
+    const opened = openSettingsStore(dir);
+    const { settings } = readSettings(opened.store);
+    expect(settings.sampling).toEqual({ ...DEFAULT_SETTINGS.sampling, temperature: 0.4, stop: [] });
+    const withStop = applyPatch(settings, { sampling: { stop: ["\n\n", "END"] } });
+    saveChanged(opened.store, settings, withStop);
+    const patch = SettingsPatchSchema.parse({ sampling: { temperature: 0.9 } });
+    const next = applyPatch(withStop, patch);
+    expect(next.sampling.stop).toEqual(["\n\n", "END"]);
+    saveChanged(opened.store, withStop, next);
+    expect(readSettings(openSettingsStore(dir).store).settings.sampling).toMatchObject({
+      temperature: 0.9,
+      stop: ["\n\n", "END"],
+    });
   });
 
   it("keeps a damaged file aside and starts from the defaults", async () => {
