@@ -25,6 +25,7 @@ import {
 } from "../engine/index.ts";
 import type { Manifest } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
+import { toProtocolLoad } from "../generation/settings.ts";
 import type { AppError, EngineSettings, EngineStatus, Settings, VerifyState } from "./api.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import { EngineQueue } from "../server/queue.ts";
@@ -62,17 +63,13 @@ export interface EngineManagerOptions {
 
 /** The load parameters for saved engine settings. */
 export function loadParams(dir: string, s: EngineSettings): LoadParams {
-  return {
-    model: dir,
-    context: s.context,
-    threads: s.threads,
-    backend: s.backend,
-    kv_dtype: s.kvDtype,
-    // With a budget the engine picks the slot count that fits (slots 0 = "pick").
-    ...(s.memoryBudgetBytes !== null
-      ? { memory_budget: Math.floor(s.memoryBudgetBytes) }
-      : { expert_cache_slots: s.expertCacheSlots }),
-  };
+  const budget = s.memoryBudgetBytes === null ? undefined : Math.floor(s.memoryBudgetBytes);
+  // With a budget the engine picks the slot count that fits: the saved count is not sent.
+  return toProtocolLoad(dir, {
+    ...s,
+    expertCacheSlots: budget === undefined ? s.expertCacheSlots : undefined,
+    memoryBudget: budget,
+  });
 }
 
 export class EngineManager {

@@ -36,6 +36,7 @@ describe("toProtocolLoad", () => {
       context: 8192,
       threads: 4,
       backend: "vulkan",
+      kvDtype: "f32",
       expertCacheSlots: 8,
       memoryBudget: 2 ** 33,
     });
@@ -44,6 +45,7 @@ describe("toProtocolLoad", () => {
       context: 8192,
       threads: 4,
       backend: "vulkan",
+      kv_dtype: "f32",
       expert_cache_slots: 8,
       memory_budget: 2 ** 33,
     });

@@ -29,7 +29,7 @@ export function toProtocolSampling(s: SamplingSettings): Sampling {
   };
 }
 
-/** The engine options of the CLI's commands (`--max-context`, `--threads`, ...). */
+/** How to load a model: the CLI's engine options (`--max-context`, ...), the app's engine settings. */
 export interface EngineOptions {
   /** KV cache positions. */
   context: number;
@@ -37,6 +37,8 @@ export interface EngineOptions {
   threads?: number;
   /** Where the model runs (docs/gpu.md); omitted: the CPU. */
   backend?: "cpu" | "metal" | "vulkan" | "auto";
+  /** KV cache precision; omitted: the engine's default. */
+  kvDtype?: "f16" | "f32";
   /** Omitted: the default, unless a memory budget picks the count. */
   expertCacheSlots?: number;
   /** Bytes. */
@@ -50,6 +52,7 @@ export function toProtocolLoad(model: string, o: EngineOptions): LoadParams {
     context: o.context,
     threads: o.threads,
     backend: o.backend,
+    kv_dtype: o.kvDtype,
     // With a memory budget and no slot count, the engine picks the count that fits.
     expert_cache_slots: expertCacheSlotsFor(o.expertCacheSlots, o.memoryBudget),
     memory_budget: o.memoryBudget,
