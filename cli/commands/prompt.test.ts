@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadTokenizer } from "../../core/chat/tokenizer.ts";
 import { gemma3TokenizerFiles } from "../../core/synth/synth.ts";
 import { synthesizeModel } from "../../core/synth/synth.ts";
-import { runCli } from "../run-in-process.testkit.ts";
+import { runCli } from "../../testkit/run-cli.ts";
 
 const TESTDATA = join(
   dirname(fileURLToPath(import.meta.url)),
