@@ -1,7 +1,8 @@
 /**
  * A random-weight model for the specs that need a reply longer than the trained demo model
  * gives (streaming in several steps, stopping mid-answer): testkit/random-model.ts (the previous
- * demo model's shape, Gemma 3's tokenizer and template), which writes until the token limit. Written into the app's models directory and loaded, like an installed model.
+ * demo model's shape, Gemma 3's tokenizer and template), which writes until the token limit.
+ * Written into the app's models directory and loaded, like an installed model.
  */
 import { join } from "node:path";
 import { writeRandomModel } from "../testkit/random-model.ts";

@@ -2,8 +2,7 @@
  * A small random-weight model for tests that need more than the trained demo model offers: a
  * real 262k-entry tokenizer, a reply that runs to the token limit, or a chat template of the
  * test's choosing. It has the previous demo model's shape (core/synth preset "demo-gemma4-moe")
- * with Gemma 3's published tokenizer files unless the test brings its own, and loads in well
- * under a second.
+ * with Gemma 3's published tokenizer files unless the test brings its own.
  */
 import type { Manifest } from "../core/format/manifest.ts";
 import { gemma3TokenizerFiles, synthesizeModel } from "../core/synth/synth.ts";
