@@ -1,7 +1,7 @@
 /**
  * Installer benchmark: generates a Gemma 4 MoE checkpoint of a few hundred MB (MLX 4-bit with
  * random bytes, and a smaller bf16 one that is quantized while installing), serves it from the
- * local test hub (core/install/testhub.ts, 127.0.0.1 only), measures the server's raw
+ * local test hub (testkit/test-hub.ts, 127.0.0.1 only), measures the server's raw
  * throughput with plain ranged GETs in the same run, then installs each checkpoint in a child
  * process and reports install throughput and the child's peak RSS. Writes
  * bench/results/install.json.
@@ -19,8 +19,8 @@ import {
   writeSafetensors,
   type StTensor,
   type TinySpec,
-} from "../core/import/testkit.ts";
-import { TestHub } from "../core/install/testhub.ts";
+} from "../testkit/checkpoints.ts";
+import { TestHub } from "../testkit/test-hub.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const MiB = 1024 * 1024;
@@ -226,7 +226,7 @@ function installInChild(input: unknown): Promise<{
   return new Promise((resolve, reject) => {
     const child = spawn(
       process.execPath,
-      ["--import", "tsx", join(root, "core/install/run-child.ts"), JSON.stringify(input)],
+      ["--import", "tsx", join(root, "testkit/install-child.ts"), JSON.stringify(input)],
       {
         cwd: root,
         stdio: ["ignore", "pipe", "inherit"],

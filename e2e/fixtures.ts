@@ -19,7 +19,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test as base, expect, type Browser, type Page, type TestInfo } from "@playwright/test";
 import type { CallOutcome, Method, Params, Result } from "../core/app/api.ts";
-import type { TestHub } from "../core/install/testhub.ts";
+import type { TestHub } from "../testkit/test-hub.ts";
 import { electronExecutable, launchElectronApp } from "./electron/launch.ts";
 import { ROOT, startE2eHub } from "./hub.ts";
 

@@ -1,5 +1,5 @@
 /**
- * The fake Hugging Face hub the e2e tests download from (core/install/testhub.ts, in the test
+ * The fake Hugging Face hub the e2e tests download from (testkit/test-hub.ts, in the test
  * process, 127.0.0.1 only). It serves one repository: the Gemma 3 reference fixture in MLX form
  * (fixtures/gemma3/mlx, vocabulary 512) plus a small character-level tokenizer written here, so
  * the installed model can be loaded and chatted with (its text is random characters).
@@ -7,7 +7,7 @@
 import { copyFile, mkdir, readdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { TestHub } from "../core/install/testhub.ts";
+import { TestHub } from "../testkit/test-hub.ts";
 
 export const ROOT = fileURLToPath(new URL("..", import.meta.url));
 /** The repository the download spec asks for. */

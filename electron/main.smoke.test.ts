@@ -1,12 +1,12 @@
 /**
  * The built main process, end to end, without the Electron binary: electron/dist/main.mjs runs in
- * Node with a recording stand-in for the `electron` module (test-support/fake-electron.mjs) and
- * a driver playing the renderer (test-support/smoke-driver.mjs). It checks what only the whole
- * main process shows: the bundle starts the real controller and engine on the demo model, serves
- * the renderer with its CSP, answers only the app's own frame, saves settings through
- * electron-store in the user data directory, sends the state when the renderer subscribes, denies
- * navigation, windows, webviews, permissions, network requests and downloads, and on quit stops
- * the engine before exiting. What it cannot check: Chromium itself (CSP enforcement, sandbox).
+ * Node with a recording stand-in for the `electron` module (testkit/electron/fake-electron.mjs)
+ * and a driver playing the renderer (testkit/electron/smoke-driver.mjs). It checks what only the
+ * whole main process shows: the bundle starts the real controller and engine on the demo model,
+ * serves the renderer with its CSP, answers only the app's own frame, saves settings through
+ * electron-store in the user data directory, sends the state when the renderer subscribes,
+ * denies navigation, windows, webviews, permissions, network requests and downloads, and on quit
+ * stops the engine before exiting. What it cannot check: Chromium itself (CSP enforcement, sandbox).
  */
 import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -16,7 +16,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
-const SUPPORT = join(ROOT, "electron", "test-support");
+const SUPPORT = join(ROOT, "testkit", "electron");
 const DIST = join(ROOT, "electron", "dist");
 mkdirSync(DIST, { recursive: true });
 // Under electron/dist (ignored by git and eslint), so that main.mjs resolves node_modules as

@@ -15,7 +15,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { importCheckpoint } from "../core/import/importer.ts";
-import { type TinySpec, writeTinyCheckpoint } from "../core/import/testkit.ts";
+import { type TinySpec, writeTinyCheckpoint } from "../testkit/checkpoints.ts";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const OUT = join(ROOT, "fixtures", "manifest-corpus");

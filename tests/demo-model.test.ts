@@ -12,7 +12,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { runCli } from "../cli/run-in-process.testkit.ts";
+import { runCli } from "../testkit/run-cli.ts";
 import { demoRecipeFile, shippedDemoDir } from "../core/demo/demo.ts";
 import { nativeBinary } from "../core/native.ts";
 

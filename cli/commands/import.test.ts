@@ -2,8 +2,8 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
-import { TINY_GEMMA3, writeTinyCheckpoint } from "../../core/import/testkit.ts";
-import { runCli } from "../run-in-process.testkit.ts";
+import { TINY_GEMMA3, writeTinyCheckpoint } from "../../testkit/checkpoints.ts";
+import { runCli } from "../../testkit/run-cli.ts";
 
 let root: string;
 let ckpt: string;

@@ -4,10 +4,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { importCheckpoint } from "../../core/import/importer.ts";
-import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../../core/import/testkit.ts";
+import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../../testkit/checkpoints.ts";
 import { installPaths, type InstallProgress } from "../../core/install/installer.ts";
-import { TestHub } from "../../core/install/testhub.ts";
-import { runCli } from "../run-in-process.testkit.ts";
+import { TestHub } from "../../testkit/test-hub.ts";
+import { runCli } from "../../testkit/run-cli.ts";
 import { progressLine } from "./install.ts";
 
 let root: string;

@@ -11,8 +11,8 @@ import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadTokenizer } from "../../core/chat/tokenizer.ts";
 import { gemma3TokenizerFiles } from "../../core/synth/synth.ts";
-import { synthesizeModel } from "../../core/synth/synth.ts";
-import { runCli } from "../run-in-process.testkit.ts";
+import { writeRandomModel } from "../../testkit/random-model.ts";
+import { runCli } from "../../testkit/run-cli.ts";
 
 const TESTDATA = join(
   dirname(fileURLToPath(import.meta.url)),
@@ -44,15 +44,10 @@ beforeAll(async () => {
     [official, join(TESTDATA, VECTORS.template)],
     [fallback, null],
   ] as const) {
-    await synthesizeModel({
-      preset: "demo-gemma4-moe",
-      out: dir,
+    await writeRandomModel(dir, {
       seed: 3,
-      files: {
-        "tokenizer.json": files.tokenizer,
-        "tokenizer_config.json": join(home, "tokenizer_config.json"),
-        ...(template ? { "chat_template.jinja": template } : {}),
-      },
+      tokenizerConfig: join(home, "tokenizer_config.json"),
+      chatTemplate: template ?? undefined,
     });
   }
 }, 60_000);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { runCli } from "../run-in-process.testkit.ts";
+import { runCli } from "../../testkit/run-cli.ts";
 import { canOpenBrowser } from "./ui.ts";
 
 describe("redwing ui", () => {

@@ -2,12 +2,12 @@
  * Property-based fuzzing of web mode's API surface: `parseCall` (shared with the Electron IPC
  * handler) and the HTTP layer of web.ts. Arbitrary method names and params never throw; arbitrary
  * spellings of paths never reach the backend without the token and never answer 5xx. Runs:
- * core/fuzz.ts (FUZZ_RUNS for a long run).
+ * testkit/fuzz.ts (FUZZ_RUNS for a long run).
  */
 import { request as httpRequest } from "node:http";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { corpus, fuzz } from "../fuzz.ts";
+import { corpus, fuzz } from "../../testkit/fuzz.ts";
 import { API, isMethod, parseCall, type AppBackend, type AppEvent, type Method } from "./api.ts";
 import { startWebServer, type WebServer } from "./web.ts";
 

@@ -2,7 +2,7 @@
  * The app's API: every call the renderer makes and every event it receives, as zod schemas.
  * One definition serves both transports (Electron IPC through the preload, and web mode's HTTP +
  * server-sent events) and the renderer, which imports this file too: so this module must stay
- * free of Node imports.
+ * free of Node imports (eslint.config.js holds it to that: RENDERER_SHARED_CORE).
  *
  * A call is `{ method, params }` and answers `result` or an `AppError`. Events are pushed on one
  * channel, in order, to every connected window.

@@ -1,6 +1,6 @@
 /**
  * The app controller end to end, with the real decode service and the demo model (cheap real
- * generation), a fake hub for downloads (core/install/testhub.ts) and a temporary data
+ * generation), a fake hub for downloads (testkit/test-hub.ts) and a temporary data
  * directory. Every call goes through `parseCall` as the transports do, and every result and
  * event is checked against the API schemas independently of the controller's own check.
  */
@@ -11,9 +11,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readModelDir } from "../format/read.ts";
-import { writeTinyCheckpoint, TINY_GEMMA4_MOE } from "../import/testkit.ts";
+import { writeTinyCheckpoint, TINY_GEMMA4_MOE } from "../../testkit/checkpoints.ts";
 import { hasPartial } from "../install/installer.ts";
-import { TestHub } from "../install/testhub.ts";
+import { TestHub } from "../../testkit/test-hub.ts";
 import { nativeBuildDir } from "../native.ts";
 import {
   API,

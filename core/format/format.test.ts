@@ -15,7 +15,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { importCheckpoint } from "../import/importer.ts";
-import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../import/testkit.ts";
+import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../../testkit/checkpoints.ts";
 import { EXPERT_ALIGNMENT, TENSOR_ALIGNMENT, isQuantized, type Manifest } from "./manifest.ts";
 import { readModelDir, verifyModelFiles } from "./read.ts";
 import { ModelWriter, removeLeftovers, type QuantizedMeta } from "./writer.ts";
@@ -294,7 +294,7 @@ describe("ModelWriter installation", () => {
       [
         "--import",
         "tsx",
-        fileURLToPath(new URL("./interrupt-child.ts", import.meta.url)),
+        fileURLToPath(new URL("../../testkit/interrupt-import-child.ts", import.meta.url)),
         ckpt,
         dest,
       ],

@@ -1,7 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { UserError } from "../errors.ts";
 import { CONFIG_LIMITS, normalizeConfig } from "./config.ts";
-import { TINY_GEMMA3, TINY_GEMMA4_DENSE, TINY_GEMMA4_MOE, tinyConfig } from "./testkit.ts";
+import {
+  TINY_GEMMA3,
+  TINY_GEMMA4_DENSE,
+  TINY_GEMMA4_MOE,
+  tinyConfig,
+} from "../../testkit/checkpoints.ts";
 
 const S = "sliding_attention";
 const F = "full_attention";

@@ -34,7 +34,7 @@ import {
   type CheckpointOptions,
   type StTensor,
   type TinySpec,
-} from "./testkit.ts";
+} from "../../testkit/checkpoints.ts";
 
 /** Imports without fsync: the durability path is exercised by the CLI and kill tests. */
 function imp(

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { bf16ToNumber, decodeToF32, encodeFromF32 } from "../format/dtype.ts";
 import { dequantizeElement, quantizeF32, quantizeRows } from "./quantize.ts";
-import { randomValues, rng } from "./testkit.ts";
+import { randomValues, rng } from "../../testkit/checkpoints.ts";
 
 const G64 = { bits: 4, groupSize: 64 } as const;
 

@@ -3,12 +3,12 @@
  * installer, which reads headers from the network): arbitrary bytes, and headers built from
  * valid and hostile parts, give a clear UserError or a header whose every tensor lies inside the
  * file, without overlaps, with as many bytes as its dtype and shape need. Never another
- * exception, never an allocation sized by the input. Runs: core/fuzz.ts (FUZZ_RUNS).
+ * exception, never an allocation sized by the input. Runs: testkit/fuzz.ts (FUZZ_RUNS).
  */
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { UserError } from "../errors.ts";
-import { corpus, fuzz } from "../fuzz.ts";
+import { corpus, fuzz } from "../../testkit/fuzz.ts";
 import {
   parseSafetensorsHeader,
   safetensorsHeaderLength,

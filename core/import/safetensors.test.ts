@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SafetensorsCheckpoint, SafetensorsFile } from "./safetensors.ts";
-import { writeSafetensors } from "./testkit.ts";
+import { writeSafetensors } from "../../testkit/checkpoints.ts";
 
 let dir: string;
 beforeAll(async () => {

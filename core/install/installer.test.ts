@@ -1,5 +1,5 @@
 /**
- * The installer against a local hub (testhub.ts, 127.0.0.1 only) with injected faults. Every
+ * The installer against a local hub (testkit/test-hub.ts, 127.0.0.1 only) with injected faults. Every
  * run must end either in a model directory byte-identical to `importCheckpoint` of the same
  * checkpoint, or in a clear error with nothing at the destination.
  */
@@ -18,7 +18,7 @@ import {
   writeTinyCheckpoint,
   type CheckpointOptions,
   type TinySpec,
-} from "../import/testkit.ts";
+} from "../../testkit/checkpoints.ts";
 import {
   discardPartial,
   hasPartial,
@@ -28,7 +28,7 @@ import {
   type InstallOptions,
   type InstallProgress,
 } from "./installer.ts";
-import { TestHub } from "./testhub.ts";
+import { TestHub } from "../../testkit/test-hub.ts";
 
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 const CREATED_BY = "redwing test";
@@ -431,7 +431,7 @@ describe("resume", () => {
       [
         "--import",
         "tsx",
-        join(ROOT, "core/install/run-child.ts"),
+        join(ROOT, "testkit/install-child.ts"),
         JSON.stringify({ repo: s.repo, dest: to, options: { ...options(), durable: true } }),
       ],
       { cwd: ROOT, stdio: "ignore" },

@@ -10,10 +10,10 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { UserError } from "../errors.ts";
 import { readModelDir } from "../format/read.ts";
-import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../import/testkit.ts";
+import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../../testkit/checkpoints.ts";
 import { hasPartial, type InstallProgress } from "./installer.ts";
 import { startInstallInWorker, type IsolatedInstallOptions } from "./isolated.ts";
-import { TestHub } from "./testhub.ts";
+import { TestHub } from "../../testkit/test-hub.ts";
 
 let root: string;
 let hub: TestHub;

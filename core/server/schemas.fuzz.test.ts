@@ -1,11 +1,11 @@
 /**
  * Property-based fuzzing of the OpenAI request schemas as the server applies them (parseBody):
  * any JSON body gives the parsed request or an ApiError 400 naming the problem, never another
- * exception; a valid request parses to itself. Runs: core/fuzz.ts (FUZZ_RUNS for a long run).
+ * exception; a valid request parses to itself. Runs: testkit/fuzz.ts (FUZZ_RUNS for a long run).
  */
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { corpus, fuzz } from "../fuzz.ts";
+import { corpus, fuzz } from "../../testkit/fuzz.ts";
 import { ApiError } from "./errors.ts";
 import { ChatRequestSchema, CompletionRequestSchema } from "./schemas.ts";
 import { parseBody } from "./server.ts";

@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { gemma3TokenizerFiles, synthesizeModel } from "../synth/synth.ts";
+import { writeRandomModel } from "../../testkit/random-model.ts";
 import { nativeBuildDir } from "../native.ts";
 import { hostAllowed, originAllowed, startServer, type RedwingServer } from "./server.ts";
 
@@ -139,13 +139,7 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
     process.env.REDWING_HOME = home;
     // A random-weight model with Gemma's full tokenizer (262k entries) and an 8K context: the
     // trained demo model's small vocabulary and 4K context would tokenize too fast to tell.
-    const files = gemma3TokenizerFiles();
-    await synthesizeModel({
-      preset: "demo-gemma4-moe",
-      out: join(home, "models", MODEL),
-      seed: 17,
-      files: { "tokenizer.json": files.tokenizer, "tokenizer_config.json": files.config },
-    });
+    await writeRandomModel(join(home, "models", MODEL), { seed: 17 });
     // The default body limit (4 MiB): the largest prompt a client can send.
     server = await startServer({ port: 0, context: CONTEXT, model: MODEL });
     port = Number(new URL(server.url).port);

@@ -14,7 +14,7 @@ import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { gemma3TokenizerFiles } from "../synth/synth.ts";
 import { nativeBuildDir } from "../native.ts";
-import { synthesizeModel } from "../synth/synth.ts";
+import { writeRandomModel } from "../../testkit/random-model.ts";
 import { startServer, type RedwingServer } from "./server.ts";
 
 const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
@@ -57,16 +57,11 @@ describe.skipIf(!haveService)("tool requests", () => {
     });
     await writeFile(join(home, "tokenizer.json"), JSON.stringify(tok));
     const dir = join(home, "tools-demo");
-    await synthesizeModel({
-      preset: "demo-gemma4-moe",
-      out: dir,
+    await writeRandomModel(dir, {
       seed: 7,
       postNormScale: 4,
-      files: {
-        "tokenizer.json": join(home, "tokenizer.json"),
-        "tokenizer_config.json": files.config,
-        "chat_template.jinja": TEMPLATE,
-      },
+      tokenizer: join(home, "tokenizer.json"),
+      chatTemplate: TEMPLATE,
     });
     server = await startServer({ model: dir, port: 0, context: 256 });
     client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });

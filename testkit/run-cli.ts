@@ -1,5 +1,5 @@
 import { vi } from "vitest";
-import { main } from "./main.ts";
+import { main } from "../cli/main.ts";
 
 /** Runs the CLI in-process (in a vitest test) and captures what it prints. */
 export async function runCli(

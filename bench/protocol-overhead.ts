@@ -4,16 +4,16 @@
  * token to this process via EngineClient (wall time from the first to the last token event as
  * the client sees them). Both stop at "length" after the same number of tokens.
  *
- *   npx tsx core/engine/measure-overhead.ts MODEL_DIR [--tokens 2,17,99] [--max-new N]
- *                                           [--threads N] [--repeats R]
+ *   npx tsx bench/protocol-overhead.ts MODEL_DIR [--tokens 2,17,99] [--max-new N]
+ *                                      [--threads N] [--repeats R]
  */
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { nativeBinary } from "../native.ts";
-import { EngineClient } from "./client.ts";
+import { nativeBinary } from "../core/native.ts";
+import { EngineClient } from "../core/engine/client.ts";
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
@@ -25,7 +25,7 @@ const { values, positionals } = parseArgs({
   },
 });
 const model = positionals[0];
-if (!model) throw new Error("usage: measure-overhead.ts MODEL_DIR [options]");
+if (!model) throw new Error("usage: protocol-overhead.ts MODEL_DIR [options]");
 const tokens = values.tokens.split(",").map(Number);
 const maxNew = Number(values["max-new"]);
 const threads = Number(values.threads);

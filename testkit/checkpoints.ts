@@ -5,8 +5,8 @@
  */
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { type FloatDType, encodeFromF32 } from "../format/dtype.ts";
-import { quantizeRows, type QuantParams } from "./quantize.ts";
+import { type FloatDType, encodeFromF32 } from "../core/format/dtype.ts";
+import { quantizeRows, type QuantParams } from "../core/import/quantize.ts";
 
 export type StDTypeName = "BF16" | "F16" | "F32" | "U32" | "I32" | "U8";
 

@@ -1,14 +1,14 @@
 /**
  * Runs one install in a child process (for the kill-and-resume test and the benchmark):
  *
- *   node --import tsx core/install/run-child.ts '<json>'
+ *   node --import tsx testkit/install-child.ts '<json>'
  *
  * with `{ "repo", "revision", "dest", "options" }` (InstallOptions without callbacks). Prints
  * one JSON line: `{ ok, fetchedBytes, reusedBytes, seconds, maxRssBytes }` or
  * `{ ok: false, code, message }`.
  */
 import { readFileSync } from "node:fs";
-import { installModel, type InstallOptions } from "./installer.ts";
+import { installModel, type InstallOptions } from "../core/install/installer.ts";
 
 /**
  * Peak resident set size of this process. Linux: VmHWM, which starts afresh at exec (unlike

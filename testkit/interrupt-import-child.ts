@@ -1,13 +1,13 @@
 /**
  * Test helper for format.test.ts: runs an import and, once it is writing experts, prints
  * MIDWAY and blocks so the test can kill the process in the middle of an import.
- * Usage: node --import tsx core/format/interrupt-child.ts <checkpoint-dir> <model-dir>
+ * Usage: node --import tsx testkit/interrupt-import-child.ts <checkpoint-dir> <model-dir>
  */
 import { writeSync } from "node:fs";
-import { importCheckpoint } from "../import/importer.ts";
+import { importCheckpoint } from "../core/import/importer.ts";
 
 const [src, dest] = process.argv.slice(2);
-if (!src || !dest) throw new Error("usage: interrupt-child.ts <checkpoint-dir> <model-dir>");
+if (!src || !dest) throw new Error("usage: interrupt-import-child.ts <checkpoint-dir> <model-dir>");
 let parked = false;
 await importCheckpoint(src, dest, {
   onProgress: (p) => {

@@ -20,7 +20,7 @@ import { readFile, readdir } from "node:fs/promises";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { type AddressInfo } from "node:net";
 import { join } from "node:path";
-import { gitBlobId } from "./hub.ts";
+import { gitBlobId } from "../core/install/hub.ts";
 
 export type FaultAction =
   /** Send the headers and `afterBytes` of the body, then destroy the connection. */
