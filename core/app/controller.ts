@@ -146,6 +146,9 @@ export async function createAppController(options: AppControllerOptions): Promis
   const models = new ModelsManager({
     modelsDir,
     dataDir,
+    // The engine's plan, the figures the Tuning view shows (the engine is made below).
+    planBytes: async (dir, engineSettings): Promise<number> =>
+      (await engine.plan(dir, engineSettings)).total_bytes,
     onChange: () => emitModels(),
     log,
   });
@@ -269,8 +272,8 @@ export async function createAppController(options: AppControllerOptions): Promis
       const loadedHere = engine.loaded?.name === name;
       return memoryPlan(
         name,
-        entry.manifest,
-        engineSettings,
+        await engine.plan(entry.dir, engineSettings),
+        entry.manifest.architecture.moe?.num_experts ?? 0,
         await freeMemoryBytes(),
         hitRates,
         loadedHere ? (live.history.at(-1)?.rssBytes ?? 0) : 0,

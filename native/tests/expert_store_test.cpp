@@ -140,7 +140,7 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   SamplerConfig s;
   s.temperature = 0;
   const std::vector<int32_t> prompt = {2, 40, 77, 9, 130};
-  const auto first = engine.generate(prompt, 6, s);
+  const auto first = generate_once(engine, prompt, 6, s);
   REQUIRE(first.tokens.size() == 6);
   CHECK(engine.expert_stats().misses > 0);
 
@@ -149,7 +149,7 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   const auto bytes = read_all(file);
   fs::resize_file(file, 0);
   try {
-    engine.generate(prompt, 6, s);
+    generate_once(engine, prompt, 6, s);
     FAIL("generation should have failed");
   } catch (const std::exception& e) {
     const std::string msg = e.what();
@@ -158,7 +158,7 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   }
   // The file comes back: the same engine generates the same tokens again.
   write_all(file, bytes);
-  const auto again = engine.generate(prompt, 6, s);
+  const auto again = generate_once(engine, prompt, 6, s);
   CHECK(again.tokens == first.tokens);
 }
 
