@@ -180,7 +180,7 @@ LoadRequest parse_load(const json& req) {
   LoadRequest l;
   l.model = string_field(req, "model", "");
   if (l.model.empty())
-    throw ProtocolError("bad_request", "load needs \"model\": a model directory");
+    throw ProtocolError("bad_request", "load and plan need \"model\": a model directory");
   EngineOptions& o = l.options;  // its defaults are runtime/defaults.h's
   o.backend = string_field(req, "backend", o.backend);
   l.context = integer_field(req, "context", o.context, 1, INT32_MAX);
