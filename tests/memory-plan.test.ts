@@ -140,18 +140,22 @@ async function fromApp(engine: Partial<EngineSettings>): Promise<Parts> {
 describe.skipIf(!haveEngine)("one memory plan: engine, CLI and app agree", () => {
   const seen: Parts[] = [];
   for (const c of CASES) {
-    it(c.name, async () => {
-      const engine = await fromEngine(c.engine);
-      const cli = await fromCli(c.cli);
-      const ui = await fromApp(c.app);
-      expect(cli).toEqual(engine);
-      expect(ui).toEqual(engine);
-      // Every part is listed: the parts add up to the total.
-      expect(engine.weights + engine.kv + engine.experts + engine.work).toBe(engine.total);
-      expect(engine.weights).toBeGreaterThan(0);
-      expect(engine.work).toBeGreaterThan(0);
-      seen.push(engine);
-    }, 60_000);
+    it(
+      c.name,
+      async () => {
+        const engine = await fromEngine(c.engine);
+        const cli = await fromCli(c.cli);
+        const ui = await fromApp(c.app);
+        expect(cli).toEqual(engine);
+        expect(ui).toEqual(engine);
+        // Every part is listed: the parts add up to the total.
+        expect(engine.weights + engine.kv + engine.experts + engine.work).toBe(engine.total);
+        expect(engine.weights).toBeGreaterThan(0);
+        expect(engine.work).toBeGreaterThan(0);
+        seen.push(engine);
+      },
+      60_000,
+    );
   }
 
   it("the settings reach the plan (the cases differ where they should)", () => {

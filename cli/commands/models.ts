@@ -77,7 +77,8 @@ export function registerModelsCommand(program: Command): void {
       if (models.length > 0) {
         const client = await EngineClient.start({ restart: false });
         try {
-          for (const m of models) plans.push(await client.plan({ model: m.dir, ...planSettings(opts) }));
+          for (const m of models)
+            plans.push(await client.plan({ model: m.dir, ...planSettings(opts) }));
         } finally {
           await client.close();
         }
