@@ -36,7 +36,7 @@ export interface GenerationCliOptions {
   json?: boolean;
 }
 
-function intArg(min: number) {
+export function intArg(min: number) {
   return (value: string): number => {
     const n = Number(value);
     if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min) {

@@ -263,7 +263,12 @@ export const MemoryPlanSchema = z.object({
   kvBytes: bytes,
   /** Expert slots in all MoE layers; 0 for dense models. */
   expertCacheBytes: bytes,
+  /** Activations of one prefill chunk, the logits and the process itself. */
+  workBytes: bytes,
+  /** weightsBytes + kvBytes + expertCacheBytes + workBytes (host memory). */
   totalBytes: bytes,
+  /** GPU backends: the device memory the engine plans (an estimate); 0 on the CPU. */
+  deviceBytes: bytes,
   /** Expert slots the plan uses (budget applied); null for dense models. */
   expertCacheSlots: z.number().int().nullable(),
   /** Expected hit rate at that slot count, measured or estimated; null when unknown. */

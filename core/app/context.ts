@@ -160,6 +160,9 @@ export function createAppContext(options: AppControllerOptions): AppContext {
   const models = new ModelsManager({
     modelsDir,
     dataDir,
+    // The engine's plan, the figures the Tuning view shows (the engine is made below).
+    planBytes: async (dir, engineSettings): Promise<number> =>
+      (await engine.plan(dir, engineSettings)).total_bytes,
     onChange: () => emitModels(),
     log,
   });

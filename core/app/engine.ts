@@ -20,6 +20,7 @@ import {
   type EngineClientOptions,
   type EngineCrashError,
   type LoadParams,
+  type PlanEvent,
   type ReadyEvent,
   type StatsEvent,
 } from "../engine/index.ts";
@@ -133,6 +134,23 @@ export class EngineManager {
 
   get isCrashed(): boolean {
     return this.crashed;
+  }
+
+  /**
+   * The engine's memory plan for the model in `dir` at `settings`, without loading it: asked of
+   * the running service, or of a short-lived one when none is running (the status stays as it
+   * is).
+   */
+  async plan(dir: string, settings: EngineSettings): Promise<PlanEvent> {
+    const params = loadParams(dir, settings);
+    const running = this.client;
+    if (running && !this.clientDead && !this.clientStarting) return running.plan(params);
+    const client = await EngineClient.start({ ...this.opts.client, restart: false });
+    try {
+      return await client.plan(params);
+    } finally {
+      await client.close();
+    }
   }
 
   /** The client for the server (may be a crashed one: its requests then fail with the crash). */

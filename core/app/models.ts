@@ -17,7 +17,6 @@ import { readManifest, verifyModelFiles } from "../format/read.ts";
 import type { CatalogItem, EngineSettings, InstalledModel, VerifyState } from "./api.ts";
 import { writeFileAtomic } from "./conversations.ts";
 import { AppFailure } from "./errors.ts";
-import { planParts, planTotal } from "./memory.ts";
 
 interface StoredVerify extends VerifyState {
   /** The manifest's mtime when checked. */
@@ -27,6 +26,8 @@ interface StoredVerify extends VerifyState {
 export interface ModelsManagerOptions {
   modelsDir: string;
   dataDir: string;
+  /** The engine's memory plan total for a model directory at engine settings. */
+  planBytes: (dir: string, engine: EngineSettings) => Promise<number>;
   /** Called when the listing or a verify state changed. */
   onChange: () => void;
   log?: (line: string) => void;
@@ -183,7 +184,7 @@ export class ModelsManager {
         name: e.name,
         dir: e.dir,
         sizeBytes: e.manifest.files.reduce((s, f) => s + f.size, 0),
-        memoryEstimateBytes: planTotal(planParts(e.manifest, engine)),
+        memoryEstimateBytes: await this.opts.planBytes(e.dir, engine),
         family: a.family,
         moe: a.moe !== null,
         isDemo: isDemoCreatedBy(e.manifest.created_by),
@@ -197,18 +198,19 @@ export class ModelsManager {
   async catalog(engine: EngineSettings): Promise<CatalogItem[]> {
     const installed = await this.entries();
     const total = totalmem();
-    return CATALOG.map((c) => {
+    const items: CatalogItem[] = [];
+    for (const c of CATALOG) {
       const match =
         c.kind === "demo"
           ? installed.find(
               (m) => m.name === DEMO_MODEL_NAME && isDemoCreatedBy(m.manifest.created_by),
             )
           : installed.find((m) => m.manifest.source.repo?.toLowerCase() === c.repo.toLowerCase());
-      const memoryBytes = match ? planTotal(planParts(match.manifest, engine)) : c.memory.bytes;
+      const memoryBytes = match ? await this.opts.planBytes(match.dir, engine) : c.memory.bytes;
       const memoryNote = match
         ? `at your settings (context ${engine.context}${match.manifest.architecture.moe ? `, ${engine.memoryBudgetBytes !== null ? "memory budget" : `${engine.expertCacheSlots} expert slots`}` : ""})`
         : `${c.memory.approx ? "about: " : ""}${c.memoryNote}`;
-      return {
+      items.push({
         id: c.id,
         title: c.title,
         description: c.description,
@@ -221,8 +223,9 @@ export class ModelsManager {
         fits: memoryBytes <= total,
         licence: { ...c.licence },
         installedAs: match?.name ?? null,
-      };
-    });
+      });
+    }
+    return items;
   }
 
   /** Starts rehashing every file; answers at once (progress in onChange). */

@@ -1,7 +1,7 @@
 /**
  * Finding a model for the chat commands: a name in the models directory, a path, or (by default)
- * the built-in demo model, made on first use. Also the `models` listing: size and a memory
- * estimate per installed model.
+ * the built-in demo model, made on first use. Also the `models` listing (the memory figures come
+ * from the engine's plan: cli/commands/models.ts).
  */
 import { readdir, stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
@@ -60,36 +60,13 @@ export interface ModelInfo {
   dir: string;
   /** Bytes of all files of the model. */
   sizeBytes: number;
-  /** Rough resident memory for `context` positions and `expertCacheSlots` cached experts. */
-  memoryEstimateBytes: number;
   family: string;
   moe: boolean;
   isDemo: boolean;
 }
 
-/**
- * Resident weights, plus (MoE) the expert cache, plus an f16 KV cache for `context` positions
- * (a sliding layer keeps at most its window). An estimate: activations and buffers come on top.
- */
-export function estimateMemory(manifest: Manifest, context = 4096, expertCacheSlots = 16): number {
-  const weights = manifest.files.find((f) => f.path === "weights.bin")?.size ?? 0;
-  let experts = 0;
-  for (const layer of Object.values(manifest.experts?.layers ?? {})) {
-    experts += Math.min(expertCacheSlots, layer.count) * layer.stride;
-  }
-  let kv = 0;
-  for (const l of manifest.architecture.layers) {
-    const positions = l.sliding_window === null ? context : Math.min(context, l.sliding_window);
-    kv += 2 * l.num_kv_heads * l.head_dim * positions * 2;
-  }
-  return weights + experts + kv;
-}
-
 /** Installed models (directories with a readable manifest), sorted by name. */
-export async function listModels(
-  dir: string = modelsDir(),
-  estimate: { context?: number; expertCacheSlots?: number } = {},
-): Promise<ModelInfo[]> {
+export async function listModels(dir: string = modelsDir()): Promise<ModelInfo[]> {
   let names: string[];
   try {
     names = (await readdir(dir, { withFileTypes: true }))
@@ -111,7 +88,6 @@ export async function listModels(
       name,
       dir: join(dir, name),
       sizeBytes: manifest.files.reduce((s, f) => s + f.size, 0),
-      memoryEstimateBytes: estimateMemory(manifest, estimate.context, estimate.expertCacheSlots),
       family: manifest.architecture.family,
       moe: manifest.architecture.moe !== null,
       isDemo: isDemoCreatedBy(manifest.created_by),

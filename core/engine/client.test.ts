@@ -150,6 +150,49 @@ describe("engine client and decode service", () => {
     expect(stats.memory.rss_bytes).toBeGreaterThan(0);
   });
 
+  it("plans memory without loading, at once while generating, equal to what a load plans", async () => {
+    const client = await startClient();
+    const settings = { context: 512, chunk: CHUNK, expert_cache_slots: 2, prefix_slack: 8 };
+    const plan = await client.plan({ model, ...settings });
+    expect(plan.model).toBe(model);
+    expect(plan.backend).toBe("cpu");
+    expect(plan.slots).toBe(2);
+    expect(plan.expert_bytes).toBe(2 * plan.moe_layers * plan.expert_bytes_each);
+    expect(plan.core_bytes + plan.kv_bytes + plan.expert_bytes + plan.work_bytes).toBe(
+      plan.total_bytes,
+    );
+    expect((await client.stats()).model).toBeNull(); // nothing was loaded
+
+    // The ring slack and the context reach the KV cache part; the load's figures are the plan's.
+    const ready = await client.load({ model, threads: THREADS, ...settings });
+    expect(ready.memory.estimate_bytes).toBe(plan.total_bytes);
+    expect(ready.memory.kv_bytes).toBe(plan.kv_bytes);
+    const noSlack = await client.plan({ model, ...settings, prefix_slack: 0 });
+    expect(noSlack.kv_bytes).toBeLessThan(plan.kv_bytes);
+
+    // Answered by the reader while a generation runs: the generation is cancelled only once the
+    // plan has come back, so "plan" before "finished" proves it did not wait for the worker.
+    const order: string[] = [];
+    const abort = new AbortController();
+    for await (const e of client.generate(
+      { ...greedy(PROMPT, 400), ignore_eos: true },
+      { signal: abort.signal },
+    )) {
+      if (e.type === "tokens" && order.length === 0) {
+        order.push("tokens");
+        void client.plan({ model, ...settings }).then(() => {
+          order.push("plan");
+          abort.abort();
+        });
+      } else if (e.type === "finished") order.push(`finished ${e.reason}`);
+    }
+    expect(order).toEqual(["tokens", "plan", "finished cancelled"]);
+
+    await expect(client.plan({ model: join(work, "absent") })).rejects.toMatchObject({
+      code: "plan_failed",
+    });
+  });
+
   it("reuses the longest common prefix, and recomputes when the ring lost it", async () => {
     const client = await loadedClient();
     const first = await client.generateAll(greedy(PROMPT, 8, { ignore_eos: true }));

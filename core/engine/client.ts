@@ -28,6 +28,9 @@ import {
   type LoadParams,
   LoadParamsSchema,
   type LoadProgressEvent,
+  type PlanEvent,
+  type PlanParams,
+  PlanParamsSchema,
   PROTOCOL_VERSION,
   type ReadyEvent,
   type RequestId,
@@ -225,6 +228,14 @@ export class EngineClient {
     });
     this.lastLoad = checked;
     return ready;
+  }
+
+  /**
+   * The memory plan for a model at these load settings, without loading it (answered at once,
+   * also while a generation runs).
+   */
+  async plan(params: PlanParams): Promise<PlanEvent> {
+    return this.request<PlanEvent>("plan", PlanParamsSchema.parse(params), "plan");
   }
 
   async unload(): Promise<void> {

@@ -50,6 +50,10 @@ export const LoadParamsSchema = z.object({
 });
 export type LoadParams = z.infer<typeof LoadParamsSchema>;
 
+/** A plan request takes the load fields (threads is ignored) and loads nothing. */
+export const PlanParamsSchema = LoadParamsSchema;
+export type PlanParams = LoadParams;
+
 export const GenerateParamsSchema = z.object({
   tokens: z.array(tokenId).min(1),
   max_new_tokens: z.number().int().nonnegative().optional(),
@@ -67,6 +71,7 @@ export type GenerateParams = z.infer<typeof GenerateParamsSchema>;
 export const RequestSchema = z.discriminatedUnion("type", [
   z.object({ type: z.literal("hello"), id: RequestId, protocol: z.number().int() }),
   LoadParamsSchema.extend({ type: z.literal("load"), id: RequestId }),
+  PlanParamsSchema.extend({ type: z.literal("plan"), id: RequestId }),
   GenerateParamsSchema.extend({ type: z.literal("generate"), id: RequestId }),
   z.object({ type: z.literal("cancel"), id: RequestId.optional(), target: RequestId }),
   z.object({ type: z.literal("unload"), id: RequestId }),
@@ -137,6 +142,41 @@ export const ReadyEventSchema = z.object({
   }),
 });
 export type ReadyEvent = z.infer<typeof ReadyEventSchema>;
+
+/**
+ * The memory plan (native/src/runtime/memory_plan.h) for a model at load settings, before
+ * loading: core_bytes + kv_bytes + expert_bytes + work_bytes = total_bytes (host memory).
+ */
+export const PlanEventSchema = z.object({
+  type: z.literal("plan"),
+  id: eventId,
+  model: z.string(),
+  /** The backend planned for ("auto" resolved). */
+  backend: z.string(),
+  context: z.number().int(),
+  chunk: z.number().int(),
+  prefix_slack: z.number().int(),
+  kv_dtype: z.enum(["f16", "f32"]),
+  /** Expert slots per MoE layer (picked by memory_budget when given); 0: all resident or dense. */
+  slots: z.number().int(),
+  moe_layers: z.number().int(),
+  expert_bytes_each: z.number(),
+  /** weights.bin, mapped. */
+  core_bytes: z.number(),
+  kv_bytes: z.number(),
+  expert_bytes: z.number(),
+  /** Activations of one prefill chunk, the logits and the process itself. */
+  work_bytes: z.number(),
+  total_bytes: z.number(),
+  /** Every expert file (for comparison; not part of the total). */
+  all_experts_bytes: z.number(),
+  memory_budget: z.number(),
+  /** Why the budget cannot hold the model; null when it fits or there is none. */
+  over_budget: z.string().nullable(),
+  /** GPU backends: the device memory, estimated; 0 on the CPU. */
+  device_bytes: z.number(),
+});
+export type PlanEvent = z.infer<typeof PlanEventSchema>;
 
 export const PrefillEventSchema = z.object({
   type: z.literal("prefill"),
@@ -213,6 +253,7 @@ export const ErrorCode = z.enum([
   "already_loaded",
   "model_locked",
   "load_failed",
+  "plan_failed",
   "context_overflow",
   "generate_failed",
   "non_finite_logits",
@@ -237,6 +278,7 @@ export const EventSchema = z.discriminatedUnion("type", [
   HelloEventSchema,
   LoadProgressEventSchema,
   ReadyEventSchema,
+  PlanEventSchema,
   PrefillEventSchema,
   TokensEventSchema,
   StatsEventSchema,

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "format/checked.h"
-#include "runtime/kv_cache.h"
+#include "models/kv_cache.h"
 
 using namespace redwing;
 

@@ -106,7 +106,8 @@ void check_model(const synth::Spec& spec, const std::string& tag) {
   go.kv_dtype = redwing::KvDType::f32;
   go.chunk = 4;
   redwing::Engine gen(go);
-  auto result = gen.generate(std::span<const int32_t>(ids.data(), 6), 6, greedy);
+  auto result =
+      redwing::generate_once(gen, std::vector<int32_t>(ids.begin(), ids.begin() + 6), 6, greedy);
   // Generation stops early only at an end-of-sequence id.
   std::vector<int32_t> want = expect;
   for (size_t i = 0; i < want.size(); ++i)

@@ -140,7 +140,7 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   SamplerConfig s;
   s.temperature = 0;
   const std::vector<int32_t> prompt = {2, 40, 77, 9, 130};
-  const auto first = engine.generate(prompt, 6, s);
+  const auto first = generate_once(engine, prompt, 6, s);
   REQUIRE(first.tokens.size() == 6);
   CHECK(engine.expert_stats().misses > 0);
 
@@ -149,7 +149,7 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   const auto bytes = read_all(file);
   fs::resize_file(file, 0);
   try {
-    engine.generate(prompt, 6, s);
+    generate_once(engine, prompt, 6, s);
     FAIL("generation should have failed");
   } catch (const std::exception& e) {
     const std::string msg = e.what();
@@ -158,7 +158,7 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   }
   // The file comes back: the same engine generates the same tokens again.
   write_all(file, bytes);
-  const auto again = engine.generate(prompt, 6, s);
+  const auto again = generate_once(engine, prompt, 6, s);
   CHECK(again.tokens == first.tokens);
 }
 
@@ -208,6 +208,36 @@ TEST_CASE("memory plan: the budget picks the slots that fit and refuses what can
   } catch (const std::runtime_error& e) {
     CHECK(std::string(e.what()).find("cannot hold") != std::string::npos);
   }
+  // The settings form (what the engine, the tool and the service call) applies the budget
+  // the same way, and says why instead of throwing when even one slot does not fit.
+  PlanSettings settings;
+  settings.context = 64;
+  settings.memory_budget = budget;
+  const MemoryPlan picked = plan_memory(dir, settings);
+  CHECK(picked.slots == 3);
+  CHECK(picked.over_budget.empty());
+  CHECK(picked.total() ==
+        picked.core_bytes + picked.kv_bytes + picked.expert_bytes + picked.work_bytes);
+  CHECK(picked.total() <= budget);
+  settings.memory_budget = one.total() - 1;
+  const MemoryPlan over = plan_memory(dir, settings);
+  CHECK(over.slots == 1);
+  CHECK(over.over_budget.find("cannot hold") != std::string::npos);
+  // Slots asked for win over the budget; a plan over budget says so.
+  settings.expert_cache_slots = 8;
+  CHECK(plan_memory(dir, settings).slots == 8);
+  CHECK(!plan_memory(dir, settings).over_budget.empty());
+  // Ring slack is KV memory; a GPU plan estimates device memory, the CPU one has none.
+  PlanSettings slack;
+  slack.context = 1024;
+  slack.ring_slack = 64;
+  CHECK(plan_memory(dir, slack).kv_bytes >
+        plan_memory(dir, PlanSettings{.context = 1024}).kv_bytes);
+  CHECK(plan_memory(dir, slack).device_bytes == 0);
+  slack.gpu = true;
+  const MemoryPlan gpu = plan_memory(dir, slack);
+  CHECK(gpu.device_bytes == gpu.core_bytes + gpu.expert_bytes + gpu.kv_bytes + gpu.work_bytes -
+                                defaults::kProcessAllowanceBytes);
   CHECK(parse_byte_size("2.5G") == static_cast<uint64_t>(2.5 * 1024 * 1024 * 1024));
   CHECK(parse_byte_size("800M") == 800ull << 20);
   CHECK_THROWS_AS(parse_byte_size("lots"), std::invalid_argument);

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "backend/cpu/cpu_backend.h"
-#include "runtime/kv_cache.h"
+#include "models/kv_cache.h"
 
 using namespace redwing;
 

@@ -9,8 +9,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/model_dir.h"
+#include "models/expert_source.h"
 #include "models/model.h"
-#include "runtime/expert_source.h"
 #include "synthetic_model.h"
 
 namespace fs = std::filesystem;

@@ -103,8 +103,9 @@ TEST_CASE("Session reuses prefixes and matches cold generation") {
   REQUIRE(first.tokens.size() == 6);
   // The cache holds the prompt and the generated tokens but the last one.
   CHECK(session.tokens().size() == 9 + 5);
-  auto cold = engine.generate(req.prompt, 6, req.sampler);
-  const size_t n = cold.tokens.size();  // the plain engine stops at EOS
+  // A cold run (a fresh session) that stops at EOS: the same tokens up to there.
+  auto cold = redwing::generate_once(engine, req.prompt, 6, req.sampler);
+  const size_t n = cold.tokens.size();
   CHECK(std::vector<int32_t>(first.tokens.begin(), first.tokens.begin() + n) == cold.tokens);
 
   // Continue: prompt + output + two more tokens reuses everything the cache holds.
@@ -115,7 +116,7 @@ TEST_CASE("Session reuses prefixes and matches cold generation") {
   auto warm = session.generate(req);
   CHECK(warm.cached_tokens == 14);
   CHECK(warm.prefill_tokens == static_cast<int64_t>(req.prompt.size()) - 14);
-  CHECK(warm.tokens == engine.generate(req.prompt, 6, req.sampler).tokens);
+  CHECK(warm.tokens == redwing::generate_once(engine, req.prompt, 6, req.sampler).tokens);
 
   // Stop tokens end generation with "stop" (the token is included).
   req.stop_ids = {warm.tokens.front()};
@@ -132,7 +133,7 @@ TEST_CASE("Session reuses prefixes and matches cold generation") {
   auto cancelled = session.generate(req, cb);
   CHECK(cancelled.stop_reason == "cancelled");
   auto after = session.generate(req);
-  CHECK(after.tokens == engine.generate(req.prompt, 6, req.sampler).tokens);
+  CHECK(after.tokens == redwing::generate_once(engine, req.prompt, 6, req.sampler).tokens);
 
   // A prompt longer than the context is refused.
   req.prompt = sequence(65, 3);

@@ -1,4 +1,4 @@
-// Tests of runtime/thread_pool.h: coverage of the index range, chunk alignment, exceptions,
+// Tests of backend/cpu/thread_pool.h: coverage of the index range, chunk alignment, exceptions,
 // nesting, repeated dispatch and shutdown.
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/thread_pool.h"
+#include "backend/cpu/thread_pool.h"
 
 using redwing::ThreadPool;
 

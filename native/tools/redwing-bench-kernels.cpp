@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
-#include "runtime/thread_pool.h"
+#include "backend/cpu/thread_pool.h"
 
 using namespace redwing;
 using namespace redwing::cpu;

@@ -12,7 +12,11 @@
 //       prints {"perplexity", "nll_per_token", "tokens", "windows", ...}; log-probabilities are
 //       computed in the engine (Engine::score_tokens), no logits leave it
 //   redwing-engine memory --model DIR [--context N] [--expert-cache-slots N] [--kv-dtype ...]
-//       prints the expected memory (JSON) before loading anything big
+//                         [--memory-budget SIZE] [--chunk N] [--prefix-slack N] [--backend B]
+//       prints the memory plan (JSON, runtime/memory_plan.h) before loading anything big: the
+//       same figures as the service's plan request for the same settings
+//   redwing-engine defaults --json
+//       prints every native default (runtime/defaults.h)
 //   redwing-engine diskbench --model DIR [--megabytes 1024] [--io-threads 8]
 //                         [--read-piece-kib 1024] [--direct-io on|off]
 //       cold read throughput of random experts through the expert store's I/O path (benchmarks)
@@ -57,6 +61,8 @@ const char* kUsage =
     "                             [--threads N]\n"
     "       redwing-engine memory --model DIR [--context N] [--expert-cache-slots N]\n"
     "                             [--memory-budget SIZE] [--kv-dtype f16|f32] [--chunk N]\n"
+    "                             [--prefix-slack N] [--backend B]\n"
+    "       redwing-engine defaults --json\n"
     "       redwing-engine diskbench --model DIR [--megabytes N] [--io-threads N]\n"
     "                             [--read-piece-kib N] [--direct-io on|off]\n"
     "expert streaming (MoE models; logits, generate, perplexity):\n"
@@ -220,6 +226,10 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
     o.context = parse_number<int64_t>(f.at("context"), "context");
     if (o.context <= 0) throw UsageError("--context must be positive");
   }
+  if (f.count("prefix-slack")) {
+    o.prefix_slack = parse_number<int64_t>(f.at("prefix-slack"), "prefix-slack");
+    if (o.prefix_slack < 0) throw UsageError("--prefix-slack must be >= 0");
+  }
   return o;
 }
 
@@ -317,14 +327,73 @@ int cmd_perplexity(int argc, char** argv) {
   return 0;
 }
 
+// What one generated token cost (decode steps; the first entry is the prefill).
+struct TokenStats {
+  uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
+  double io_wait_ms = 0;        // waiting for expert reads with nothing else to do
+  double compute_ms = 0;        // the rest of the forward pass
+  redwing::ForwardParts parts;  // wall time per part (experts include io_wait_ms)
+};
+
+// Per forward pass of a generation: expert counters and time, split into I/O wait and the rest,
+// measured through the session's on_forward callback. The prefill's chunks add up to entry 0.
+class ForwardRecorder {
+ public:
+  explicit ForwardRecorder(redwing::Engine& engine)
+      : engine_(engine),
+        experts_before_(engine.expert_stats()),
+        parts_before_(engine.model().forward_parts()) {}
+
+  void record(double seconds, bool prefill) {
+    const redwing::ExpertStats now = engine_.expert_stats();
+    const redwing::ForwardParts& p = engine_.model().forward_parts();
+    const redwing::ForwardParts& b = parts_before_;
+    TokenStats s;
+    s.parts = {p.embed_ms - b.embed_ms,     p.attention_ms - b.attention_ms,
+               p.router_ms - b.router_ms,   p.dense_mlp_ms - b.dense_mlp_ms,
+               p.experts_ms - b.experts_ms, p.head_ms - b.head_ms};
+    s.expert_hits = now.hits - experts_before_.hits;
+    s.expert_misses = now.misses - experts_before_.misses;
+    s.bytes_read = now.bytes_read - experts_before_.bytes_read;
+    s.io_wait_ms = (now.io_wait_seconds - experts_before_.io_wait_seconds) * 1e3;
+    s.compute_ms = seconds * 1e3 - s.io_wait_ms;
+    parts_before_ = p;
+    experts_before_ = now;
+    if (prefill && !stats_.empty()) {  // another chunk of the prompt
+      TokenStats& t = stats_.back();
+      t.expert_hits += s.expert_hits;
+      t.expert_misses += s.expert_misses;
+      t.bytes_read += s.bytes_read;
+      t.io_wait_ms += s.io_wait_ms;
+      t.compute_ms += s.compute_ms;
+      t.parts.embed_ms += s.parts.embed_ms;
+      t.parts.attention_ms += s.parts.attention_ms;
+      t.parts.router_ms += s.parts.router_ms;
+      t.parts.dense_mlp_ms += s.parts.dense_mlp_ms;
+      t.parts.experts_ms += s.parts.experts_ms;
+      t.parts.head_ms += s.parts.head_ms;
+    } else {
+      stats_.push_back(s);
+    }
+  }
+  const std::vector<TokenStats>& stats() const { return stats_; }
+
+ private:
+  redwing::Engine& engine_;
+  redwing::ExpertStats experts_before_;
+  redwing::ForwardParts parts_before_;
+  std::vector<TokenStats> stats_;  // [0] the prefill, then one per decode forward pass
+};
+
 // Expert streaming statistics of a generation: the run's totals, the decode steps' averages
 // (the prefill is token_stats[0]) and one entry per forward pass.
-std::string expert_stats_json(const redwing::Engine& engine, const redwing::GenerateResult& r) {
+std::string expert_stats_json(const redwing::Engine& engine,
+                              const std::vector<TokenStats>& token_stats) {
   const redwing::ExpertStats run = engine.expert_stats();
-  redwing::TokenStats decode;
+  TokenStats decode;
   size_t steps = 0;
-  for (size_t i = 1; i < r.token_stats.size(); ++i, ++steps) {
-    const auto& t = r.token_stats[i];
+  for (size_t i = 1; i < token_stats.size(); ++i, ++steps) {
+    const auto& t = token_stats[i];
     decode.expert_hits += t.expert_hits;
     decode.expert_misses += t.expert_misses;
     decode.bytes_read += t.bytes_read;
@@ -370,8 +439,8 @@ std::string expert_stats_json(const redwing::Engine& engine, const redwing::Gene
                 p.experts_ms / n, decode.io_wait_ms / n, p.head_ms / n, other / n);
   out += buf;
   out += ", \"token_stats\": [";
-  for (size_t i = 0; i < r.token_stats.size(); ++i) {
-    const auto& t = r.token_stats[i];
+  for (size_t i = 0; i < token_stats.size(); ++i) {
+    const auto& t = token_stats[i];
     std::snprintf(buf, sizeof(buf),
                   "%s{\"hits\": %llu, \"misses\": %llu, \"bytes_read\": %llu, "
                   "\"io_wait_ms\": %.3f, \"compute_ms\": %.3f}",
@@ -385,18 +454,22 @@ std::string expert_stats_json(const redwing::Engine& engine, const redwing::Gene
 }
 
 int cmd_memory(int argc, char** argv) {
-  auto f =
-      parse_flags(argc, argv, 2,
-                  {"model", "context", "expert-cache-slots", "memory-budget", "kv-dtype", "chunk"});
-  redwing::EngineOptions o = engine_options(f);
-  const redwing::ModelDir dir = redwing::ModelDir::open(o.model_dir);
-  int slots = o.expert_cache_slots;
-  if (o.memory_budget > 0 && dir.arch().moe && slots == 0)
-    slots = redwing::slots_for_budget(dir, o.memory_budget, o.context, o.kv_dtype, o.chunk);
+  auto f = parse_flags(argc, argv, 2,
+                       {"model", "context", "expert-cache-slots", "memory-budget", "kv-dtype",
+                        "chunk", "prefix-slack", "backend"});
+  const redwing::EngineOptions o = engine_options(f);
   const auto plan =
-      redwing::plan_memory(dir, o.context, dir.arch().moe ? slots : 0, o.kv_dtype, o.chunk);
+      redwing::plan_memory(redwing::ModelDir::open(o.model_dir), redwing::plan_settings(o));
   std::string out = plan.to_json();
   out += "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+int cmd_defaults(int argc, char** argv) {
+  if (argc != 3 || std::strcmp(argv[2], "--json") != 0)
+    throw UsageError("defaults takes exactly --json");
+  const std::string out = redwing::defaults::defaults_json() + "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }
@@ -489,7 +562,13 @@ int cmd_generate(int argc, char** argv) {
     throw UsageError(e.what());
   }
   redwing::Engine engine(engine_options(f));
-  auto r = engine.generate(tokens, max_new, s);
+  // The decode service's loop (runtime/engine.h Session), in a fresh session for this prompt.
+  ForwardRecorder recorder(engine);
+  redwing::SessionCallbacks callbacks;
+  bool prefilling = true;
+  callbacks.on_forward = [&](int64_t, double seconds) { recorder.record(seconds, prefilling); };
+  callbacks.on_prefill = [&](int64_t done, int64_t total) { prefilling = done < total; };
+  const redwing::SessionResult r = redwing::generate_once(engine, tokens, max_new, s, callbacks);
   std::string out = "{\"tokens\": [";
   for (size_t i = 0; i < r.tokens.size(); ++i) {
     if (i) out += ',';
@@ -506,7 +585,7 @@ int cmd_generate(int argc, char** argv) {
                 tokens.size(), r.prefill_seconds, r.decode_seconds, decode_tps,
                 static_cast<unsigned long long>(s.seed));
   out += buf;
-  out += expert_stats_json(engine, r);
+  out += expert_stats_json(engine, recorder.stats());
   out += "}\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
@@ -525,6 +604,7 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return cmd_generate(argc, argv);
     if (cmd == "perplexity") return cmd_perplexity(argc, argv);
     if (cmd == "memory") return cmd_memory(argc, argv);
+    if (cmd == "defaults") return cmd_defaults(argc, argv);
     if (cmd == "diskbench") return cmd_diskbench(argc, argv);
     throw UsageError("unknown command \"" + cmd + "\"");
   } catch (const UsageError& e) {

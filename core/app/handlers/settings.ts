@@ -35,8 +35,8 @@ export function settingsHandlers(ctx: AppContext): HandlerGroup<"settings"> {
       const loadedHere = engine.loaded?.name === name;
       return memoryPlan(
         name,
-        entry.manifest,
-        engineSettings,
+        await ctx.engine.plan(entry.dir, engineSettings),
+        entry.manifest.architecture.moe?.num_experts ?? 0,
         await freeMemoryBytes(),
         ctx.hitRates,
         loadedHere ? (ctx.live.history.at(-1)?.rssBytes ?? 0) : 0,

@@ -9,8 +9,8 @@
 
 #include "backend/backend.h"
 #include "format/model_dir.h"
-#include "runtime/expert_source.h"
-#include "runtime/kv_cache.h"
+#include "models/expert_source.h"
+#include "models/kv_cache.h"
 
 namespace redwing {
 

@@ -16,6 +16,25 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+PlanSettings plan_settings(const EngineOptions& o) {
+  PlanSettings s;
+  s.context = o.context;
+  s.expert_cache_slots = o.expert_cache_slots;
+  s.memory_budget = o.memory_budget;
+  s.kv_dtype = o.kv_dtype;
+  s.chunk = o.chunk;
+  s.ring_slack = o.prefix_slack;
+  s.mmap_experts = o.mmap_experts;
+  // "auto" is resolved as make_backend resolves it; a device name that is not there leaves
+  // the CPU plan (make_backend then says why).
+  try {
+    s.gpu = o.backend != "cpu" && resolve_backend(o.backend) != "cpu";
+  } catch (const std::exception&) {
+    s.gpu = false;
+  }
+  return s;
+}
+
 Engine::Engine(const EngineOptions& options)
     : options_(options), dir_(ModelDir::open(options.model_dir)) {
   if (options_.chunk <= 0) throw std::invalid_argument("chunk size must be positive");
@@ -31,16 +50,12 @@ Engine::Engine(const EngineOptions& options)
   const bool moe = dir_.arch().moe.has_value();
   if (options_.mmap_experts && options_.expert_cache_slots > 0)
     throw std::invalid_argument("mapped experts and expert cache slots exclude each other");
-  if (options_.memory_budget > 0 && moe && options_.expert_cache_slots == 0 &&
-      !options_.mmap_experts)
-    options_.expert_cache_slots = slots_for_budget(dir_, options_.memory_budget, options_.context,
-                                                   options_.kv_dtype, options_.chunk);
-  const int slots = moe ? options_.expert_cache_slots : 0;
-  plan_ = plan_memory(dir_, options_.context, slots, options_.kv_dtype, options_.chunk);
-  if (options_.memory_budget > 0 && plan_.total() > options_.memory_budget)
-    throw std::runtime_error("memory budget of " + std::to_string(options_.memory_budget) +
-                             " bytes cannot hold the model: it needs " +
-                             std::to_string(plan_.total()) + " bytes (" + plan_.to_json() + ")");
+  // Planned before the backend starts: a budget that cannot hold the model is refused at once.
+  plan_ = plan_memory(dir_, plan_settings(options_));
+  if (!plan_.over_budget.empty())
+    throw std::runtime_error(plan_.over_budget + " (" + plan_.to_json() + ")");
+  options_.expert_cache_slots = plan_.slots;  // the budget's pick, if it made one
+  const int slots = plan_.slots;
   backend_ = make_backend(options_.backend, options_.threads);
   if (moe && slots > 0) {
     ExpertStoreOptions so;
@@ -135,73 +150,6 @@ TokenScores Engine::score_tokens(std::span<const int32_t> tokens, int64_t window
   return result;
 }
 
-GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
-                                const SamplerConfig& sampler_config,
-                                const std::function<void(int32_t)>& on_token) {
-  if (prompt.empty()) throw std::invalid_argument("the prompt has no tokens");
-  if (max_new < 0) throw std::invalid_argument("max-new must be >= 0");
-  GenerateResult result;
-  if (max_new == 0) {
-    result.stop_reason = "length";
-    return result;
-  }
-  Sampler sampler(sampler_config);
-  // The last sampled token is never run through the model, hence the - 1.
-  KvCache cache = new_cache(static_cast<int64_t>(prompt.size()) + max_new - 1);
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
-  std::vector<float> logits;
-
-  // Per forward pass: expert counters and time, split into I/O wait and the rest.
-  ForwardParts parts_before = model_->forward_parts();
-  auto step_stats = [&](const ExpertStats& before, double seconds) {
-    const ExpertStats now = expert_stats();
-    const ForwardParts& p = model_->forward_parts();
-    TokenStats s;
-    s.parts = {p.embed_ms - parts_before.embed_ms,     p.attention_ms - parts_before.attention_ms,
-               p.router_ms - parts_before.router_ms,   p.dense_mlp_ms - parts_before.dense_mlp_ms,
-               p.experts_ms - parts_before.experts_ms, p.head_ms - parts_before.head_ms};
-    parts_before = p;
-    s.expert_hits = now.hits - before.hits;
-    s.expert_misses = now.misses - before.misses;
-    s.bytes_read = now.bytes_read - before.bytes_read;
-    s.io_wait_ms = (now.io_wait_seconds - before.io_wait_seconds) * 1e3;
-    s.compute_ms = seconds * 1e3 - s.io_wait_ms;
-    result.token_stats.push_back(s);
-  };
-  auto t0 = std::chrono::steady_clock::now();
-  ExpertStats before = expert_stats();
-  const size_t step = static_cast<size_t>(options_.chunk);
-  for (size_t i = 0; i < prompt.size(); i += step) {
-    const size_t n = std::min(step, prompt.size() - i);
-    const bool last = i + n == prompt.size();
-    model_->forward(prompt.subspan(i, n), cache, last ? LogitsFor::last : LogitsFor::none, logits);
-  }
-  result.prefill_seconds = seconds_since(t0);
-  step_stats(before, result.prefill_seconds);
-
-  t0 = std::chrono::steady_clock::now();
-  const auto& eos = arch().eos_token_ids;
-  result.stop_reason = "length";
-  for (int k = 0; k < max_new; ++k) {
-    const int32_t token = sampler.sample(logits, history);
-    result.tokens.push_back(token);
-    history.push_back(token);
-    if (on_token) on_token(token);
-    if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
-      result.stop_reason = "eos";
-      break;
-    }
-    if (k + 1 == max_new) break;
-    logits.clear();
-    const auto t_step = std::chrono::steady_clock::now();
-    before = expert_stats();
-    model_->forward(std::span<const int32_t>(&token, 1), cache, LogitsFor::last, logits);
-    step_stats(before, seconds_since(t_step));
-  }
-  result.decode_seconds = seconds_since(t0);
-  return result;
-}
-
 // ---- Session --------------------------------------------------------------------------------
 
 namespace {
@@ -270,8 +218,10 @@ SessionResult Session::generate(const SessionRequest& request, const SessionCall
     }
     const size_t n = std::min(step, prompt.size() - i);
     const bool last = i + n == prompt.size();
+    const auto t_forward = std::chrono::steady_clock::now();
     engine_.model().forward(std::span<const int32_t>(prompt).subspan(i, n), cache_,
                             last ? LogitsFor::last : LogitsFor::none, logits);
+    if (cb.on_forward) cb.on_forward(static_cast<int64_t>(n), seconds_since(t_forward));
     tokens_.insert(tokens_.end(), prompt.begin() + static_cast<std::ptrdiff_t>(i),
                    prompt.begin() + static_cast<std::ptrdiff_t>(i + n));
     result.prefill_tokens += static_cast<int64_t>(n);
@@ -305,11 +255,31 @@ SessionResult Session::generate(const SessionRequest& request, const SessionCall
     // The context is full: the sampled token cannot be run, so the sequence ends here.
     if (k + 1 == request.max_new || cache_.length() >= context()) break;
     logits.clear();
+    const auto t_forward = std::chrono::steady_clock::now();
     engine_.model().forward(std::span<const int32_t>(&token, 1), cache_, LogitsFor::last, logits);
+    if (cb.on_forward) cb.on_forward(1, seconds_since(t_forward));
     tokens_.push_back(token);
   }
   result.decode_seconds = seconds_since(t_decode);
   return result;
+}
+
+SessionResult generate_once(Engine& engine, const SessionRequest& request,
+                            const SessionCallbacks& callbacks) {
+  if (request.max_new < 0) throw std::invalid_argument("max_new_tokens must be >= 0");
+  const int64_t context =
+      std::max<int64_t>(1, static_cast<int64_t>(request.prompt.size()) + request.max_new - 1);
+  Session session(engine, context);
+  return session.generate(request, callbacks);
+}
+
+SessionResult generate_once(Engine& engine, std::vector<int32_t> prompt, int max_new,
+                            const SamplerConfig& sampler, const SessionCallbacks& callbacks) {
+  SessionRequest request;
+  request.prompt = std::move(prompt);
+  request.max_new = max_new;
+  request.sampler = sampler;
+  return generate_once(engine, request, callbacks);
 }
 
 }  // namespace redwing

@@ -11,10 +11,11 @@
 
 #include "backend/backend.h"
 #include "format/model_dir.h"
+#include "models/expert_source.h"
+#include "models/kv_cache.h"
 #include "models/model.h"
-#include "runtime/expert_source.h"
+#include "runtime/defaults.h"
 #include "runtime/expert_store.h"
-#include "runtime/kv_cache.h"
 #include "runtime/memory_plan.h"
 #include "runtime/routing_trace.h"
 #include "runtime/sampler.h"
@@ -26,42 +27,27 @@ inline constexpr int kMaxThreads = 1024;
 
 struct EngineOptions {
   std::string model_dir;
-  int threads = 0;              // 0: REDWING_THREADS or the hardware thread count
-  std::string backend = "cpu";  // cpu | vulkan | auto (backend/backend_select.h)
-  KvDType kv_dtype = KvDType::f16;
-  int64_t chunk = 128;  // prefill chunk: tokens per batched forward call
+  int threads = defaults::kThreads;          // 0: REDWING_THREADS or the hardware thread count
+  std::string backend = defaults::kBackend;  // cpu | metal | vulkan | auto (backend_select.h)
+  KvDType kv_dtype = defaults::kKvDtype;
+  int64_t chunk = defaults::kPrefillChunk;  // prefill chunk: tokens per batched forward call
   // Expert streaming (MoE models). 0 slots and no budget: every expert is read into RAM at
   // start. Otherwise experts are streamed from SSD through `expert_cache_slots` slots per layer
   // (runtime/expert_store.h); a memory_budget (bytes) picks the slot count that fits with the KV
   // cache for `context` positions, and the engine refuses to start if even the core does not.
-  int expert_cache_slots = 0;
+  int expert_cache_slots = defaults::kEngineExpertCacheSlots;
   EvictionPolicy expert_cache_policy = EvictionPolicy::lrfu;
-  int expert_io_threads = 8;
-  uint64_t expert_read_piece_bytes = 1 << 20;  // see ExpertStoreOptions::read_piece_bytes
-  bool direct_io = true;                       // bypass the page cache for expert reads
-  bool mmap_experts = false;                   // map the expert files instead (benchmark baseline)
-  uint64_t memory_budget = 0;
-  int64_t context = 4096;  // the context size the memory budget plans for
+  int expert_io_threads = defaults::kExpertIoThreads;
+  uint64_t expert_read_piece_bytes = defaults::kExpertReadPieceBytes;  // ExpertStoreOptions
+  bool direct_io = true;      // bypass the page cache for expert reads
+  bool mmap_experts = false;  // map the expert files instead (benchmark baseline)
+  uint64_t memory_budget = defaults::kMemoryBudget;
+  int64_t context = defaults::kContext;           // the context size the memory budget plans for
+  int64_t prefix_slack = defaults::kPrefixSlack;  // the session's ring slack, for the plan
   // BENCHMARK ONLY (runtime/routing_trace.h): replace the router's choice of experts with a
   // synthetic or recorded trace, and/or record the routing used. Changes the output.
   std::string routing_trace;
   std::string record_routing;
-};
-
-// What one generated token cost (decode steps; the first entry is the prefill).
-struct TokenStats {
-  uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
-  double io_wait_ms = 0;  // waiting for expert reads with nothing else to do
-  double compute_ms = 0;  // the rest of the forward pass
-  ForwardParts parts;     // wall time per part of the forward pass (experts include io_wait_ms)
-};
-
-struct GenerateResult {
-  std::vector<int32_t> tokens;  // generated tokens; a final end-of-sequence token is included
-  std::string stop_reason;      // "eos" or "length"
-  double prefill_seconds = 0;
-  double decode_seconds = 0;
-  std::vector<TokenStats> token_stats;  // [0] the prefill, then one per decode forward pass
 };
 
 struct TokenScores {
@@ -88,7 +74,8 @@ class Engine {
   ExpertStats expert_stats() const { return experts_ ? experts_->stats() : ExpertStats{}; }
   int expert_cache_slots() const { return store_ ? store_->options().slots : 0; }
   bool direct_io() const { return store_ && store_->direct_io(); }
-  // The expected memory at options().context, computed before loading.
+  // The expected memory at options().context, computed before loading (the engine refuses to
+  // start when a memory budget cannot hold it).
   const MemoryPlan& memory_plan() const { return plan_; }
 
   // A fresh KV cache for up to `context` positions (the engine's dtype and chunk size).
@@ -106,12 +93,6 @@ class Engine {
   // computed here (log-softmax in double precision), so callers get sums, not logits rows.
   TokenScores score_tokens(std::span<const int32_t> tokens, int64_t window, int64_t stride);
 
-  // Prefills `prompt` in chunks, then samples up to max_new tokens one at a time, stopping after
-  // an end-of-sequence token (the manifest's eos_token_ids). on_token sees each new token.
-  GenerateResult generate(std::span<const int32_t> prompt, int max_new,
-                          const SamplerConfig& sampler,
-                          const std::function<void(int32_t)>& on_token = {});
-
  private:
   EngineOptions options_;
   ModelDir dir_;
@@ -123,11 +104,15 @@ class Engine {
   std::unique_ptr<RoutingTrace> routing_trace_;  // benchmark only
 };
 
+// The memory plan's settings for these engine options (resolving backend "auto").
+PlanSettings plan_settings(const EngineOptions& options);
+
 // ---- sessions: one sequence kept between generations ----------------------------------------
 
+// The one generation loop (Session::generate) serves the decode service and redwing-engine.
 struct SessionRequest {
   std::vector<int32_t> prompt;
-  int max_new = 256;
+  int max_new = defaults::kMaxNewTokens;
   SamplerConfig sampler;
   std::vector<int32_t> stop_ids;  // tokens that end generation (reason "stop"), besides EOS
   bool ignore_eos = false;        // EOS tokens do not end generation (benchmarks, tests)
@@ -139,6 +124,9 @@ struct SessionCallbacks {
   std::function<bool()> cancelled;
   // Called after each prefill chunk: positions of the prompt prefilled so far, and the total.
   std::function<void(int64_t, int64_t)> on_prefill;
+  // Called after every forward pass (prefill chunk or decode step) with the positions it ran
+  // and its wall time: benchmarks attribute expert traffic and time per token with it.
+  std::function<void(int64_t, double)> on_forward;
 };
 
 struct SessionResult {
@@ -185,5 +173,13 @@ class Session {
   KvCache cache_;
   std::vector<int32_t> tokens_;
 };
+
+// One generation in a fresh session just large enough for the prompt and max_new tokens (the
+// last sampled token is never run): what a one-shot tool or test wants.
+SessionResult generate_once(Engine& engine, const SessionRequest& request,
+                            const SessionCallbacks& callbacks = {});
+// The same for a prompt, a token limit and sampling settings (EOS ends it; no stop tokens).
+SessionResult generate_once(Engine& engine, std::vector<int32_t> prompt, int max_new,
+                            const SamplerConfig& sampler, const SessionCallbacks& callbacks = {});
 
 }  // namespace redwing

@@ -27,7 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/expert_source.h"
+#include "models/expert_source.h"
+#include "runtime/defaults.h"
 
 namespace redwing {
 
@@ -36,15 +37,16 @@ enum class EvictionPolicy { lrfu, lfu, lru };
 EvictionPolicy parse_eviction_policy(const std::string& s);
 
 struct ExpertStoreOptions {
-  int slots = 16;  // per MoE layer; any N >= 1 works (N < top_k processes in waves)
+  int slots = defaults::kExpertCacheSlots;  // per MoE layer; any N >= 1 works (N < top_k processes
+                                            // in waves)
   EvictionPolicy policy = EvictionPolicy::lrfu;
   double lrfu_half_life = 16;  // LRFU: requests of a layer after which a use counts half
-  int io_threads = 8;          // reads in flight at most
-  bool direct_io = true;       // bypass the page cache where the filesystem allows it
-  int read_attempts = 3;       // a failed read is retried this many times in all before reporting
+  int io_threads = defaults::kExpertIoThreads;  // reads in flight at most
+  bool direct_io = true;  // bypass the page cache where the filesystem allows it
+  int read_attempts = 3;  // a failed read is retried this many times in all before reporting
   // An expert is read in pieces of at most this many bytes (multiples of 16 KiB), so a layer
   // with few misses still keeps the I/O threads busy; 0: one read per expert.
-  uint64_t read_piece_bytes = 1 << 20;
+  uint64_t read_piece_bytes = defaults::kExpertReadPieceBytes;
 };
 
 class ExpertStore final : public ExpertSource {

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "format/checked.h"
+#include "models/kv_cache.h"
 #include "platform/file.h"
-#include "runtime/kv_cache.h"
 
 namespace redwing {
 namespace {
@@ -20,16 +21,25 @@ std::string mib(uint64_t b) {
 }  // namespace
 
 MemoryPlan plan_memory(const ModelDir& dir, int64_t context, int slots, KvDType kv_dtype,
-                       int64_t chunk) {
+                       int64_t chunk, int64_t ring_slack) {
+  if (context <= 0) throw std::invalid_argument("context size must be positive");
+  if (chunk <= 0) throw std::invalid_argument("chunk size must be positive");
+  if (ring_slack < 0) throw std::invalid_argument("prefix slack must be >= 0");
+  if (slots < 0) throw std::invalid_argument("expert cache slots must be >= 0");
   const Architecture& arch = dir.arch();
   MemoryPlan p;
   p.context = context;
-  p.slots = slots;
+  p.chunk = chunk;
+  p.ring_slack = ring_slack;
+  p.kv_dtype = kv_dtype;
+  p.slots = arch.moe ? slots : 0;
+  slots = p.slots;
   p.core_bytes = platform::file_size(dir.file_path("weights.bin"));
 
   KvCacheOptions kv;
   kv.context = context;
   kv.max_chunk = chunk;
+  kv.ring_slack = ring_slack;
   const uint64_t elem = kv_dtype == KvDType::f16 ? 2 : 4;
   // Every size below comes from the manifest or the request: computed with checked
   // arithmetic, so a size that does not fit is an error naming it, never a wrapped value.
@@ -81,25 +91,53 @@ MemoryPlan plan_memory(const ModelDir& dir, int64_t context, int slots, KvDType 
   p.work_bytes = add(
       add(mul(mul(checked::size(chunk, "chunk"), per_row, "working memory"), 4, "working memory"),
           logits, "working memory"),
-      64ull << 20, "working memory");
+      defaults::kProcessAllowanceBytes, "working memory");
+  return p;
+}
+
+MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
+  const bool moe = dir.arch().moe.has_value();
+  int slots = moe ? s.expert_cache_slots : 0;
+  std::string over_budget;
+  if (s.memory_budget > 0 && moe && slots == 0 && !s.mmap_experts) {
+    try {
+      slots = slots_for_budget(dir, s.memory_budget, s.context, s.kv_dtype, s.chunk, s.ring_slack);
+    } catch (const BudgetTooSmall& e) {
+      slots = 1;  // the plan then shows what the smallest cache would take
+      over_budget = e.what();
+    }
+  }
+  MemoryPlan p = plan_memory(dir, s.context, slots, s.kv_dtype, s.chunk, s.ring_slack);
+  p.memory_budget = s.memory_budget;
+  if (over_budget.empty() && s.memory_budget > 0 && p.total() > s.memory_budget)
+    over_budget = "memory budget of " + mib(s.memory_budget) + " cannot hold the model: it needs " +
+                  mib(p.total());
+  p.over_budget = over_budget;
+  if (s.gpu)
+    p.device_bytes =
+        checked::add(checked::add(checked::add(p.core_bytes, p.expert_bytes, "device memory"),
+                                  p.kv_bytes, "device memory"),
+                     p.work_bytes - defaults::kProcessAllowanceBytes, "device memory");
   return p;
 }
 
 int slots_for_budget(const ModelDir& dir, uint64_t budget, int64_t context, KvDType kv_dtype,
-                     int64_t chunk) {
-  const MemoryPlan base = plan_memory(dir, context, 1, kv_dtype, chunk);
+                     int64_t chunk, int64_t ring_slack) {
+  const MemoryPlan base = plan_memory(dir, context, 1, kv_dtype, chunk, ring_slack);
   if (base.moe_layers == 0)
     throw std::runtime_error(dir.path() +
                              " has no expert files: a memory budget needs an MoE model");
   if (base.total() > budget)
-    throw std::runtime_error("memory budget " + mib(budget) + " cannot hold the model: core " +
-                             mib(base.core_bytes) + " + KV cache " + mib(base.kv_bytes) +
-                             " at context " + std::to_string(context) + " + working memory " +
-                             mib(base.work_bytes) + " + one expert slot per layer " +
-                             mib(base.expert_bytes) + " = " + mib(base.total()));
+    throw BudgetTooSmall("memory budget " + mib(budget) + " cannot hold the model: core " +
+                         mib(base.core_bytes) + " + KV cache " + mib(base.kv_bytes) +
+                         " at context " + std::to_string(context) + " + working memory " +
+                         mib(base.work_bytes) + " + one expert slot per layer " +
+                         mib(base.expert_bytes) + " = " + mib(base.total()));
   const uint64_t per_slot = base.expert_bytes;  // one slot in every MoE layer
   const uint64_t spare = budget - (base.total() - per_slot);
-  const int max_slots = std::min(128, dir.arch().moe ? dir.arch().moe->num_experts : 128);
+  const int max_slots =
+      std::min(defaults::kMaxBudgetSlots,
+               dir.arch().moe ? dir.arch().moe->num_experts : defaults::kMaxBudgetSlots);
   return static_cast<int>(
       std::clamp<uint64_t>(spare / per_slot, 1, static_cast<uint64_t>(max_slots)));
 }
@@ -138,18 +176,26 @@ uint64_t MemoryPlan::total() const {
 }
 
 std::string MemoryPlan::to_json() const {
-  char buf[512];
-  std::snprintf(
-      buf, sizeof(buf),
-      "{\"context\": %lld, \"slots\": %d, \"moe_layers\": %d, \"expert_bytes_each\": "
-      "%llu, \"core_bytes\": %llu, \"kv_bytes\": %llu, \"expert_bytes\": %llu, "
-      "\"work_bytes\": %llu, \"total_bytes\": %llu, \"all_experts_bytes\": %llu}",
-      static_cast<long long>(context), slots, moe_layers,
-      static_cast<unsigned long long>(expert_stride), static_cast<unsigned long long>(core_bytes),
-      static_cast<unsigned long long>(kv_bytes), static_cast<unsigned long long>(expert_bytes),
-      static_cast<unsigned long long>(work_bytes), static_cast<unsigned long long>(total()),
-      static_cast<unsigned long long>(all_experts_bytes));
-  return buf;
+  nlohmann::ordered_json j;
+  j["context"] = context;
+  j["chunk"] = chunk;
+  j["prefix_slack"] = ring_slack;
+  j["kv_dtype"] = kv_dtype == KvDType::f16 ? "f16" : "f32";
+  j["slots"] = slots;
+  j["moe_layers"] = moe_layers;
+  j["expert_bytes_each"] = expert_stride;
+  // The parts of the total, each listed: weights, KV cache, experts, working memory.
+  j["core_bytes"] = core_bytes;
+  j["kv_bytes"] = kv_bytes;
+  j["expert_bytes"] = expert_bytes;
+  j["work_bytes"] = work_bytes;
+  j["total_bytes"] = total();
+  j["all_experts_bytes"] = all_experts_bytes;
+  j["memory_budget"] = memory_budget;
+  j["over_budget"] =
+      over_budget.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(over_budget);
+  j["device_bytes"] = device_bytes;
+  return j.dump();
 }
 
 }  // namespace redwing

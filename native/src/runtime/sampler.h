@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "runtime/defaults.h"
+
 namespace redwing {
 
 // The model produced an inf or NaN logit (poisoned weights, or activations that overflowed):
@@ -29,11 +31,11 @@ class NonFiniteLogits : public std::runtime_error {
 void check_finite_logits(std::span<const float> logits);
 
 struct SamplerConfig {
-  float temperature = 0.2f;
-  int top_k = 64;
-  float top_p = 0.95f;
-  float repetition_penalty = 1.0f;
-  int repetition_context = 20;
+  float temperature = defaults::kTemperature;
+  int top_k = defaults::kTopK;
+  float top_p = defaults::kTopP;
+  float repetition_penalty = defaults::kRepetitionPenalty;
+  int repetition_context = defaults::kRepetitionContext;
   uint64_t seed = 0;
 };
 

@@ -160,7 +160,7 @@ Request parse_request(const std::string& line) {
     throw ProtocolError("bad_request", "the message has no \"type\" string");
   out.type = type_it->get<std::string>();
   try {
-    if (out.type == "load") parse_load(msg);
+    if (out.type == "load" || out.type == "plan") parse_load(msg);
     if (out.type == "generate") parse_generate(msg);
     if (out.type == "hello") integer_field(msg, "protocol", kProtocolVersion, 0, INT32_MAX);
     if (out.type == "cancel") {
@@ -180,26 +180,29 @@ LoadRequest parse_load(const json& req) {
   LoadRequest l;
   l.model = string_field(req, "model", "");
   if (l.model.empty())
-    throw ProtocolError("bad_request", "load needs \"model\": a model directory");
-  l.options.backend = string_field(req, "backend", "cpu");
-  l.context = integer_field(req, "context", 4096, 1, INT32_MAX);
-  EngineOptions& o = l.options;
+    throw ProtocolError("bad_request", "load and plan need \"model\": a model directory");
+  EngineOptions& o = l.options;  // its defaults are runtime/defaults.h's
+  o.backend = string_field(req, "backend", o.backend);
+  l.context = integer_field(req, "context", o.context, 1, INT32_MAX);
   o.model_dir = l.model;
   o.threads = static_cast<int>(
-      integer_field(req, "threads", 0, 0, kMaxThreads, " (0: one per hardware thread)"));
+      integer_field(req, "threads", o.threads, 0, kMaxThreads, " (0: one per hardware thread)"));
   o.chunk = integer_field(req, "chunk", o.chunk, 1, INT32_MAX);
   try {
-    o.kv_dtype = parse_kv_dtype(string_field(req, "kv_dtype", "f16"));
+    o.kv_dtype =
+        parse_kv_dtype(string_field(req, "kv_dtype", o.kv_dtype == KvDType::f16 ? "f16" : "f32"));
   } catch (const std::invalid_argument& e) {
     throw ProtocolError("bad_request", std::string("field \"kv_dtype\": ") + e.what());
   }
   // SSD expert streaming: slots per MoE layer (0: every expert resident), or a memory budget in
   // bytes that the engine turns into a slot count for this context.
-  o.expert_cache_slots =
-      static_cast<int>(integer_field(req, "expert_cache_slots", 0, 0, INT32_MAX));
-  o.memory_budget = static_cast<uint64_t>(integer_field(req, "memory_budget", 0, 0, INT64_MAX));
+  o.expert_cache_slots = static_cast<int>(
+      integer_field(req, "expert_cache_slots", o.expert_cache_slots, 0, INT32_MAX));
+  o.memory_budget = static_cast<uint64_t>(
+      integer_field(req, "memory_budget", static_cast<int64_t>(o.memory_budget), 0, INT64_MAX));
   o.context = l.context;
-  l.prefix_slack = integer_field(req, "prefix_slack", 0, 0, INT32_MAX);
+  l.prefix_slack = integer_field(req, "prefix_slack", o.prefix_slack, 0, INT32_MAX);
+  o.prefix_slack = l.prefix_slack;
   return l;
 }
 
@@ -209,10 +212,11 @@ GenerateRequest parse_generate(const json& req) {
   r.prompt = token_list(req, "tokens", true);
   if (r.prompt.empty()) throw ProtocolError("bad_request", "\"tokens\" is empty");
   r.stop_ids = token_list(req, "stop_token_ids", false);
-  r.max_new = static_cast<int>(integer_field(req, "max_new_tokens", 256, 0, INT32_MAX));
+  r.max_new = static_cast<int>(integer_field(req, "max_new_tokens", r.max_new, 0, INT32_MAX));
   r.ignore_eos = boolean_field(req, "ignore_eos", false);
   g.stream = boolean_field(req, "stream", true);
-  g.stats_interval_ms = integer_field(req, "stats_interval_ms", 1000, 0, INT32_MAX);
+  g.stats_interval_ms =
+      integer_field(req, "stats_interval_ms", defaults::kStatsIntervalMs, 0, INT32_MAX);
   json sampling = req.contains("sampling") ? req["sampling"] : json::object();
   if (sampling.is_null()) sampling = json::object();
   if (!sampling.is_object()) throw ProtocolError("bad_request", "\"sampling\" must be an object");
@@ -304,6 +308,28 @@ json Service::stats_event(const json& id) {
   return e;
 }
 
+json Service::plan_event(const json& id, const LoadRequest& request) {
+  // Answered by the reader at once: only the manifest and file sizes are read, nothing loaded.
+  // A backend not on this machine is refused as load refuses it.
+  const EngineOptions& o = request.options;
+  const json names = backend_names();
+  if (o.backend != "auto" && std::find(names.begin(), names.end(), o.backend) == names.end())
+    throw ProtocolError("unsupported_backend", "backend \"" + o.backend + "\" is not available (" +
+                                                   names.dump() + ", auto)");
+  MemoryPlan plan;
+  try {
+    plan = plan_memory(ModelDir::open(request.model), plan_settings(o));
+  } catch (const std::exception& e) {
+    throw ProtocolError("plan_failed", e.what());
+  }
+  json e = json::parse(plan.to_json());
+  e["type"] = "plan";
+  e["id"] = id;
+  e["model"] = request.model;
+  e["backend"] = o.backend == "auto" ? resolve_backend("auto") : o.backend;
+  return e;
+}
+
 bool Service::handle_line(const std::string& line) {
   json id = nullptr;
   try {
@@ -336,6 +362,10 @@ bool Service::handle_line(const std::string& line) {
     }
     if (type == "stats") {
       emit(stats_event(id));
+      return true;
+    }
+    if (type == "plan") {
+      emit(plan_event(id, parse_load(msg)));
       return true;
     }
     if (type == "cancel") {
@@ -490,10 +520,9 @@ void Service::do_load(const Job& job) {
       {"memory",
        {{"model_bytes", model_bytes},
         {"kv_bytes", kv},
-        // The engine's plan: mapped core weights, KV cache, experts (slots or all
-        // resident) and working memory.
-        // (with this session's KV cache, which may carry ring slack).
-        {"estimate_bytes", l.engine->memory_plan().total() - l.engine->memory_plan().kv_bytes + kv},
+        // The engine's plan (runtime/memory_plan.h), the plan request's total for the same
+        // settings: mapped core weights, KV cache, experts and working memory.
+        {"estimate_bytes", l.engine->memory_plan().total()},
         {"rss_bytes", platform::current_rss_bytes()},
         // GPU memory (weights, KV cache, activations), apart from the host's RSS; 0 on the CPU.
         {"device_bytes", l.engine->backend().device_memory_bytes()}}}};

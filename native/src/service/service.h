@@ -107,6 +107,7 @@ class Service {
   void emit(const nlohmann::json& event);
   void error(const nlohmann::json& id, const std::string& code, const std::string& message);
   nlohmann::json stats_event(const nlohmann::json& id);
+  nlohmann::json plan_event(const nlohmann::json& id, const LoadRequest& request);
   void worker_loop();
   void run_job(const Job& job);
   void do_load(const Job& job);

@@ -445,13 +445,16 @@ export function createMockClient(): RendererClient {
         ? Math.max(4, Math.min(128, Math.floor(e.memoryBudgetBytes / 0.15e9)))
         : e.expertCacheSlots;
       const experts = slots * 30 * 4.2e6;
-      const total = 1.9 * GB + kv + experts;
+      const work = 0.3 * GB;
+      const total = 1.9 * GB + kv + experts + work;
       return {
         model: engine.model,
         weightsBytes: 1.9 * GB,
         kvBytes: kv,
         expertCacheBytes: experts,
+        workBytes: work,
         totalBytes: total,
+        deviceBytes: 0,
         expertCacheSlots: slots,
         expectedHitRate: Math.min(0.99, 0.55 + slots / 100),
         hitRateSource: slots === 16 ? "measured" : "estimate",

@@ -419,13 +419,14 @@ function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
           <Badge tone="danger">more than the free memory</Badge>
         )}
       </div>
-      <dl className="mt-3 grid grid-cols-2 gap-3 text-sm sm:grid-cols-4">
+      <dl className="mt-3 grid grid-cols-2 gap-3 text-sm sm:grid-cols-5">
         <PlanStat label="Weights" value={formatBytes(plan.weightsBytes)} />
         <PlanStat label="KV cache" value={formatBytes(plan.kvBytes)} />
         <PlanStat
           label="Expert cache"
           value={plan.expertCacheSlots == null ? "dense model" : formatBytes(plan.expertCacheBytes)}
         />
+        <PlanStat label="Working memory" value={formatBytes(plan.workBytes)} />
         <PlanStat
           label="Total"
           value={`${formatBytes(plan.totalBytes)} of ${formatBytes(free)} free`}

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/thread_pool.h"
 #include "platform/file.h"
-#include "runtime/thread_pool.h"
 
 namespace redwing {
 namespace {

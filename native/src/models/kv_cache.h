@@ -24,8 +24,9 @@ class ContextOverflow : public std::runtime_error {
 };
 
 struct KvCacheOptions {
-  int64_t context = 4096;   // the most positions the sequence may reach
-  int64_t max_chunk = 128;  // the most positions one forward call may add
+  // No defaults here: the engine fills these from runtime/defaults.h (0 is refused).
+  int64_t context = 0;    // the most positions the sequence may reach
+  int64_t max_chunk = 0;  // the most positions one forward call may add
   KvDType dtype = KvDType::f16;
   // Extra ring rows for sliding layers, so a session can back up this many more positions and
   // reuse a prefix (see Session in runtime/engine.h). 0 for one-shot runs.

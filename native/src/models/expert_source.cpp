@@ -1,4 +1,4 @@
-#include "runtime/expert_source.h"
+#include "models/expert_source.h"
 
 namespace redwing {
 

@@ -1,0 +1,45 @@
+// Every default of the native engine, in one place: what redwing-engine, the decode service and
+// the memory plan use when a setting is not given. `redwing-engine defaults --json` prints them
+// (defaults_json below), so the TypeScript side can be checked against the same values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace redwing::defaults {
+
+// ---- engine (load) ----
+inline constexpr int64_t kContext = 4096;      // KV cache positions (prompt + generated tokens)
+inline constexpr int64_t kPrefillChunk = 128;  // tokens per batched forward call
+inline constexpr KvDType kKvDtype = KvDType::f16;
+inline constexpr const char* kBackend = "cpu";  // cpu | metal | vulkan | auto
+inline constexpr int kThreads = 0;              // 0: REDWING_THREADS or one per hardware thread
+// Expert slots per MoE layer when nothing is asked: 0, every expert read into RAM at load.
+inline constexpr int kEngineExpertCacheSlots = 0;
+// The slots the front ends (app, CLI, server) ask for on an MoE model unless told otherwise:
+// streaming from SSD keeps a 26B MoE within a laptop's memory.
+inline constexpr int kExpertCacheSlots = 16;
+// The most slots a memory budget picks per layer (never more than the layer's experts).
+inline constexpr int kMaxBudgetSlots = 128;
+inline constexpr uint64_t kMemoryBudget = 0;  // 0: none
+inline constexpr int64_t kPrefixSlack = 0;    // extra sliding-window ring rows for prefix reuse
+inline constexpr int kExpertIoThreads = 8;    // expert reads in flight at most
+inline constexpr uint64_t kExpertReadPieceBytes = 1 << 20;
+// Working memory the plan allows for the executable, its libraries and thread stacks.
+inline constexpr uint64_t kProcessAllowanceBytes = 64ull << 20;
+
+// ---- generation ----
+inline constexpr int kMaxNewTokens = 256;
+inline constexpr int64_t kStatsIntervalMs = 1000;
+inline constexpr float kTemperature = 0.2f;
+inline constexpr int kTopK = 64;
+inline constexpr float kTopP = 0.95f;
+inline constexpr float kRepetitionPenalty = 1.0f;
+inline constexpr int kRepetitionContext = 20;
+
+// All of the above as one JSON object (snake_case keys, sizes in bytes).
+std::string defaults_json();
+
+}  // namespace redwing::defaults
