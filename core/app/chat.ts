@@ -241,9 +241,12 @@ export class ChatManager {
     let stats: MessageStats | undefined;
     let error: AppError | undefined;
     const tracker = this.tracker;
+    // The engine's turn is held until the reply is saved and announced, so a request queued
+    // behind this chat (the OpenAI server's) never answers before the chat's `chat.done`.
+    let release: (() => void) | undefined;
     try {
       await engine.settled();
-      const release = await engine.queue.acquire(signal, { kind: "generate", unbounded: true });
+      release = await engine.queue.acquire(signal, { kind: "generate", unbounded: true });
       try {
         const { client, model } = engine.requireLoaded();
         const c = await this.opts.store.get(conversationId);
@@ -318,7 +321,6 @@ export class ChatManager {
         }
       } finally {
         tracker.generating = false;
-        release();
       }
     } catch (e) {
       if (e instanceof QueueAbortedError || (signal.aborted && !(e instanceof AppFailure))) {
@@ -329,7 +331,11 @@ export class ChatManager {
       }
     }
     deltas.flush();
-    await this.finish(conversationId, messageId, { text, finishReason, stats, error });
+    try {
+      await this.finish(conversationId, messageId, { text, finishReason, stats, error });
+    } finally {
+      release?.();
+    }
   }
 
   /** Saves the finished reply and announces it. */
