@@ -555,13 +555,18 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect((await call("models.list")).map((m) => m.name)).toEqual(["demo"]);
     expect((await callError("models.remove", { name: "nope" })).code).toBe("model_not_found");
 
-    // Removing the loaded model unloads it first; a chat then says to load a model.
+    // Removing the loaded model unloads it first; a message then is refused (nothing stored),
+    // saying to load a model.
     expect(await call("models.remove", { name: "demo" })).toEqual({ ok: true });
     expect(await call("engine.status")).toMatchObject({ state: "stopped", model: null });
     expect(await call("models.list")).toEqual([]);
     const c = await call("chat.create", {});
-    const reply = await exchange(c.id, "Anyone there?");
-    expect(reply).toMatchObject({ finishReason: "error", error: { action: "load_model" } });
+    const refusedSend = await callError("chat.send", {
+      conversationId: c.id,
+      content: "Anyone there?",
+    });
+    expect(refusedSend).toMatchObject({ code: "no_model", action: "load_model" });
+    expect((await call("chat.get", { id: c.id })).messages).toEqual([]);
   });
 
   it("every event matched the API schema; close stops the engine; settings survive a restart", async () => {

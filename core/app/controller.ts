@@ -358,6 +358,12 @@ export async function createAppController(options: AppControllerOptions): Promis
     },
     "chat.send": async ({ conversationId, content }) => chat.send(conversationId, content),
     "chat.regenerate": async ({ conversationId }) => chat.regenerate(conversationId),
+    "chat.selectVersion": async ({ conversationId, messageId, index }) => {
+      if (chat.replying(conversationId)) {
+        throw new AppFailure("busy", "Wait for the reply being written, or stop it.", null);
+      }
+      return conversations.selectVersion(conversationId, messageId, index);
+    },
     "chat.edit": async ({ conversationId, messageId, content }) =>
       chat.edit(conversationId, messageId, content),
     "chat.stop": async ({ conversationId }) => {
