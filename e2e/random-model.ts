@@ -11,17 +11,17 @@ import { waitReady } from "./ui.ts";
 
 export const RANDOM_MODEL = "random-words";
 
-export async function loadRandomModel(app: RedwingApp): Promise<void> {
+export async function loadRandomModel(app: RedwingApp, name = RANDOM_MODEL): Promise<void> {
   const files = gemma3TokenizerFiles();
   await synthesizeModel({
     preset: "demo-gemma4-moe",
-    out: join(app.home, "models", RANDOM_MODEL),
+    out: join(app.home, "models", name),
     seed: 20261129,
     // Makes the text vary instead of repeating the prompt's last token.
     postNormScale: 4,
     createdBy: "e2e random-weight model",
     files: { "tokenizer.json": files.tokenizer, "tokenizer_config.json": files.config },
   });
-  await app.call("engine.load", { model: RANDOM_MODEL });
-  await waitReady(app.page, RANDOM_MODEL);
+  await app.call("engine.load", { model: name });
+  await waitReady(app.page, name);
 }

@@ -52,7 +52,7 @@ export function ConversationList() {
   return (
     <nav
       aria-label="Conversations"
-      className="flex max-h-40 shrink-0 flex-col border-b border-line md:max-h-none md:w-56 md:border-r md:border-b-0 lg:w-64"
+      className="flex max-h-40 shrink-0 flex-col border-b border-line md:max-h-none md:w-56 md:border-r md:border-b-0 lg:w-72"
     >
       <div className="p-2">
         <Button

@@ -42,6 +42,7 @@ export function DemoNote() {
   }
   return (
     <aside
+      role="note"
       aria-label="About the demo model"
       className="mx-4 mb-2 flex flex-wrap items-center gap-x-3 gap-y-1 rounded-md border border-warn/40 bg-warn/10 px-3 py-2 text-sm"
     >

@@ -197,7 +197,12 @@ function reduceEvent(state: State, event: AppEvent): State {
 
 function upsertDownload(list: Download[], d: Download): Download[] {
   const i = list.findIndex((x) => x.taskId === d.taskId);
-  if (i < 0) return [...list, d];
+  if (i < 0) {
+    // A new download of a name replaces that name's finished card (as the main process does).
+    const finished = (x: Download) =>
+      x.name === d.name && (x.state === "done" || x.state === "cancelled" || x.state === "failed");
+    return [...list.filter((x) => !finished(x)), d];
+  }
   const next = list.slice();
   next[i] = d;
   return next;
