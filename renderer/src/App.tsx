@@ -48,6 +48,8 @@ export function App({ client }: { client: RendererClient }) {
   const [view, setView] = useState<View>(initialView);
   const [toasts, setToasts] = useState<Toast[]>([]);
   const nextToast = useRef(1);
+  /** The conversation "New chat" is creating (see AppActions.newChat). */
+  const pendingNew = useRef<Promise<Conversation | undefined> | null>(null);
 
   const notify = useCallback((error: AppError, retry?: () => void) => {
     const id = nextToast.current++;
@@ -89,21 +91,22 @@ export function App({ client }: { client: RendererClient }) {
         return undefined;
       }
     };
-    let pending: Promise<Conversation | undefined> | null = null;
     const newChat = (): Promise<Conversation | undefined> => {
-      if (pending) return pending;
+      if (pendingNew.current) return pendingNew.current;
       store.dispatch({ type: "newChatStarted" });
       const creating = run(() => client.call("chat.create", {})).then((conversation) => {
         if (conversation) store.dispatch({ type: "conversation", conversation, select: true });
         else store.dispatch({ type: "newChatFailed" });
         return conversation;
       });
-      pending = creating.finally(() => {
-        pending = null;
+      const pending = creating.finally(() => {
+        pendingNew.current = null;
       });
+      pendingNew.current = pending;
       return pending;
     };
-    return { client, store, navigate, notify, run, newChat, pendingNewChat: () => pending };
+    const pendingNewChat = () => pendingNew.current;
+    return { client, store, navigate, notify, run, newChat, pendingNewChat };
   }, [client, store, navigate, notify]);
 
   // App-wide keys: Ctrl/Cmd+Shift+O starts a new chat (from any view, as in ChatGPT).

@@ -58,19 +58,20 @@ export function Composer({ systemPromptDraft }: { systemPromptDraft: string }) {
 
   // Escape stops the reply, wherever the focus is, unless something else uses Escape there
   // (a dialog, the edit and rename boxes handle it first and prevent the default).
-  const stopRef = useRef(stop);
-  stopRef.current = stop;
+  const conversationId = current?.id ?? null;
   useEffect(() => {
-    if (!replying) return;
+    if (!replying || !conversationId) return;
     const onKeyDown = (e: globalThis.KeyboardEvent): void => {
-      if (e.key !== "Escape" || e.defaultPrevented || document.querySelector("dialog[open]"))
+      if (e.key !== "Escape" || e.defaultPrevented || document.querySelector("dialog[open]")) {
         return;
+      }
       e.preventDefault();
-      void stopRef.current();
+      box.current?.focus();
+      void run(() => client.call("chat.stop", { conversationId }));
     };
     document.addEventListener("keydown", onKeyDown);
     return () => document.removeEventListener("keydown", onKeyDown);
-  }, [replying]);
+  }, [replying, conversationId, client, run]);
 
   function onKeyDown(e: KeyboardEvent<HTMLTextAreaElement>): void {
     if (e.key === "Enter" && !e.shiftKey && !e.altKey && !e.nativeEvent.isComposing) {
