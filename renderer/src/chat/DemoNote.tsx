@@ -44,12 +44,11 @@ export function DemoNote() {
     <aside
       role="note"
       aria-label="About the demo model"
-      className="mx-4 mb-2 flex flex-wrap items-center gap-x-3 gap-y-1 rounded-md border border-warn/40 bg-warn/10 px-3 py-2 text-sm"
+      className="mx-4 mb-2 flex flex-col gap-2 rounded-md border border-warn/40 bg-warn/10 px-3 py-2 text-sm sm:flex-row sm:items-center"
     >
       <p className="min-w-0 flex-1">
-        <strong>You are chatting with the demo model</strong>: a tiny model (24M parameters) we
-        trained on the King James Bible and fortune cookies to show the app working. It is not an
-        assistant and often writes nonsense. For real answers, download a model in Models.
+        <strong>Demo model:</strong> a tiny model trained for this demo on Bible verses and fortune
+        cookies. It is not an assistant; expect odd replies. Real models are in Models.
       </p>
       <span className="flex shrink-0 gap-2">
         <Button small onClick={() => navigate("models")}>
