@@ -271,7 +271,9 @@ test("a killed engine shows the error with Restart engine, which recovers", asyn
   expect(await waitReply(page)).toMatch(STATS_LINE);
 });
 
-test("screenshots of every main view at 1280x800 and 420x800", async ({ app }, testInfo) => {
+test("screenshots of every main view at 1280x800 and 420x800, light and dark", async ({
+  app,
+}, testInfo) => {
   const { page } = app;
   await gotoView(page, "Tuning");
   await setNumber(page, "Max new tokens", "120");
@@ -280,19 +282,22 @@ test("screenshots of every main view at 1280x800 and 420x800", async ({ app }, t
   await send(page, "Say something in *markdown* with a `code` sample.");
   await waitReply(page);
   const saved: string[] = [];
-  for (const width of [1280, 420]) {
-    await page.setViewportSize({ width, height: 800 });
-    for (const view of VIEWS) {
-      await openView(page, view);
-      await page.waitForTimeout(400); // a live sample or two
-      const path = join(
-        RESULTS,
-        "screenshots",
-        `${app.shell}-${view.toLowerCase()}-${width}x800.png`,
-      );
-      await page.screenshot({ path });
-      await testInfo.attach(`${view} ${width}x800`, { path, contentType: "image/png" });
-      saved.push(path);
+  for (const scheme of ["light", "dark"] as const) {
+    await page.emulateMedia({ colorScheme: scheme });
+    for (const width of [1280, 420]) {
+      await page.setViewportSize({ width, height: 800 });
+      for (const view of VIEWS) {
+        await openView(page, view);
+        await page.waitForTimeout(400); // a live sample or two
+        const path = join(
+          RESULTS,
+          "screenshots",
+          `${app.shell}-${view.toLowerCase()}-${width}x800-${scheme}.png`,
+        );
+        await page.screenshot({ path });
+        await testInfo.attach(`${view} ${width}x800 ${scheme}`, { path, contentType: "image/png" });
+        saved.push(path);
+      }
     }
   }
   console.log(`screenshots:\n${saved.map((p) => `  ${p}`).join("\n")}`);

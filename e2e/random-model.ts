@@ -11,12 +11,12 @@ import { waitReady } from "./ui.ts";
 
 export const RANDOM_MODEL = "random-words";
 
-export async function loadRandomModel(app: RedwingApp): Promise<void> {
-  await writeRandomModel(join(app.home, "models", RANDOM_MODEL), {
+export async function loadRandomModel(app: RedwingApp, name = RANDOM_MODEL): Promise<void> {
+  await writeRandomModel(join(app.home, "models", name), {
     seed: 20261129,
     postNormScale: 4,
     createdBy: "e2e random-weight model",
   });
-  await app.call("engine.load", { model: RANDOM_MODEL });
-  await waitReady(app.page, RANDOM_MODEL);
+  await app.call("engine.load", { model: name });
+  await waitReady(app.page, name);
 }

@@ -294,6 +294,20 @@ export const MessageStatsSchema = z.object({
 });
 export type MessageStats = z.infer<typeof MessageStatsSchema>;
 
+const FinishReasonSchema = z.enum(["eos", "stop", "length", "cancelled", "error"]);
+
+/** One reply to the same question kept by Regenerate (see Message.otherVersions). */
+export const MessageVersionSchema = z.object({
+  id,
+  content: z.string(),
+  createdAt: z.string(),
+  model: z.string().optional(),
+  stats: MessageStatsSchema.optional(),
+  finishReason: FinishReasonSchema.optional(),
+  error: AppErrorSchema.optional(),
+});
+export type MessageVersion = z.infer<typeof MessageVersionSchema>;
+
 export const MessageSchema = z.object({
   id,
   role: z.enum(["user", "assistant"]),
@@ -302,8 +316,15 @@ export const MessageSchema = z.object({
   /** Assistant messages: the model that wrote it. */
   model: z.string().optional(),
   stats: MessageStatsSchema.optional(),
-  finishReason: z.enum(["eos", "stop", "length", "cancelled", "error"]).optional(),
+  finishReason: FinishReasonSchema.optional(),
   error: AppErrorSchema.optional(),
+  /**
+   * Assistant messages that Regenerate wrote again: the other replies, oldest first. The message
+   * itself is the one shown (and the one the model sees in later turns), at `versionIndex` among
+   * all of them. Absent (conversations stored before versions, or never regenerated): one version.
+   */
+  otherVersions: z.array(MessageVersionSchema).max(100).optional(),
+  versionIndex: z.number().int().min(0).optional(),
 });
 export type Message = z.infer<typeof MessageSchema>;
 
@@ -465,8 +486,15 @@ export const API = {
     params: z.object({ conversationId: id, content: z.string().min(1).max(1_000_000) }).strict(),
     result: ConversationSchema,
   },
-  /** Replaces the last assistant reply with a new one. */
+  /** Writes the last assistant reply again; the earlier replies are kept as its other versions. */
   "chat.regenerate": { params: byConversation, result: ConversationSchema },
+  /** Shows another version (0 = oldest) of a regenerated reply: the one later turns build on. */
+  "chat.selectVersion": {
+    params: z
+      .object({ conversationId: id, messageId: id, index: z.number().int().min(0).max(100) })
+      .strict(),
+    result: ConversationSchema,
+  },
   /** Replaces a user message's text, drops everything after it, and replies anew. */
   "chat.edit": {
     params: z

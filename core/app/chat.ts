@@ -19,7 +19,7 @@ import {
 } from "../generation/generate.ts";
 import { QueueAbortedError } from "../server/queue.ts";
 import type { AppError, AppEvent, Conversation, Message, MessageStats, Settings } from "./api.ts";
-import type { ConversationStore } from "./conversations.ts";
+import { regeneratedReply, type ConversationStore } from "./conversations.ts";
 import type { EngineManager } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import type { HitRateBook } from "./memory.ts";
@@ -147,8 +147,19 @@ export class ChatManager {
     }
   }
 
+  /**
+   * With no model loaded and none loading the turn could only fail: refuse it before anything is
+   * stored (the app keeps what was typed). A crashed engine's turn is still kept, its reply
+   * saying to restart.
+   */
+  private refuseWithoutModel(): void {
+    const engine = this.opts.engine;
+    if (engine.status().state === "stopped" && !engine.loadPending) engine.requireLoaded();
+  }
+
   async send(conversationId: string, content: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
+    this.refuseWithoutModel();
     const c = await this.opts.store.get(conversationId);
     c.messages.push({
       id: randomUUID(),
@@ -161,17 +172,19 @@ export class ChatManager {
 
   async regenerate(conversationId: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
+    this.refuseWithoutModel();
     const c = await this.opts.store.get(conversationId);
-    const last = c.messages.at(-1);
-    if (last?.role === "assistant") c.messages.pop();
+    // The reply written again keeps the earlier ones as its other versions.
+    const previous = c.messages.at(-1)?.role === "assistant" ? c.messages.pop() : undefined;
     if (c.messages.at(-1)?.role !== "user") {
       throw new AppFailure("nothing_to_regenerate", "There is no message to reply to.", null);
     }
-    return this.begin(c);
+    return this.begin(c, previous);
   }
 
   async edit(conversationId: string, messageId: string, content: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
+    this.refuseWithoutModel();
     const c = await this.opts.store.get(conversationId);
     const i = c.messages.findIndex((m) => m.id === messageId);
     if (i === -1 || c.messages[i]!.role !== "user") {
@@ -199,15 +212,16 @@ export class ChatManager {
   }
 
   /** Appends the empty assistant message, saves, and starts the reply in the background. */
-  private async begin(c: Conversation): Promise<Conversation> {
+  private async begin(c: Conversation, previous?: Message): Promise<Conversation> {
     const engine = this.opts.engine;
-    const reply: Message = {
+    const fresh: Message = {
       id: randomUUID(),
       role: "assistant",
       content: "",
       createdAt: this.now().toISOString(),
       model: engine.loaded?.name ?? engine.status().model ?? "demo",
     };
+    const reply = previous ? regeneratedReply(previous, fresh) : fresh;
     c.messages.push(reply);
     const saved = await this.opts.store.save(c);
     this.opts.onConversations();
@@ -305,7 +319,8 @@ export class ChatManager {
           } else {
             const r = event.result;
             finishReason = APP_FINISH_REASON[r.finishReason];
-            if (r.stats) {
+            // Stopped before the first token: no statistics ("0.0 t/s, 0 tokens" says nothing).
+            if (r.stats && r.tokens.length > 0) {
               stats = messageStats(r.stats);
               const slots = model.ready.expert_cache_slots;
               if (stats.hitRate !== null && slots > 0) {

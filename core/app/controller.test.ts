@@ -303,7 +303,7 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect((await call("engine.status")).state).toBe("ready");
   });
 
-  it("regenerate replaces the last reply; edit rewrites a message and drops what followed", async () => {
+  it("regenerate writes the last reply again, keeping the first as a version; edit rewrites a message and drops what followed", async () => {
     await call("settings.update", { sampling: { maxNewTokens: 8 } });
     const c = await call("chat.create", {});
     const first = await exchange(c.id, "One");
@@ -314,6 +314,22 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect(newId).not.toBe(first.id);
     const second = (await waitEvent(isDone(newId), from)).message;
     expect(second.content).toBe(first.content); // greedy: the same prompt gives the same text
+    // The first reply is kept as a version; selectVersion shows it (and stores the choice).
+    expect(second.otherVersions?.map((v) => v.id)).toEqual([first.id]);
+    expect(second.versionIndex).toBe(1);
+    const back = await call("chat.selectVersion", {
+      conversationId: c.id,
+      messageId: newId,
+      index: 0,
+    });
+    expect(back.messages[1]).toMatchObject({ id: first.id, versionIndex: 0 });
+    expect((await call("chat.get", { id: c.id })).messages[1]!.id).toBe(first.id);
+    const noSuch = await callError("chat.selectVersion", {
+      conversationId: c.id,
+      messageId: first.id,
+      index: 2,
+    });
+    expect(noSuch.code).toBe("version_not_found");
 
     const user = again.messages[0]!;
     const edited = await call("chat.edit", {
@@ -555,13 +571,18 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect((await call("models.list")).map((m) => m.name)).toEqual(["demo"]);
     expect((await callError("models.remove", { name: "nope" })).code).toBe("model_not_found");
 
-    // Removing the loaded model unloads it first; a chat then says to load a model.
+    // Removing the loaded model unloads it first; a message then is refused (nothing stored),
+    // saying to load a model.
     expect(await call("models.remove", { name: "demo" })).toEqual({ ok: true });
     expect(await call("engine.status")).toMatchObject({ state: "stopped", model: null });
     expect(await call("models.list")).toEqual([]);
     const c = await call("chat.create", {});
-    const reply = await exchange(c.id, "Anyone there?");
-    expect(reply).toMatchObject({ finishReason: "error", error: { action: "load_model" } });
+    const refusedSend = await callError("chat.send", {
+      conversationId: c.id,
+      content: "Anyone there?",
+    });
+    expect(refusedSend).toMatchObject({ code: "no_model", action: "load_model" });
+    expect((await call("chat.get", { id: c.id })).messages).toEqual([]);
   });
 
   it("every event matched the API schema; close stops the engine; settings survive a restart", async () => {

@@ -8,7 +8,13 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { mkdir, open, readdir, readFile, rename, rm } from "node:fs/promises";
 import { join } from "node:path";
-import { type Conversation, ConversationSchema, type ConversationSummary } from "./api.ts";
+import {
+  type Conversation,
+  ConversationSchema,
+  type ConversationSummary,
+  type Message,
+  type MessageVersion,
+} from "./api.ts";
 import { AppFailure } from "./errors.ts";
 
 /** The title of a conversation nobody named yet; the first user message replaces it. */
@@ -23,6 +29,53 @@ export function titleFrom(text: string): string {
   const cut = line.slice(0, TITLE_CHARS - 1);
   const space = cut.lastIndexOf(" ");
   return `${space > TITLE_CHARS / 2 ? cut.slice(0, space) : cut}…`;
+}
+
+/** Versions kept per reply; Regenerate beyond this forgets the oldest. */
+export const MAX_VERSIONS = 100;
+
+function versionOf(m: Message): MessageVersion {
+  const v: MessageVersion = { id: m.id, content: m.content, createdAt: m.createdAt };
+  if (m.model !== undefined) v.model = m.model;
+  if (m.stats !== undefined) v.stats = m.stats;
+  if (m.finishReason !== undefined) v.finishReason = m.finishReason;
+  if (m.error !== undefined) v.error = m.error;
+  return v;
+}
+
+/**
+ * Every version of a reply, oldest first: the message itself at its `versionIndex` among its
+ * `otherVersions` (a message stored before versions existed, or never regenerated, has one).
+ */
+export function replyVersions(m: Message): MessageVersion[] {
+  const others = m.otherVersions ?? [];
+  const at = Math.min(m.versionIndex ?? others.length, others.length);
+  return [...others.slice(0, at), versionOf(m), ...others.slice(at)];
+}
+
+function withVersions(role: Message["role"], all: MessageVersion[], index: number): Message {
+  const others = all.filter((_, i) => i !== index);
+  const shown: Message = { role, ...all[index]! };
+  return others.length > 0 ? { ...shown, otherVersions: others, versionIndex: index } : shown;
+}
+
+/** A new reply written by Regenerate in place of `previous`, keeping its versions before it. */
+export function regeneratedReply(previous: Message, reply: Message): Message {
+  const all = [...replyVersions(previous), versionOf(reply)].slice(-MAX_VERSIONS);
+  return withVersions(reply.role, all, all.length - 1);
+}
+
+/** The reply showing its version `index` (0 = oldest); AppFailure when there is no such one. */
+export function showVersion(m: Message, index: number): Message {
+  const all = replyVersions(m);
+  if (m.role !== "assistant" || index >= all.length) {
+    throw new AppFailure(
+      "version_not_found",
+      `That reply has no version ${index + 1}; it has ${all.length}.`,
+      null,
+    );
+  }
+  return withVersions(m.role, all, index);
 }
 
 function summaryOf(c: Conversation): ConversationSummary {
@@ -159,6 +212,28 @@ export class ConversationStore {
       if (this.writes.get(stored.id) === write) this.writes.delete(stored.id);
     }
     return structuredClone(stored);
+  }
+
+  /**
+   * Shows version `index` of reply `messageId` (Regenerate keeps earlier replies): that version is
+   * then the message's text, the one later turns build on. Not a new activity: updatedAt stays.
+   */
+  async selectVersion(
+    conversationId: string,
+    messageId: string,
+    index: number,
+  ): Promise<Conversation> {
+    const c = await this.get(conversationId);
+    const i = c.messages.findIndex((m) => m.id === messageId);
+    if (i === -1) {
+      throw new AppFailure(
+        "message_not_found",
+        "That reply is not in this conversation any more.",
+        null,
+      );
+    }
+    c.messages[i] = showVersion(c.messages[i]!, index);
+    return this.save(c, false);
   }
 
   async delete(id: string): Promise<void> {

@@ -49,6 +49,12 @@ interface Entry {
   stopping: "pause" | "cancel" | null;
   lastEmit: number;
   timer: NodeJS.Timeout | null;
+  /**
+   * The download's bytes (placed and of all) as last reported while downloading: a resume
+   * first resolves, plans and re-checks again, phases with no byte count of their own, and the
+   * bar keeps showing what is already here meanwhile instead of dropping to 0 of 0.
+   */
+  known: { done: number; total: number } | null;
 }
 
 export class DownloadManager {
@@ -137,7 +143,16 @@ export class DownloadManager {
       stopping: null,
       lastEmit: 0,
       timer: null,
+      known: null,
     };
+    // A finished card of the same name (done, then removed; cancelled; failed) gives way to this
+    // one: one card per model.
+    for (const [taskId, old] of this.entries) {
+      const s = old.download.state;
+      if (old.download.name === dirName && (s === "done" || s === "cancelled" || s === "failed")) {
+        this.entries.delete(taskId);
+      }
+    }
     this.entries.set(e.download.taskId, e);
     this.run(e);
     return structuredClone(e.download);
@@ -181,8 +196,17 @@ export class DownloadManager {
     if (d.state !== "running") return;
     const phaseChanged = d.phase !== p.phase;
     d.phase = p.phase;
-    d.bytesDone = p.bytesDone;
-    d.bytesTotal = p.bytesTotal;
+    if (p.phase === "downloading" || p.phase === "paused") {
+      e.known = { done: p.bytesDone, total: p.bytesTotal };
+    }
+    const before = p.phase === "resolving" || p.phase === "planning" || p.phase === "verifying";
+    if (before && e.known) {
+      d.bytesDone = e.known.done;
+      d.bytesTotal = e.known.total;
+    } else {
+      d.bytesDone = p.bytesDone;
+      d.bytesTotal = p.bytesTotal;
+    }
     d.rate = p.rate;
     d.etaSeconds = p.etaSeconds;
     d.file = p.file;

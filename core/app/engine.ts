@@ -176,6 +176,11 @@ export class EngineManager {
     return { client: this.client, model: this.loaded };
   }
 
+  /** A load (or the start-up load) is under way: chat requests made now wait for it. */
+  get loadPending(): boolean {
+    return this.pendingLoads.size > 0;
+  }
+
   /** Waits until no load is under way. */
   async settled(): Promise<void> {
     while (this.pendingLoads.size > 0) {

@@ -3,7 +3,7 @@
  * Live aside on wide windows. Owns the store, the event subscription, toasts and navigation.
  */
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
-import { AppCallError, type AppError } from "../../core/app/api.ts";
+import { AppCallError, type AppError, type Conversation } from "../../core/app/api.ts";
 import type { RendererClient } from "./api/types.ts";
 import { ErrorAlert } from "./components/ErrorAlert.tsx";
 import { LiveAside } from "./components/LiveAside.tsx";
@@ -16,6 +16,7 @@ import {
   type AppActions,
   type View,
 } from "./state/context.tsx";
+import { isNewChatKey } from "./lib/keys.ts";
 import { loadAll } from "./state/load.ts";
 import { ChatView } from "./views/ChatView.tsx";
 import { LiveView } from "./views/LiveView.tsx";
@@ -47,6 +48,8 @@ export function App({ client }: { client: RendererClient }) {
   const [view, setView] = useState<View>(initialView);
   const [toasts, setToasts] = useState<Toast[]>([]);
   const nextToast = useRef(1);
+  /** The conversation "New chat" is creating (see AppActions.newChat). */
+  const pendingNew = useRef<Promise<Conversation | undefined> | null>(null);
 
   const notify = useCallback((error: AppError, retry?: () => void) => {
     const id = nextToast.current++;
@@ -88,8 +91,38 @@ export function App({ client }: { client: RendererClient }) {
         return undefined;
       }
     };
-    return { client, store, navigate, notify, run };
+    const newChat = (): Promise<Conversation | undefined> => {
+      if (pendingNew.current) return pendingNew.current;
+      store.dispatch({ type: "newChatStarted" });
+      const creating = run(() => client.call("chat.create", {})).then((conversation) => {
+        if (conversation) store.dispatch({ type: "conversation", conversation, select: true });
+        else store.dispatch({ type: "newChatFailed" });
+        return conversation;
+      });
+      const pending = creating.finally(() => {
+        pendingNew.current = null;
+      });
+      pendingNew.current = pending;
+      return pending;
+    };
+    const pendingNewChat = () => pendingNew.current;
+    return { client, store, navigate, notify, run, newChat, pendingNewChat };
   }, [client, store, navigate, notify]);
+
+  // App-wide keys: Ctrl/Cmd+Shift+O starts a new chat (from any view, as in ChatGPT).
+  useEffect(() => {
+    const onKeyDown = (e: KeyboardEvent): void => {
+      if (isNewChatKey(e)) {
+        e.preventDefault();
+        navigate("chat");
+        void actions.newChat().then((c) => {
+          if (c) document.getElementById("composer")?.focus();
+        });
+      }
+    };
+    document.addEventListener("keydown", onKeyDown);
+    return () => document.removeEventListener("keydown", onKeyDown);
+  }, [actions, navigate]);
 
   // Events in, connection state, and a full refresh at start and after each reconnect.
   useEffect(() => {
@@ -149,7 +182,10 @@ export function App({ client }: { client: RendererClient }) {
         <Sidebar view={view} onNavigate={navigate} />
         <main id="main" tabIndex={-1} className="flex min-h-0 min-w-0 flex-1 flex-col outline-none">
           <Banners />
+          {/* Keyed by view: each view starts at its top, not at the previous view's offset. */}
           <div
+            key={view}
+            data-testid="view-scroller"
             className={`min-h-0 flex-1 ${view === "chat" ? "overflow-hidden" : "overflow-y-auto"}`}
           >
             {view === "models" && <ModelsView />}

@@ -1,8 +1,9 @@
 /**
  * `chat.*`: conversations (list, get, create, rename, system prompt, delete) from the store, and
- * replies (send, regenerate, edit, stop), passed straight through to ChatManager (core/app/chat.ts).
+ * replies (send, regenerate, select a version, edit, stop), passed straight through to ChatManager (core/app/chat.ts).
  */
 import type { AppContext } from "../context.ts";
+import { AppFailure } from "../errors.ts";
 import type { HandlerGroup } from "./group.ts";
 
 export function chatHandlers(ctx: AppContext): HandlerGroup<"chat"> {
@@ -36,6 +37,12 @@ export function chatHandlers(ctx: AppContext): HandlerGroup<"chat"> {
     },
     "chat.send": async ({ conversationId, content }) => chat.send(conversationId, content),
     "chat.regenerate": async ({ conversationId }) => chat.regenerate(conversationId),
+    "chat.selectVersion": async ({ conversationId, messageId, index }) => {
+      if (chat.replying(conversationId)) {
+        throw new AppFailure("busy", "Wait for the reply being written, or stop it.", null);
+      }
+      return conversations.selectVersion(conversationId, messageId, index);
+    },
     "chat.edit": async ({ conversationId, messageId, content }) =>
       chat.edit(conversationId, messageId, content),
     "chat.stop": async ({ conversationId }) => {

@@ -640,6 +640,12 @@ export function createMockClient(): RendererClient {
       startReply(c, c.messages.at(-1)?.content ?? "");
       return structuredClone(c);
     },
+    "chat.selectVersion": (p: { conversationId: string; messageId: string; index: number }) => {
+      const c = conversations.get(p.conversationId) ?? fail("not_found", "No such conversation");
+      // The mock's Regenerate keeps no versions: there is only the one shown.
+      if (p.index !== 0) fail("version_not_found", "This reply has one version.");
+      return structuredClone(c);
+    },
     "chat.edit": (p: { conversationId: string; messageId: string; content: string }) => {
       const c = conversations.get(p.conversationId) ?? fail("not_found", "No such conversation");
       const i = c.messages.findIndex((m) => m.id === p.messageId);

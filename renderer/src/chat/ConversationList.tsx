@@ -8,12 +8,13 @@ import type { ConversationSummary } from "../../../core/app/api.ts";
 import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { PencilIcon, TrashIcon } from "../components/icons.tsx";
 import { Button } from "../components/ui.tsx";
+import { NEW_CHAT_SHORTCUT } from "../lib/keys.ts";
 import { useActions, useAppState } from "../state/context.tsx";
 
 export function ConversationList() {
   const conversations = useAppState((s) => s.conversations);
   const currentId = useAppState((s) => s.current?.id ?? null);
-  const { client, store, run } = useActions();
+  const { client, store, run, newChat } = useActions();
   const [renaming, setRenaming] = useState<string | null>(null);
   const [deleting, setDeleting] = useState<ConversationSummary | null>(null);
   const sorted = useMemo(
@@ -26,12 +27,11 @@ export function ConversationList() {
     if (conversation) store.dispatch({ type: "conversation", conversation, select: true });
   }
 
-  async function create(): Promise<void> {
-    const conversation = await run(() => client.call("chat.create", {}));
-    if (conversation) {
-      store.dispatch({ type: "conversation", conversation, select: true });
-      document.getElementById("composer")?.focus();
-    }
+  function create(): void {
+    // Focus first: what is typed from now on belongs to the new conversation (the composer
+    // waits for it to exist before sending).
+    document.getElementById("composer")?.focus();
+    void newChat();
   }
 
   async function rename(id: string, title: string): Promise<void> {
@@ -52,10 +52,16 @@ export function ConversationList() {
   return (
     <nav
       aria-label="Conversations"
-      className="flex max-h-40 shrink-0 flex-col border-b border-line md:max-h-none md:w-56 md:border-r md:border-b-0"
+      className="flex max-h-40 shrink-0 flex-col border-b border-line md:max-h-none md:w-56 md:border-r md:border-b-0 lg:w-72"
     >
       <div className="p-2">
-        <Button variant="primary" className="w-full" onClick={() => void create()}>
+        <Button
+          variant="primary"
+          className="w-full"
+          onClick={create}
+          title={`New chat (${NEW_CHAT_SHORTCUT})`}
+          aria-keyshortcuts="Control+Shift+O Meta+Shift+O"
+        >
           New chat
         </Button>
       </div>
@@ -68,7 +74,7 @@ export function ConversationList() {
           return (
             <li
               key={c.id}
-              className={`group flex items-center gap-1 rounded-md px-1 ${
+              className={`group relative flex items-center gap-1 rounded-md px-1 ${
                 current ? "bg-accent/10" : "hover:bg-panel-2"
               }`}
             >
@@ -94,11 +100,12 @@ export function ConversationList() {
                   {c.title || "Untitled"}
                 </a>
               )}
+              {/* Over the end of the title, shown on hover and focus: the title gets the width. */}
               <span
                 className={`flex shrink-0 ${
-                  current || renaming === c.id
+                  renaming === c.id
                     ? ""
-                    : "opacity-40 group-focus-within:opacity-100 group-hover:opacity-100"
+                    : "absolute inset-y-0 right-1 items-center rounded-md bg-panel-2 opacity-0 group-focus-within:opacity-100 group-hover:opacity-100"
                 }`}
               >
                 {renaming !== c.id && (

@@ -38,10 +38,19 @@ export const MessageItem = memo(function MessageItem({
   const isUser = message.role === "user";
   const note = message.finishReason ? FINISH_NOTES[message.finishReason] : undefined;
   const interrupted = !isUser && !message.finishReason && !streaming;
+  const versions = (message.otherVersions?.length ?? 0) + 1;
+  const versionIndex = Math.min(message.versionIndex ?? versions - 1, versions - 1);
 
   async function regenerate(): Promise<void> {
     const conversation = await run(() => client.call("chat.regenerate", { conversationId }));
     if (conversation) store.dispatch({ type: "conversation", conversation, reply: true });
+  }
+
+  async function showVersion(index: number): Promise<void> {
+    const conversation = await run(() =>
+      client.call("chat.selectVersion", { conversationId, messageId: message.id, index }),
+    );
+    if (conversation) store.dispatch({ type: "conversation", conversation });
   }
 
   async function saveEdit(content: string): Promise<void> {
@@ -87,13 +96,22 @@ export const MessageItem = memo(function MessageItem({
           className="w-full max-w-[min(48rem,100%)]"
         />
       )}
-      {message.stats && (
+      {message.stats && message.stats.generatedTokens > 0 && (
         <p data-testid="stats-line" className="text-xs text-muted tabular-nums">
           {message.stats.line}
         </p>
       )}
       {!editing && !streaming && (
         <div className="flex flex-wrap items-center gap-1">
+          {versions > 1 && (
+            <VersionSwitch
+              index={versionIndex}
+              count={versions}
+              // Only the last reply switches: later turns were written after the one shown.
+              enabled={canRegenerate}
+              onShow={(i) => void showVersion(i)}
+            />
+          )}
           <CopyButton label="Copy" getText={() => text} />
           {isUser && canEdit && (
             <Button small variant="ghost" onClick={() => setEditing(true)}>
@@ -110,6 +128,47 @@ export const MessageItem = memo(function MessageItem({
     </li>
   );
 });
+
+/** `‹ 2 / 3 ›`: the versions of a regenerated reply. */
+function VersionSwitch({
+  index,
+  count,
+  enabled,
+  onShow,
+}: {
+  index: number;
+  count: number;
+  enabled: boolean;
+  onShow: (index: number) => void;
+}) {
+  return (
+    <span role="group" aria-label="Versions" className="flex items-center text-xs text-muted">
+      <Button
+        small
+        variant="ghost"
+        aria-label="Previous version"
+        title="Previous version"
+        disabled={!enabled || index === 0}
+        onClick={() => onShow(index - 1)}
+      >
+        ‹
+      </Button>
+      <span data-testid="version" className="tabular-nums">
+        {index + 1} / {count}
+      </span>
+      <Button
+        small
+        variant="ghost"
+        aria-label="Next version"
+        title="Next version"
+        disabled={!enabled || index === count - 1}
+        onClick={() => onShow(index + 1)}
+      >
+        ›
+      </Button>
+    </span>
+  );
+}
 
 function EditForm({
   initial,

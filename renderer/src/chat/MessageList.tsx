@@ -1,8 +1,11 @@
 /**
  * The messages of the current conversation with stick-to-bottom scrolling: new text scrolls into
- * view while the reader is at the bottom, and stops doing so once they scroll up.
+ * view while the reader is at the bottom, and stops doing so once they scroll up ("Jump to
+ * latest" brings them back). A conversation opens at its latest message: rows off screen have
+ * an estimated height (content-visibility) that changes as they are laid out, so the list is
+ * kept at the bottom whenever its height changes, not only when the messages do.
  */
-import { useDeferredValue, useLayoutEffect, useRef } from "react";
+import { useDeferredValue, useEffect, useLayoutEffect, useRef } from "react";
 import { Button } from "../components/ui.tsx";
 import { useAppState } from "../state/context.tsx";
 import { isReplying, type State } from "../state/store.ts";
@@ -36,19 +39,39 @@ export function MessageList() {
 
   useLayoutEffect(() => {
     const el = scroller.current;
-    if (el && stick.current) el.scrollTop = el.scrollHeight;
+    if (el && stick.current) toBottom(el);
     showJump(el);
   }, [messages, live]);
+
+  // Heights settle after the first layout (estimated rows, fonts, code highlighting): follow.
+  const content = useRef<HTMLDivElement>(null);
+  useEffect(() => {
+    const el = scroller.current;
+    const inner = content.current;
+    if (!el || !inner || typeof ResizeObserver === "undefined") return;
+    const observer = new ResizeObserver(() => {
+      if (stick.current) toBottom(el);
+      showJump(el);
+    });
+    observer.observe(inner);
+    observer.observe(el);
+    return () => observer.disconnect();
+  }, []);
 
   function showJump(el: HTMLDivElement | null): void {
     const away = !!el && el.scrollHeight - el.scrollTop - el.clientHeight >= STICK_PX;
     if (jumpButton.current) jumpButton.current.hidden = !away;
   }
 
+  // Where the list was last scrolled to: only a move up (the reader) lets go of the bottom; rows
+  // growing under a scroll we made ourselves must not.
+  const lastTop = useRef(0);
   function onScroll(): void {
     const el = scroller.current;
     if (!el) return;
-    stick.current = el.scrollHeight - el.scrollTop - el.clientHeight < STICK_PX;
+    if (el.scrollHeight - el.scrollTop - el.clientHeight < STICK_PX) stick.current = true;
+    else if (el.scrollTop < lastTop.current - 1) stick.current = false;
+    lastTop.current = el.scrollTop;
     showJump(el);
   }
 
@@ -56,47 +79,60 @@ export function MessageList() {
     const el = scroller.current;
     if (!el) return;
     stick.current = true;
-    el.scrollTop = el.scrollHeight;
+    toBottom(el);
     showJump(el);
+    document.getElementById("composer")?.focus();
+  }
+
+  function toBottom(el: HTMLDivElement): void {
+    el.scrollTop = el.scrollHeight;
+    lastTop.current = el.scrollTop;
   }
 
   const lastIndex = count - 1;
   const lastAssistant = messages?.findLastIndex((m) => m.role === "assistant") ?? -1;
   return (
     <div className="relative min-h-0 flex-1">
-      <div ref={scroller} onScroll={onScroll} className="h-full overflow-y-auto px-4">
-        {!current && (
-          <p className="mx-auto mt-16 max-w-sm text-center text-sm text-muted">
-            Write a message below to start a conversation with the loaded model.
-          </p>
-        )}
-        {current && count === 0 && (
-          <p className="mx-auto mt-16 max-w-sm text-center text-sm text-muted">
-            No messages yet. Enter sends, Shift+Enter starts a new line.
-          </p>
-        )}
-        {current && (
-          <ol aria-label="Messages" className="mx-auto max-w-4xl pb-4">
-            {current.messages.map((m, i) => {
-              const isStreaming = replying && i === lastIndex && m.role === "assistant";
-              return (
-                <MessageItem
-                  key={m.id}
-                  message={m}
-                  text={
-                    m.role === "assistant" && !m.finishReason && i === lastIndex
-                      ? (live ?? m.content)
-                      : m.content
-                  }
-                  conversationId={current.id}
-                  streaming={isStreaming}
-                  canEdit={!replying}
-                  canRegenerate={!replying && i === lastAssistant && i === lastIndex}
-                />
-              );
-            })}
-          </ol>
-        )}
+      <div
+        ref={scroller}
+        onScroll={onScroll}
+        data-testid="message-scroller"
+        className="h-full overflow-y-auto px-4"
+      >
+        <div ref={content}>
+          {!current && (
+            <p className="mx-auto mt-16 max-w-sm text-center text-sm text-muted">
+              Write a message below to start a conversation with the loaded model.
+            </p>
+          )}
+          {current && count === 0 && (
+            <p className="mx-auto mt-16 max-w-sm text-center text-sm text-muted">
+              No messages yet. Enter sends, Shift+Enter starts a new line.
+            </p>
+          )}
+          {current && (
+            <ol aria-label="Messages" className="mx-auto max-w-4xl pb-4">
+              {current.messages.map((m, i) => {
+                const isStreaming = replying && i === lastIndex && m.role === "assistant";
+                return (
+                  <MessageItem
+                    key={m.id}
+                    message={m}
+                    text={
+                      m.role === "assistant" && !m.finishReason && i === lastIndex
+                        ? (live ?? m.content)
+                        : m.content
+                    }
+                    conversationId={current.id}
+                    streaming={isStreaming}
+                    canEdit={!replying}
+                    canRegenerate={!replying && i === lastAssistant && i === lastIndex}
+                  />
+                );
+              })}
+            </ol>
+          )}
+        </div>
       </div>
       <Button
         ref={jumpButton}

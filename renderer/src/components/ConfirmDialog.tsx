@@ -9,12 +9,14 @@ export function ConfirmDialog({
   title,
   body,
   confirmLabel,
+  cancelLabel = "Keep it",
   onConfirm,
   onClose,
 }: {
   title: string;
   body: string;
   confirmLabel: string;
+  cancelLabel?: string;
   onConfirm: () => void;
   onClose: () => void;
 }) {
@@ -43,7 +45,7 @@ export function ConfirmDialog({
       </p>
       <div className="mt-5 flex justify-end gap-2">
         <Button autoFocus onClick={() => ref.current?.close()}>
-          Keep it
+          {cancelLabel}
         </Button>
         <Button
           variant="danger"

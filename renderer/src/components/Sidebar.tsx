@@ -1,5 +1,8 @@
+import type { EngineStatus } from "../../../core/app/api.ts";
 import { engineStateText } from "../lib/format.ts";
-import { useAppState, type View } from "../state/context.tsx";
+import { useActions, useAppState, type View } from "../state/context.tsx";
+import type { ConnectionState } from "../state/store.ts";
+import { Button } from "./ui.tsx";
 
 const ITEMS: { view: View; label: string; icon: string }[] = [
   { view: "models", label: "Models", icon: "▦" },
@@ -19,11 +22,37 @@ const STATE_TONE: Record<string, string> = {
 };
 
 /** Left column on wide windows, a top bar on narrow ones. */
+/**
+ * The engine's state as the app last heard it; while the connection to the app is down that is
+ * not known, and the status says so instead of a stale green "ready".
+ */
+function statusOf(
+  engine: EngineStatus | null,
+  connection: ConnectionState,
+): { text: string; tone: string } {
+  if (connection === "reconnecting") return { text: "app not responding", tone: "bg-danger" };
+  if (connection === "unauthorized") return { text: "no access", tone: "bg-danger" };
+  if (connection === "connecting" && !engine) return { text: "connecting", tone: "bg-muted" };
+  return {
+    text: engineStateText(engine),
+    tone: STATE_TONE[engine?.state ?? "stopped"] ?? "bg-muted",
+  };
+}
+
 export function Sidebar({ view, onNavigate }: { view: View; onNavigate: (v: View) => void }) {
   const engine = useAppState((s) => s.engine);
-  const tone = STATE_TONE[engine?.state ?? "stopped"] ?? "bg-muted";
+  const connection = useAppState((s) => s.connection);
+  const { client, store, run } = useActions();
+  const { text, tone } = statusOf(engine, connection);
+  const crashed = connection !== "reconnecting" && engine?.state === "crashed";
+
+  async function restart(): Promise<void> {
+    const status = await run(() => client.call("engine.reload", {}));
+    if (status) store.dispatch({ type: "event", event: { type: "engine", status } });
+  }
+
   return (
-    <header className="flex shrink-0 flex-col gap-2 border-b border-line bg-panel px-3 py-2 md:w-48 md:border-r md:border-b-0 md:px-3 md:py-4">
+    <header className="flex shrink-0 flex-col gap-2 border-b border-line bg-panel px-3 py-2 md:w-44 md:border-r md:border-b-0 md:px-3 md:py-4">
       <div className="flex items-center justify-between gap-2 md:flex-col md:items-start">
         <span className="text-base font-semibold tracking-tight">
           <span aria-hidden="true" className="text-accent">
@@ -31,16 +60,23 @@ export function Sidebar({ view, onNavigate }: { view: View; onNavigate: (v: View
           </span>
           Redwing
         </span>
-        <p className="flex min-w-0 items-center gap-1.5 text-xs text-muted">
-          <span
-            aria-hidden="true"
-            className={`inline-block size-2 shrink-0 rounded-full ${tone}`}
-          />
-          <span className="sr-only">Engine: </span>
-          <span data-testid="engine-state" className="truncate">
-            {engineStateText(engine)}
-          </span>
-        </p>
+        <div className="flex min-w-0 items-center gap-2 md:w-full md:flex-col md:items-start">
+          <p className="flex max-w-full min-w-0 items-center gap-1.5 text-xs text-muted">
+            <span
+              aria-hidden="true"
+              className={`inline-block size-2 shrink-0 rounded-full ${tone}`}
+            />
+            <span className="sr-only">Engine: </span>
+            <span data-testid="engine-state" className="min-w-0 truncate" title={text}>
+              {text}
+            </span>
+          </p>
+          {crashed && (
+            <Button small variant="danger" onClick={() => void restart()}>
+              Restart
+            </Button>
+          )}
+        </div>
       </div>
       <nav aria-label="Main" className="-mx-1 overflow-x-auto md:mx-0 md:mt-4 md:overflow-visible">
         <ul className="flex gap-1 md:flex-col">

@@ -33,8 +33,12 @@ describe("formatBytes", () => {
 });
 
 describe("formatRate and formatEta", () => {
-  it("prints MB/s with one decimal", () => {
+  it("prints the rate in the unit that fits, never 0.0 MB/s for a slow download", () => {
     expect(formatRate(12_345_678)).toBe("12.3 MB/s");
+    expect(formatRate(17_000)).toBe("17.0 kB/s");
+    expect(formatRate(512)).toBe("512 B/s");
+    expect(formatRate(2.5e9)).toBe("2.50 GB/s");
+    expect(formatRate(0)).toBe("0 B/s");
     expect(formatRate(null)).toBe("—");
   });
   it("prints the time left in the largest two units", () => {

@@ -26,10 +26,13 @@ export function formatBytes(bytes: number | null | undefined): string {
   return `${value.toFixed(digits)} ${UNITS[unit]}`;
 }
 
-/** Bytes per second as `12.3 MB/s`; null (not measured yet) as an em dash. */
+/**
+ * Bytes per second in the unit that fits, as formatBytes writes sizes: `12.3 MB/s`, `17.0 kB/s`
+ * (not "0.0 MB/s"); null (not measured yet) as an em dash.
+ */
 export function formatRate(bytesPerSecond: number | null | undefined): string {
   if (bytesPerSecond == null || !Number.isFinite(bytesPerSecond) || bytesPerSecond < 0) return "—";
-  return `${(bytesPerSecond / 1e6).toFixed(1)} MB/s`;
+  return `${formatBytes(bytesPerSecond)}/s`;
 }
 
 /** Seconds left as `45 s`, `3 min 5 s`, `2 h 10 min`; null or infinite: unknown. */

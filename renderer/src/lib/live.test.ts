@@ -108,6 +108,13 @@ describe("replyPoints", () => {
     ]);
   });
 
+  it("draws no bar for a reply stopped before its first token (stored by older versions)", () => {
+    const points = replyPoints(
+      conversation([msg("u1", "user"), msg("a1", "assistant", 0), msg("u2", "user")]),
+    );
+    expect(points).toEqual([]);
+  });
+
   it("is empty without a conversation or replies", () => {
     expect(replyPoints(null)).toEqual([]);
     expect(replyPoints(conversation([msg("u1", "user")]))).toEqual([]);

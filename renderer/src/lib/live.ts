@@ -68,7 +68,8 @@ export interface ReplyPoint {
 
 /**
  * The conversation's assistant replies that have statistics (finished ones; a failed or running
- * reply has none and leaves a gap in the numbering), oldest first.
+ * reply, or one stopped before its first token, has none and leaves a gap in the numbering),
+ * oldest first.
  */
 export function replyPoints(conversation: Conversation | null | undefined): ReplyPoint[] {
   const points: ReplyPoint[] = [];
@@ -76,7 +77,8 @@ export function replyPoints(conversation: Conversation | null | undefined): Repl
   for (const m of conversation?.messages ?? []) {
     if (m.role !== "assistant") continue;
     n++;
-    if (!m.stats) continue;
+    // No tokens (stopped while thinking; stored so by older versions): nothing to chart.
+    if (!m.stats || m.stats.generatedTokens === 0) continue;
     points.push({
       n,
       messageId: m.id,

@@ -4,7 +4,7 @@
  * chat, not the Models view). Selectors must return stored references or primitives.
  */
 import { createContext, useContext, useSyncExternalStore } from "react";
-import type { AppError } from "../../../core/app/api.ts";
+import type { AppError, Conversation } from "../../../core/app/api.ts";
 import type { RendererClient } from "../api/types.ts";
 import { initialState, reduce, type Action, type State } from "./store.ts";
 
@@ -37,6 +37,13 @@ export interface AppActions {
   notify(error: AppError, retry?: () => void): void;
   /** Runs a call and turns a failure into a toast (with Retry). Resolves to undefined on failure. */
   run<T>(what: () => Promise<T>): Promise<T | undefined>;
+  /**
+   * Starts a new conversation and makes it current. Until it exists nothing is current, and a
+   * message sent meanwhile waits for it (`pendingNewChat`) instead of going to the previous one.
+   */
+  newChat(): Promise<Conversation | undefined>;
+  /** The conversation "New chat" is creating, while it is being created. */
+  pendingNewChat(): Promise<Conversation | undefined> | null;
 }
 
 export const ActionsContext = createContext<AppActions | null>(null);

@@ -45,12 +45,15 @@ export async function loadAll(
     settle(client.call("live.history", {}), (samples) => dispatch({ type: "history", samples })),
     settle(client.call("chat.list", {}), async (conversations) => {
       dispatch({ type: "event", event: { type: "conversations", conversations } });
+      // "New chat" pressed while starting: the new conversation becomes current, not the last one.
+      if (getState().newChatPending) return;
       const current = getState().current;
       const id = current?.id ?? mostRecent(conversations)?.id;
       if (!id || !conversations.some((c) => c.id === id)) return;
       const conversation = await client.call("chat.get", { id });
       // The user may have picked another one meanwhile.
       const now = getState().current;
+      if (getState().newChatPending) return;
       if (!now || now.id === id) dispatch({ type: "conversation", conversation, select: true });
     }),
   ]);

@@ -108,6 +108,35 @@ describe("streaming replies", () => {
   });
 });
 
+describe("New chat", () => {
+  it("clears the current conversation until the new one arrives, then selects it", () => {
+    let s = reduce(initialState, {
+      type: "conversation",
+      conversation: conv([user]),
+      select: true,
+    });
+    s = reduce(s, { type: "newChatStarted" });
+    expect(s.current).toBeNull();
+    expect(s.newChatPending).toBe(true);
+    // Another conversation's refresh (not selected) does not become current meanwhile.
+    s = reduce(s, { type: "conversation", conversation: conv([user, doneReply]) });
+    expect(s.current).toBeNull();
+    s = reduce(s, {
+      type: "conversation",
+      conversation: { ...conv([]), id: "c2" },
+      select: true,
+    });
+    expect(s.current?.id).toBe("c2");
+    expect(s.newChatPending).toBe(false);
+  });
+
+  it("a failed creation ends the pending state", () => {
+    let s = reduce(initialState, { type: "newChatStarted" });
+    s = reduce(s, { type: "newChatFailed" });
+    expect(s.newChatPending).toBe(false);
+  });
+});
+
 describe("downloads and samples", () => {
   const d: Download = {
     taskId: "t1",
@@ -136,6 +165,20 @@ describe("downloads and samples", () => {
     ]);
     s = reduce(s, { type: "downloadDismissed", taskId: "t1" });
     expect(s.downloads.map((x) => x.taskId)).toEqual(["t2"]);
+  });
+
+  it("a new download of a name replaces that name's finished card, not a running one", () => {
+    const download = (taskId: string, name: string, state: Download["state"]) =>
+      ({
+        type: "event",
+        event: { type: "download", download: { ...d, taskId, name, state } },
+      }) as const;
+    let s = reduce(initialState, download("t1", "tiny", "done"));
+    s = reduce(s, download("t2", "other", "running"));
+    s = reduce(s, download("t3", "tiny", "running"));
+    expect(s.downloads.map((x) => x.taskId)).toEqual(["t2", "t3"]);
+    s = reduce(s, download("t4", "other", "running"));
+    expect(s.downloads.map((x) => x.taskId)).toEqual(["t2", "t3", "t4"]);
   });
 
   it("keeps the last MAX_SAMPLES live samples", () => {

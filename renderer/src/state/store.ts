@@ -52,6 +52,11 @@ export interface State {
   replying: Record<string, string>;
   samples: LiveSample[];
   server: ServerStatus | null;
+  /**
+   * "New chat" was pressed and its conversation is being created: nothing else (the start-up
+   * load picking the most recent conversation) may make another one current meanwhile.
+   */
+  newChatPending: boolean;
 }
 
 export const initialState: State = {
@@ -70,6 +75,7 @@ export const initialState: State = {
   replying: {},
   samples: [],
   server: null,
+  newChatPending: false,
 };
 
 export type Action =
@@ -85,6 +91,9 @@ export type Action =
    */
   | { type: "conversation"; conversation: Conversation; select?: boolean; reply?: boolean }
   | { type: "deselect" }
+  /** "New chat" pressed: nothing is current until its conversation arrives (or fails). */
+  | { type: "newChatStarted" }
+  | { type: "newChatFailed" }
   | { type: "conversationDeleted"; id: string }
   | { type: "history"; samples: LiveSample[] };
 
@@ -108,10 +117,16 @@ export function reduce(state: State, action: Action): State {
     }
     case "downloadDismissed":
       return { ...state, downloads: state.downloads.filter((d) => d.taskId !== action.taskId) };
-    case "conversation":
-      return receiveConversation(state, action.conversation, !!action.select, !!action.reply);
+    case "conversation": {
+      const next = receiveConversation(state, action.conversation, !!action.select, !!action.reply);
+      return action.select && next.newChatPending ? { ...next, newChatPending: false } : next;
+    }
     case "deselect":
       return { ...state, current: null };
+    case "newChatStarted":
+      return { ...state, current: null, newChatPending: true };
+    case "newChatFailed":
+      return state.newChatPending ? { ...state, newChatPending: false } : state;
     case "conversationDeleted": {
       const conversations = state.conversations?.filter((c) => c.id !== action.id) ?? null;
       const current = state.current?.id === action.id ? null : state.current;
@@ -182,7 +197,12 @@ function reduceEvent(state: State, event: AppEvent): State {
 
 function upsertDownload(list: Download[], d: Download): Download[] {
   const i = list.findIndex((x) => x.taskId === d.taskId);
-  if (i < 0) return [...list, d];
+  if (i < 0) {
+    // A new download of a name replaces that name's finished card (as the main process does).
+    const finished = (x: Download) =>
+      x.name === d.name && (x.state === "done" || x.state === "cancelled" || x.state === "failed");
+    return [...list.filter((x) => !finished(x)), d];
+  }
   const next = list.slice();
   next[i] = d;
   return next;
@@ -231,7 +251,9 @@ function sameMessage(a: Message, b: Message): boolean {
     a.content === b.content &&
     a.finishReason === b.finishReason &&
     a.stats?.line === b.stats?.line &&
-    a.error?.message === b.error?.message
+    a.error?.message === b.error?.message &&
+    a.versionIndex === b.versionIndex &&
+    a.otherVersions?.length === b.otherVersions?.length
   );
 }
 

@@ -1,6 +1,7 @@
 import { useState } from "react";
 import { ConversationList } from "../chat/ConversationList.tsx";
 import { Composer } from "../chat/Composer.tsx";
+import { DemoNote } from "../chat/DemoNote.tsx";
 import { MessageList } from "../chat/MessageList.tsx";
 import { SystemPrompt } from "../chat/SystemPrompt.tsx";
 import { useAppState } from "../state/context.tsx";
@@ -36,6 +37,7 @@ export function ChatView() {
             {model && <span> · {model}</span>}
           </p>
         </div>
+        <DemoNote />
         <SystemPrompt
           key={current?.id ?? `new:${defaultSystemPrompt}`}
           conversation={current}

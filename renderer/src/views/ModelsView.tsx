@@ -2,7 +2,7 @@
  * Models: the catalog (what can be downloaded, what it costs on this machine), downloads in
  * progress, and the installed models.
  */
-import { useState, type FormEvent } from "react";
+import { useMemo, useState, type FormEvent } from "react";
 import type { CatalogItem, Download, InstalledModel } from "../../../core/app/api.ts";
 import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { ErrorAlert } from "../components/ErrorAlert.tsx";
@@ -169,7 +169,13 @@ function CatalogCard({
 // ---- downloads ----------------------------------------------------------------------------------
 
 function DownloadsSection() {
-  const downloads = useAppState((s) => s.downloads);
+  const all = useAppState((s) => s.downloads);
+  const models = useAppState((s) => s.models);
+  // A finished download whose model was removed since is not "Installed" any more: drop its card.
+  const downloads = useMemo(
+    () => all.filter((d) => d.state !== "done" || !models || models.some((m) => m.name === d.name)),
+    [all, models],
+  );
   return (
     <section aria-label="Downloads" className={downloads.length ? "" : "hidden"}>
       <SectionTitle id="downloads-title">Downloads</SectionTitle>
@@ -196,6 +202,9 @@ function DownloadRow({ download: d }: { download: Download }) {
   const { client, store, run } = useActions();
   const pct = downloadPercent(d);
   const labelId = `download-${d.taskId}`;
+  // Before the installer knows the size (looking up the repository, planning) there is no
+  // percentage to show: an indeterminate bar and the phase say what is happening.
+  const sized = d.bytesTotal > 0 || d.state === "done";
 
   async function act(method: "models.pause" | "models.resume" | "models.cancel"): Promise<void> {
     const download = await run(() => client.call(method, { taskId: d.taskId }));
@@ -233,24 +242,44 @@ function DownloadRow({ download: d }: { download: Download }) {
         aria-labelledby={labelId}
         aria-valuemin={0}
         aria-valuemax={100}
-        aria-valuenow={pct}
-        aria-valuetext={`${pct}% (${formatBytes(d.bytesDone)} of ${formatBytes(d.bytesTotal)})`}
+        aria-valuenow={sized ? pct : undefined}
+        aria-valuetext={
+          sized
+            ? `${pct}% (${formatBytes(d.bytesDone)} of ${formatBytes(d.bytesTotal)})`
+            : `${status}: size not known yet`
+        }
+        aria-busy={!sized && d.state === "running" ? true : undefined}
         className="h-2 w-full overflow-hidden rounded-full bg-panel-2"
       >
-        <div
-          className={`h-full rounded-full transition-[width] ${
-            d.state === "failed" ? "bg-danger" : d.state === "done" ? "bg-ok" : "bg-gauge"
-          }`}
-          style={{ width: `${pct}%` }}
-        />
+        {sized ? (
+          <div
+            className={`h-full rounded-full transition-[width] ${
+              d.state === "failed" ? "bg-danger" : d.state === "done" ? "bg-ok" : "bg-gauge"
+            }`}
+            style={{ width: `${pct}%` }}
+          />
+        ) : (
+          d.state === "running" && (
+            <div className="indeterminate h-full w-1/4 rounded-full bg-gauge" />
+          )
+        )}
       </div>
       <p className="flex flex-wrap gap-x-3 text-sm text-muted tabular-nums">
-        <span className="font-medium text-fg">{status}</span>
-        <span>
-          {pct}% · {formatBytes(d.bytesDone)} of {formatBytes(d.bytesTotal)}
+        <span data-testid="download-status" className="font-medium text-fg">
+          {status}
+          {!sized && d.state === "running" ? "…" : ""}
         </span>
-        {d.state === "running" && <span>{formatRate(d.rate)}</span>}
-        {d.state === "running" && <span>{formatEta(d.etaSeconds)}</span>}
+        {sized && (
+          <span data-testid="download-bytes">
+            {pct}% · {formatBytes(d.bytesDone)} of {formatBytes(d.bytesTotal)}
+          </span>
+        )}
+        {d.state === "running" && d.phase === "downloading" && (
+          <span data-testid="download-rate">{formatRate(d.rate)}</span>
+        )}
+        {d.state === "running" && d.phase === "downloading" && (
+          <span>{formatEta(d.etaSeconds)}</span>
+        )}
       </p>
       {d.file && d.state === "running" && (
         <p className="truncate text-xs text-muted" title={d.file}>

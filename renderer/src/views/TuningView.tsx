@@ -10,6 +10,7 @@ import type {
   SamplingSettings,
   SettingsPatch,
 } from "../../../core/app/api.ts";
+import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { NumberField, numberParser, type Parsed } from "../components/NumberField.tsx";
 import { Badge, Button } from "../components/ui.tsx";
 import { bytesToGigabytesText, formatBytes, formatPercent, parseGigabytes } from "../lib/format.ts";
@@ -31,6 +32,7 @@ export function TuningView() {
   const hardwareThreads = useAppState((s) => s.info?.hardwareThreads ?? null);
   const { client, store, run } = useActions();
   const plan = useMemoryPlan(settings?.engine ?? null);
+  const [confirmReset, setConfirmReset] = useState(false);
 
   if (!settings) {
     return (
@@ -64,9 +66,17 @@ export function TuningView() {
     <div className="mx-auto flex max-w-5xl flex-col gap-6 p-4 md:p-6">
       <div className="flex flex-wrap items-center justify-between gap-3">
         <h1 className="text-xl font-semibold">Tuning</h1>
-        <Button
-          variant="ghost"
-          onClick={() =>
+        <Button variant="ghost" onClick={() => setConfirmReset(true)}>
+          Reset to defaults
+        </Button>
+      </div>
+      {confirmReset && (
+        <ConfirmDialog
+          title="Reset every setting to its default?"
+          body="Sampling, context, memory, threads, the default system prompt and the server port go back to their defaults. Your conversations and models are not touched."
+          confirmLabel="Reset settings"
+          cancelLabel="Cancel"
+          onConfirm={() =>
             void run(() => client.call("settings.reset", {})).then((settings) => {
               if (settings) {
                 store.dispatch({
@@ -80,10 +90,9 @@ export function TuningView() {
               }
             })
           }
-        >
-          Reset to defaults
-        </Button>
-      </div>
+          onClose={() => setConfirmReset(false)}
+        />
+      )}
 
       <section
         aria-labelledby="sampling-title"
