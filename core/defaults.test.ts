@@ -2,6 +2,7 @@
  * The defaults live in core/defaults.ts; the README and docs state them in prose, the CLI shows
  * them in its help, the app starts from them. These tests fail when any of them drifts.
  */
+import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -9,6 +10,7 @@ import { Command } from "commander";
 import { describe, expect, it } from "vitest";
 import { registerCommands } from "../cli/commands/index.ts";
 import { DEFAULT_SETTINGS } from "./app/api.ts";
+import { nativeBinary } from "./native.ts";
 import {
   ENGINE_DEFAULTS,
   expertCacheSlotsFor,
@@ -134,5 +136,44 @@ describe("expertCacheSlotsFor", () => {
     expect(expertCacheSlotsFor(undefined, undefined)).toBe(ENGINE_DEFAULTS.expertCacheSlots);
     expect(expertCacheSlotsFor(undefined, null)).toBe(ENGINE_DEFAULTS.expertCacheSlots);
     expect(expertCacheSlotsFor(undefined, 1e9)).toBeUndefined();
+  });
+});
+
+describe("the native engine's defaults (native/src/runtime/defaults.h)", () => {
+  it("equal the module's: `redwing-engine defaults --json`", () => {
+    const out = execFileSync(nativeBinary("redwing-engine"), ["defaults", "--json"], {
+      encoding: "utf8",
+    });
+    const native = JSON.parse(out) as Record<string, unknown> & {
+      sampling: Record<string, unknown>;
+    };
+    expect({
+      context: native.context,
+      expertCacheSlots: native.expert_cache_slots,
+      threads: native.threads,
+      backend: native.backend,
+      kvDtype: native.kv_dtype,
+      prefillChunk: native.prefill_chunk,
+    }).toEqual({
+      context: ENGINE_DEFAULTS.context,
+      expertCacheSlots: ENGINE_DEFAULTS.expertCacheSlots,
+      threads: ENGINE_DEFAULTS.threads,
+      backend: ENGINE_DEFAULTS.backend,
+      kvDtype: ENGINE_DEFAULTS.kvDtype,
+      prefillChunk: ENGINE_DEFAULTS.prefillChunk,
+    });
+    expect({
+      temperature: native.sampling.temperature,
+      topK: native.sampling.top_k,
+      topP: native.sampling.top_p,
+      repetitionPenalty: native.sampling.repetition_penalty,
+      maxNewTokens: native.max_new_tokens,
+    }).toEqual({
+      temperature: SAMPLING_DEFAULTS.temperature,
+      topK: SAMPLING_DEFAULTS.topK,
+      topP: SAMPLING_DEFAULTS.topP,
+      repetitionPenalty: SAMPLING_DEFAULTS.repetitionPenalty,
+      maxNewTokens: SAMPLING_DEFAULTS.maxNewTokens,
+    });
   });
 });

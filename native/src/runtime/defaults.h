@@ -31,7 +31,7 @@ inline constexpr uint64_t kExpertReadPieceBytes = 1 << 20;
 inline constexpr uint64_t kProcessAllowanceBytes = 64ull << 20;
 
 // ---- generation ----
-inline constexpr int kMaxNewTokens = 256;
+inline constexpr int kMaxNewTokens = 1024;  // core/defaults.ts SAMPLING_DEFAULTS.maxNewTokens
 inline constexpr int64_t kStatsIntervalMs = 1000;
 inline constexpr float kTemperature = 0.2f;
 inline constexpr int kTopK = 64;
