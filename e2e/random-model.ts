@@ -5,7 +5,8 @@
  * token limit. Written into the app's models directory and loaded, like an installed model.
  */
 import { join } from "node:path";
-import { gemma3TokenizerFiles, synthesizeModel } from "../core/synth/synth.ts";
+import { gemma3TokenizerFiles } from "../core/models/gemma3.ts";
+import { synthesizeModel } from "../core/synth/synth.ts";
 import type { RedwingApp } from "./fixtures.ts";
 import { waitReady } from "./ui.ts";
 

@@ -1,6 +1,6 @@
 import { dirname } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { gemma3TokenizerFiles } from "../synth/synth.ts";
+import { gemma3TokenizerFiles } from "../models/gemma3.ts";
 import type { Backend, BackendEvent, GenerateRequest } from "./backend.ts";
 import { runGeneration } from "./session.ts";
 import { loadTokenizer, type ChatTokenizer } from "./tokenizer.ts";

