@@ -10,8 +10,8 @@
  * downloads anything and checks free space against them).
  */
 import { UserError } from "../errors.ts";
-import { MULTIMODAL_ROOTS } from "../import/importer.ts";
 import type { FamilyId } from "../models/index.ts";
+import { GEMMA_CHECKPOINT } from "../models/gemma-common.ts";
 import { GEMMA_TERMS } from "../models/gemma3.ts";
 
 /** Files the installer fetches whole (when the repository has them). */
@@ -26,8 +26,8 @@ export const METADATA_FILES = [
   "chat_template.json",
 ] as const;
 
-/** Tensor name roots that are never installed (the multimodal towers): the importer's list. */
-export const SKIPPED_TENSOR_ROOTS = MULTIMODAL_ROOTS;
+/** Tensor name roots never installed from a Gemma checkpoint (the multimodal towers). */
+export const SKIPPED_TENSOR_ROOTS = GEMMA_CHECKPOINT.multimodalRoots;
 
 export interface SizeEstimate {
   bytes: number;

@@ -72,6 +72,19 @@ export interface ToolSyntax {
   ): { content: string; calls: ModelToolCall[] } | null;
 }
 
+/** How a family's Hugging Face and MLX checkpoints name the tensors of its language model. */
+export interface CheckpointNaming {
+  /**
+   * What stands before a resident tensor's name (docs/format.md "Names"), tried in order: the
+   * first under which `embed_tokens.weight` exists is the checkpoint's.
+   */
+  readonly prefixes: readonly string[];
+  /** Roots of the multimodal towers under the prefix, left out on import. */
+  readonly multimodalRoots: readonly string[];
+  /** Endings of the resident tensor names stored without the `.weight` suffix. */
+  readonly bareSuffixes: readonly string[];
+}
+
 export interface ModelFamily {
   readonly id: FamilyId;
   /** For people: "Gemma 4". */
@@ -82,6 +95,8 @@ export interface ModelFamily {
   normalizeConfig(input: ConfigInput): Architecture;
   /** Every resident tensor the architecture needs, in the order the importer writes them. */
   expectedTensors(arch: Architecture): TensorSpec[];
+  /** Where those tensors are in the family's checkpoints. */
+  readonly checkpoint: CheckpointNaming;
   /** The chat template a model directory of this family gets when it ships none. */
   fallbackChatTemplate(): string;
   /**

@@ -17,7 +17,7 @@ import {
   optNum,
   unsupported,
 } from "./config-fields.ts";
-import type { ConfigInput, FamilyId } from "./family.ts";
+import type { CheckpointNaming, ConfigInput, FamilyId } from "./family.ts";
 
 const ACTIVATIONS = new Set(["gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast"]);
 
@@ -294,3 +294,18 @@ export function gemmaTensors(
   plain("norm", [h]);
   return out;
 }
+
+/** transformers and MLX name Gemma 3 and Gemma 4 checkpoints alike. */
+export const GEMMA_CHECKPOINT: CheckpointNaming = {
+  prefixes: ["model.language_model.", "language_model.model.", "model."],
+  multimodalRoots: [
+    "vision_tower",
+    "vision_model",
+    "embed_vision",
+    "audio_tower",
+    "embed_audio",
+    "multi_modal_projector",
+    "vision_embed",
+  ],
+  bareSuffixes: ["layer_scalar", "router.scale", "router.per_expert_scale"],
+};

@@ -10,6 +10,7 @@ import { createRequire } from "node:module";
 import type { LayerArch } from "../format/manifest.ts";
 import { type ConfigJson, int, invalid, isObject, num, optNum } from "./config-fields.ts";
 import {
+  GEMMA_CHECKPOINT,
   type GemmaVariant,
   type LayerType,
   type RopeSpec,
@@ -147,6 +148,7 @@ export const GEMMA3: ModelFamily = {
   modelTypes: ["gemma3", "gemma3_text"],
   normalizeConfig: (input) => normalizeGemmaConfig(VARIANT, input),
   expectedTensors: (arch) => gemmaTensors(arch),
+  checkpoint: GEMMA_CHECKPOINT,
   fallbackChatTemplate: gemma3FallbackTemplate,
   // Gemma 3's template reads the messages as they are.
   templateMessages: () => null,

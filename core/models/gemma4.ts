@@ -14,6 +14,7 @@ import { UserError } from "../errors.ts";
 import type { Architecture, LayerArch } from "../format/manifest.ts";
 import { type ConfigJson, int, invalid, isObject, optNum, unsupported } from "./config-fields.ts";
 import {
+  GEMMA_CHECKPOINT,
   type GemmaVariant,
   type LayerType,
   type RopeSpec,
@@ -502,6 +503,7 @@ export const GEMMA4: ModelFamily = {
   // Gemma 4 scales each layer's output by a learned scalar.
   expectedTensors: (arch) =>
     gemmaTensors(arch, (p) => [{ name: `${p}layer_scalar`, kind: "plain", shape: [1] }]),
+  checkpoint: GEMMA_CHECKPOINT,
   fallbackChatTemplate: gemma4FallbackTemplate,
   templateMessages: foldToolResults,
   tools: GEMMA4_TOOL_SYNTAX,
