@@ -10,3 +10,16 @@ export async function exists(path: string): Promise<boolean> {
     return false;
   }
 }
+
+/**
+ * Whether process `pid` on this machine is alive, for files a process leaves behind (locks,
+ * partial imports): EPERM means it lives under another user.
+ */
+export function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
+}

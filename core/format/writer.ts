@@ -36,7 +36,7 @@ import {
   type TensorEntry,
 } from "./manifest.ts";
 import { LEFTOVER_DIR_RE, partialDirName } from "./paths.ts";
-import { exists } from "../fs.ts";
+import { exists, pidAlive } from "../fs.ts";
 
 export interface ModelWriterOptions {
   /** Replace an existing model at the destination. */
@@ -475,15 +475,6 @@ export async function checkDestination(dest: string, force: boolean): Promise<vo
       `${dest} exists and is not a Redwing model (no ${MANIFEST_FILE}); refusing to replace it`,
       "destination_exists",
     );
-  }
-}
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
   }
 }
 

@@ -21,6 +21,25 @@ import type { CheckpointNaming, ConfigInput, FamilyId } from "./family.ts";
 
 const ACTIVATIONS = new Set(["gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast"]);
 
+/** The defaults transformers' Gemma3TextConfig and Gemma4TextConfig share. */
+export const GEMMA_TEXT_DEFAULTS: Readonly<ConfigJson> = {
+  hidden_size: 2304,
+  intermediate_size: 9216,
+  num_attention_heads: 8,
+  num_key_value_heads: 4,
+  head_dim: 256,
+  hidden_activation: "gelu_pytorch_tanh",
+  max_position_embeddings: 131072,
+  rms_norm_eps: 1e-6,
+  pad_token_id: 0,
+  eos_token_id: 1,
+  bos_token_id: 2,
+  tie_word_embeddings: true,
+  attention_bias: false,
+  layer_types: null,
+  final_logit_softcapping: null,
+};
+
 export type LayerType = "sliding_attention" | "full_attention";
 
 /** A family's part of normalization: what differs between Gemma 3 and Gemma 4. */

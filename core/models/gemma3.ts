@@ -11,6 +11,7 @@ import type { LayerArch } from "../format/manifest.ts";
 import { type ConfigJson, int, invalid, isObject, num, optNum } from "./config-fields.ts";
 import {
   GEMMA_CHECKPOINT,
+  GEMMA_TEXT_DEFAULTS,
   type GemmaVariant,
   type LayerType,
   type RopeSpec,
@@ -25,30 +26,16 @@ import type { ModelFamily } from "./family.ts";
 
 /** transformers' Gemma3TextConfig defaults. */
 const GEMMA3_DEFAULTS: ConfigJson = {
+  ...GEMMA_TEXT_DEFAULTS,
   vocab_size: 262208,
-  hidden_size: 2304,
-  intermediate_size: 9216,
   num_hidden_layers: 26,
-  num_attention_heads: 8,
-  num_key_value_heads: 4,
-  head_dim: 256,
-  hidden_activation: "gelu_pytorch_tanh",
-  max_position_embeddings: 131072,
-  rms_norm_eps: 1e-6,
-  pad_token_id: 0,
-  eos_token_id: 1,
-  bos_token_id: 2,
-  tie_word_embeddings: true,
   rope_theta: 1000000,
-  attention_bias: false,
   query_pre_attn_scalar: 256,
   sliding_window: 4096,
-  final_logit_softcapping: null,
   attn_logit_softcapping: null,
   rope_scaling: null,
   rope_local_base_freq: 10000,
   sliding_window_pattern: 6,
-  layer_types: null,
   use_bidirectional_attention: false,
 };
 

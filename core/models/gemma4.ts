@@ -15,6 +15,7 @@ import type { Architecture, LayerArch } from "../format/manifest.ts";
 import { type ConfigJson, int, invalid, isObject, optNum, unsupported } from "./config-fields.ts";
 import {
   GEMMA_CHECKPOINT,
+  GEMMA_TEXT_DEFAULTS,
   type GemmaVariant,
   type LayerType,
   type RopeSpec,
@@ -52,25 +53,11 @@ export const GEMMA4_TOKENS = {
 
 /** transformers' Gemma4TextConfig defaults. */
 const GEMMA4_DEFAULTS: ConfigJson = {
+  ...GEMMA_TEXT_DEFAULTS,
   vocab_size: 262144,
-  hidden_size: 2304,
-  intermediate_size: 9216,
   num_hidden_layers: 30,
-  num_attention_heads: 8,
-  num_key_value_heads: 4,
-  head_dim: 256,
-  hidden_activation: "gelu_pytorch_tanh",
-  max_position_embeddings: 131072,
-  rms_norm_eps: 1e-6,
-  pad_token_id: 0,
-  eos_token_id: 1,
-  bos_token_id: 2,
-  tie_word_embeddings: true,
   rope_parameters: null,
-  attention_bias: false,
   sliding_window: 512,
-  layer_types: null,
-  final_logit_softcapping: null,
   use_bidirectional_attention: null,
   hidden_size_per_layer_input: 256,
   attention_k_eq_v: false,
