@@ -240,6 +240,36 @@ export function alignUp(n: number, alignment: number): number {
 }
 
 /**
+ * The manifest entry of MoE layer `layer`'s expert file: each expert's parts laid out one after
+ * the other (every region aligned), the blob padded to EXPERT_ALIGNMENT.
+ */
+export function expertLayerLayout(
+  layer: number,
+  count: number,
+  parts: Record<ExpertPartName, Omit<QuantizedPart, "weight" | "scales" | "biases">>,
+): ExpertLayer {
+  let offset = 0;
+  const laid = {} as Record<ExpertPartName, QuantizedPart>;
+  for (const p of EXPERT_PARTS) {
+    const meta = parts[p];
+    const sizes = quantizedPartNbytes(meta);
+    const regions = {} as Record<"weight" | "scales" | "biases", Region>;
+    for (const r of ["weight", "scales", "biases"] as const) {
+      offset = alignUp(offset, TENSOR_ALIGNMENT);
+      regions[r] = { offset, nbytes: sizes[r] };
+      offset += sizes[r];
+    }
+    laid[p] = { ...meta, ...regions };
+  }
+  return {
+    file: expertFileName(layer),
+    count,
+    stride: alignUp(offset, EXPERT_ALIGNMENT),
+    parts: laid,
+  };
+}
+
+/**
  * Checks everything the schema cannot: names and shapes against the architecture, region sizes,
  * alignment, overlap, bounds (given the sizes of the files the manifest lists) and the file
  * list. Returns a list of problems (empty when the manifest is consistent).

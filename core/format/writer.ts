@@ -23,7 +23,7 @@ import {
   WEIGHTS_FILE,
   alignUp,
   checkManifestLayout,
-  expertFileName,
+  expertLayerLayout,
   plainNbytes,
   quantizedPartNbytes,
   type Architecture,
@@ -31,7 +31,6 @@ import {
   type ExpertPartName,
   type FileEntry,
   type Manifest,
-  type QuantizedPart,
   type Source,
   type TensorEntry,
 } from "./manifest.ts";
@@ -294,28 +293,7 @@ export class ModelWriter {
   ): Promise<ExpertLayerWriter> {
     this.checkOpen();
     if (this.expertLayers.has(layer)) throw new Error(`expert layer ${layer} begun twice`);
-    let offset = 0;
-    const laid = {} as Record<ExpertPartName, QuantizedPart>;
-    for (const p of EXPERT_PARTS) {
-      const meta = parts[p];
-      const sizes = quantizedPartNbytes(meta);
-      const regions = {} as Record<
-        "weight" | "scales" | "biases",
-        { offset: number; nbytes: number }
-      >;
-      for (const r of ["weight", "scales", "biases"] as const) {
-        offset = alignUp(offset, TENSOR_ALIGNMENT);
-        regions[r] = { offset, nbytes: sizes[r] };
-        offset += sizes[r];
-      }
-      laid[p] = { ...meta, ...regions };
-    }
-    const entry: ExpertLayer = {
-      file: expertFileName(layer),
-      count,
-      stride: alignUp(offset, EXPERT_ALIGNMENT),
-      parts: laid,
-    };
+    const entry = expertLayerLayout(layer, count, parts);
     const file = await SequentialFile.create(this.partialDir, entry.file, this.durable);
     const writer = new ExpertLayerWriter(file, entry);
     this.expertLayers.set(layer, { writer, file });

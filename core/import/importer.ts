@@ -15,12 +15,11 @@ import { join } from "node:path";
 import { UserError } from "../errors.ts";
 import { type FloatDType, dtypeSize } from "../format/dtype.ts";
 import {
-  EXPERT_ALIGNMENT,
   EXPERT_PARTS,
   TENSOR_ALIGNMENT,
   WEIGHTS_FILE,
   alignUp,
-  expertFileName,
+  expertLayerLayout,
   expertPartShapes,
   quantizedPartNbytes,
   type Architecture,
@@ -957,25 +956,7 @@ export function layoutImport(plan: ImportPlan, arch: Architecture): ImportLayout
     expertLayers = {};
     const count = arch.moe!.num_experts;
     for (const job of [...plan.experts].sort((a, b) => a.layer - b.layer)) {
-      let offset = 0;
-      const parts = {} as Record<ExpertPartName, QuantizedPart>;
-      for (const p of EXPERT_PARTS) {
-        const meta = job.meta[p];
-        const sizes = quantizedPartNbytes(meta);
-        const regions = {} as Record<"weight" | "scales" | "biases", Region>;
-        for (const r of ["weight", "scales", "biases"] as const) {
-          offset = alignUp(offset, TENSOR_ALIGNMENT);
-          regions[r] = { offset, nbytes: sizes[r] };
-          offset += sizes[r];
-        }
-        parts[p] = { ...meta, ...regions };
-      }
-      const entry: ExpertLayer = {
-        file: expertFileName(job.layer),
-        count,
-        stride: alignUp(offset, EXPERT_ALIGNMENT),
-        parts,
-      };
+      const entry = expertLayerLayout(job.layer, count, job.meta);
       expertLayers[String(job.layer)] = entry;
       files.push({ path: entry.file, size: entry.count * entry.stride });
     }
