@@ -75,7 +75,7 @@ export interface ImportResult {
 
 /** Default quantization of float checkpoints (what mlx-lm's convert uses for Gemma). */
 export const DEFAULT_QUANT: QuantParams = { bits: 4, groupSize: 64 };
-/** The MoE router is quantized with 8 bits (mlx-lm / mlx-vlm quant_predicate). */
+/** The family's 8-bit matrices (the MoE router: mlx-lm / mlx-vlm quant_predicate). */
 export const ROUTER_QUANT: QuantParams = { bits: 8, groupSize: 64 };
 
 const FLOAT_ST: Partial<Record<StDType, FloatDType>> = { BF16: "bf16", F16: "f16", F32: "f32" };
@@ -284,7 +284,8 @@ export function planImport(
       else if (!FLOAT_ST[src.dtype])
         problems.push(`${src.name} has dtype ${src.dtype}; expected BF16, F16 or F32`);
       else {
-        const params = spec.name.endsWith("router.proj") ? ROUTER_QUANT : DEFAULT_QUANT;
+        const eightBit = naming.eightBitSuffixes.some((s) => spec.name.endsWith(s));
+        const params = eightBit ? ROUTER_QUANT : DEFAULT_QUANT;
         if (cols % params.groupSize !== 0) {
           problems.push(
             `${src.name} has ${cols} columns, not a multiple of the group size ${params.groupSize}`,

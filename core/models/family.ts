@@ -83,6 +83,8 @@ export interface CheckpointNaming {
   readonly multimodalRoots: readonly string[];
   /** Endings of the resident tensor names stored without the `.weight` suffix. */
   readonly bareSuffixes: readonly string[];
+  /** Endings of the matrices quantized with 8 bits rather than 4 (as MLX converters do). */
+  readonly eightBitSuffixes: readonly string[];
 }
 
 export interface ModelFamily {

@@ -327,4 +327,6 @@ export const GEMMA_CHECKPOINT: CheckpointNaming = {
     "vision_embed",
   ],
   bareSuffixes: ["layer_scalar", "router.scale", "router.per_expert_scale"],
+  // mlx-lm / mlx-vlm quant_predicate: the MoE router keeps 8 bits.
+  eightBitSuffixes: ["router.proj"],
 };

@@ -14,7 +14,7 @@ import {
   type Architecture,
   type Manifest,
 } from "../format/manifest.ts";
-import { expectedTensors } from "../models/index.ts";
+import { expectedTensors, modelFamily } from "../models/index.ts";
 import { ModelWriter, type QuantizedData, type QuantizedMeta } from "../format/writer.ts";
 import { normalizeConfig } from "../import/config.ts";
 import { SYNTH_PRESETS, type SynthPresetName } from "./presets.ts";
@@ -149,6 +149,7 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
   const arch = synthArchitecture(options.preset, options.layers);
   const rng = new Random(options.seed ?? 0);
   const tensors = expectedTensors(arch);
+  const eightBit = modelFamily(arch.family).checkpoint.eightBitSuffixes;
   const expertLayers = arch.layers.filter((l) => l.moe).length;
   const total = tensors.length + expertLayers * (arch.moe?.num_experts ?? 0);
   let done = 0;
@@ -174,7 +175,7 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
         await writer.addPlain(spec.name, "bf16", spec.shape, bf16Bytes(values));
       } else {
         const [rows, cols] = spec.shape as [number, number];
-        const bits = spec.name.endsWith("router.proj") ? 8 : 4;
+        const bits = eightBit.some((suffix) => spec.name.endsWith(suffix)) ? 8 : 4;
         const meta: QuantizedMeta = {
           bits,
           group_size: 64,
