@@ -9,24 +9,13 @@ import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import type { LayerArch } from "../format/manifest.ts";
 import { type ConfigJson, int, invalid, isObject, num, optNum } from "./config-fields.ts";
-import {
-  GEMMA_CHECKPOINT,
-  GEMMA_TEXT_DEFAULTS,
-  type GemmaVariant,
-  type LayerType,
-  type RopeSpec,
-  gemmaLayer,
-  gemmaTensors,
-  normalizeGemmaConfig,
-  parseRopeEntry,
-  ropeFor,
-  ropeParameters,
-} from "./gemma-common.ts";
+// Gemma 3 is the Gemma decoder with its own defaults, RoPE and norms: mostly gemma-common.
+import * as gemma from "./gemma-common.ts";
 import type { ModelFamily } from "./family.ts";
 
 /** transformers' Gemma3TextConfig defaults. */
 const GEMMA3_DEFAULTS: ConfigJson = {
-  ...GEMMA_TEXT_DEFAULTS,
+  ...gemma.GEMMA_TEXT_DEFAULTS,
   vocab_size: 262208,
   num_hidden_layers: 26,
   rope_theta: 1000000,
@@ -39,7 +28,7 @@ const GEMMA3_DEFAULTS: ConfigJson = {
   use_bidirectional_attention: false,
 };
 
-const VARIANT: GemmaVariant = {
+const VARIANT: gemma.GemmaVariant = {
   id: "gemma3",
   defaults: GEMMA3_DEFAULTS,
   lastLayerFull: false,
@@ -53,7 +42,7 @@ const VARIANT: GemmaVariant = {
   }),
 };
 
-function gemma3Layers(cfg: ConfigJson, types: LayerType[]): LayerArch[] {
+function gemma3Layers(cfg: ConfigJson, types: gemma.LayerType[]): LayerArch[] {
   const headDim = int(cfg, "head_dim");
   const kvHeads = int(cfg, "num_key_value_heads");
   const window = int(cfg, "sliding_window");
@@ -61,7 +50,13 @@ function gemma3Layers(cfg: ConfigJson, types: LayerType[]): LayerArch[] {
   return types.map((type) => {
     const where = type === "full_attention" ? "global RoPE" : "local RoPE";
     return {
-      ...gemmaLayer(type, window, headDim, kvHeads, ropeFor(rope[type], headDim, where)),
+      ...gemma.gemmaLayer(
+        type,
+        window,
+        headDim,
+        kvHeads,
+        gemma.ropeFor(rope[type], headDim, where),
+      ),
       k_eq_v: false,
       moe: false,
     };
@@ -72,8 +67,8 @@ function gemma3Layers(cfg: ConfigJson, types: LayerType[]): LayerArch[] {
  * RoPE per layer type: transformers-5 `rope_parameters` (a single dict is the global RoPE), else
  * `rope_theta` + `rope_scaling` for full layers and `rope_local_base_freq` for sliding ones.
  */
-function gemma3Rope(cfg: ConfigJson): Record<LayerType, RopeSpec> {
-  const defaults = (): Record<LayerType, RopeSpec> => ({
+function gemma3Rope(cfg: ConfigJson): Record<gemma.LayerType, gemma.RopeSpec> {
+  const defaults = (): Record<gemma.LayerType, gemma.RopeSpec> => ({
     sliding_attention: {
       type: "default",
       theta: optNum(cfg, "rope_local_base_freq") ?? 10000,
@@ -87,12 +82,12 @@ function gemma3Rope(cfg: ConfigJson): Record<LayerType, RopeSpec> {
       partial: 1,
     },
   });
-  const fromParameters = ropeParameters(cfg, defaults(), true);
+  const fromParameters = gemma.ropeParameters(cfg, defaults(), true);
   if (fromParameters) return fromParameters;
   const rope = defaults();
   const scaling = cfg.rope_scaling;
   if (isObject(scaling)) {
-    const parsed = parseRopeEntry(scaling, rope.full_attention.theta, "rope_scaling");
+    const parsed = gemma.parseRopeEntry(scaling, rope.full_attention.theta, "rope_scaling");
     rope.full_attention.type = parsed.type;
     rope.full_attention.factor = parsed.factor;
   } else if (scaling !== null && scaling !== undefined) {
@@ -133,9 +128,9 @@ export const GEMMA3: ModelFamily = {
   id: "gemma3",
   title: "Gemma 3",
   modelTypes: ["gemma3", "gemma3_text"],
-  normalizeConfig: (input) => normalizeGemmaConfig(VARIANT, input),
-  expectedTensors: (arch) => gemmaTensors(arch),
-  checkpoint: GEMMA_CHECKPOINT,
+  normalizeConfig: (input) => gemma.normalizeGemmaConfig(VARIANT, input),
+  expectedTensors: (arch) => gemma.gemmaTensors(arch),
+  checkpoint: gemma.GEMMA_CHECKPOINT,
   fallbackChatTemplate: gemma3FallbackTemplate,
   // Gemma 3's template reads the messages as they are.
   templateMessages: () => null,
