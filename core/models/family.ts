@@ -2,8 +2,10 @@
  * What a model family module (gemma4.ts, gemma3.ts) tells the rest of Redwing, mirroring
  * native/src/models/: how its `config.json` becomes the normalized architecture, which tensors
  * that architecture needs, its fallback chat template and how messages are shaped for its
- * templates, and its tool-call syntax. Generic machinery (the importer, the manifest checker, the
- * template engine, the server) asks the registry in index.ts instead of knowing a family.
+ * templates, and its tool-call syntax. Generic machinery (config normalization, the importer, the
+ * manifest checker, the chat-template loader, `redwing prompt`) asks the registry in index.ts
+ * instead of knowing a family; the server's tool code (core/server/tools.ts) still speaks Gemma 4's
+ * syntax directly until its routes know the loaded model's family.
  */
 import type { Architecture, TensorSpec } from "../format/manifest.ts";
 import type { ConfigJson } from "./config-fields.ts";

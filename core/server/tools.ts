@@ -10,7 +10,10 @@ import { GEMMA4_TOOL_SYNTAX } from "../models/gemma4.ts";
 import { ApiError } from "./errors.ts";
 import type { FunctionTool, ToolChoice } from "./schemas.ts";
 
-/** The tool syntax the server speaks: the only family with one. */
+/**
+ * The tool syntax the server speaks: the only family with one. When the server's routes pass the
+ * loaded model's family, this becomes `modelFamily(arch.family).tools`.
+ */
 const SYNTAX: ToolSyntax = GEMMA4_TOOL_SYNTAX;
 export const TOOL_CALL_OPEN = SYNTAX.callOpen;
 /** How the template opens a tool declaration in the system turn. */
