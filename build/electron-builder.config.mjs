@@ -41,7 +41,7 @@ const config = {
     // Files core code reads next to itself (kept at their place: scripts/build-electron.mjs
     // rewrites import.meta.url per source): the Gemma 4 chat template, the hash worker and the
     // tokenizer worker.
-    "core/chat/templates/**/*",
+    "core/models/gemma4.jinja",
     "core/chat/tokenize-worker.mjs",
     "core/install/hash-worker.mjs",
     "!**/*.map",

@@ -9,7 +9,7 @@ Sources (read offline, nothing is downloaded):
 
 Writes to --out:
   train.jsonl          {"kind", "text"} documents: plain Bible chapters, fortunes, and chat
-                       turns rendered exactly as core/chat/templates/gemma4.jinja renders them
+                       turns rendered exactly as core/models/gemma4.jinja renders them
                        (<bos><|turn>user\\n...<turn|>\\n<|turn>model\\n<|channel>thought\\n<channel|>...<turn|>\\n)
   heldout.jsonl        held-out documents (chapters and fortunes never trained on)
   heldout.txt          a plain-text slice of the held-out chapters (the perplexity test's file)
@@ -81,7 +81,7 @@ GEN_PROMPT = "<|turn>model\n<|channel>thought\n<channel|>"
 
 
 def chat(user: str, reply: str) -> str:
-    """One exchange exactly as core/chat/templates/gemma4.jinja renders it (no system turn,
+    """One exchange exactly as core/models/gemma4.jinja renders it (no system turn,
     thinking off, so the generation prompt carries the empty thought channel), followed by the
     reply and its end-of-turn token."""
     return f"{BOS}<|turn>user\n{user.strip()}<turn|>\n{GEN_PROMPT}{reply.strip()}<turn|>\n"

@@ -149,7 +149,7 @@ describe("build-electron", () => {
     }
     const files = urls.map((rel) => resolve(outDir, rel));
     expect(files).toContain(join(ROOT, "electron", "main.ts"));
-    expect(files).toContain(join(ROOT, "core", "chat", "template.ts"));
+    expect(files).toContain(join(ROOT, "core", "models", "gemma4.ts"));
   });
 });
 

@@ -5,7 +5,8 @@
  * with Gemma 3's published tokenizer files unless the test brings its own.
  */
 import type { Manifest } from "../core/format/manifest.ts";
-import { gemma3TokenizerFiles, synthesizeModel } from "../core/synth/synth.ts";
+import { gemma3TokenizerFiles } from "../core/models/gemma3.ts";
+import { synthesizeModel } from "../core/synth/synth.ts";
 
 export interface RandomModelOptions {
   /** The weights' seed: the same seed gives the same bytes. */

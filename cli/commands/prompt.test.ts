@@ -10,7 +10,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadTokenizer } from "../../core/chat/tokenizer.ts";
-import { gemma3TokenizerFiles } from "../../core/synth/synth.ts";
+import { gemma3TokenizerFiles } from "../../core/models/gemma3.ts";
 import { writeRandomModel } from "../../testkit/random-model.ts";
 import { runCli } from "../../testkit/run-cli.ts";
 

@@ -6,7 +6,7 @@ import { loadTokenizer } from "../../core/chat/tokenizer.ts";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { UserError } from "../../core/errors.ts";
 import { FunctionToolSchema } from "../../core/server/schemas.ts";
-import { TOOL_DECLARATION_OPEN } from "../../core/server/tools.ts";
+import { modelFamily } from "../../core/models/index.ts";
 import { readMessages } from "./chat.ts";
 
 interface PromptOptions {
@@ -91,7 +91,8 @@ export function registerPromptCommand(program: Command): void {
         addGenerationPrompt: opts.generationPrompt,
         tools,
       });
-      if (tools && tools.length > 0 && !text.includes(TOOL_DECLARATION_OPEN)) {
+      const syntax = modelFamily(model.manifest.architecture.family).tools;
+      if (tools && tools.length > 0 && !(syntax && text.includes(syntax.declarationOpen))) {
         process.stderr.write(
           "redwing: warning: the model's chat template does not declare tools; the model would not see them\n",
         );

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
 import type { GenerateEvent, GenerateParams } from "../engine/protocol.ts";
 import { EngineQueue } from "../server/queue.ts";
-import { gemma3TokenizerFiles } from "../synth/synth.ts";
+import { gemma3TokenizerFiles } from "../models/gemma3.ts";
 import { DEFAULT_SETTINGS, type AppEvent, type Message, type Settings } from "./api.ts";
 import { ChatManager } from "./chat.ts";
 import { ConversationStore } from "./conversations.ts";

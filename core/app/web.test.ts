@@ -426,6 +426,17 @@ describe("GET /api/events", () => {
     expect(backend.listeners.size).toBe(0);
   });
 
+  /** What a new event stream gets first: the state of each part, one event per download. */
+  const SNAPSHOT_TYPES = [
+    "settings",
+    "models",
+    "engine",
+    "server",
+    "conversations",
+    "download",
+    "download",
+  ];
+
   it("sends the current state first, then every published event", async () => {
     await start();
     const stream = openEvents(server);
@@ -433,15 +444,7 @@ describe("GET /api/events", () => {
     expect(res.statusCode).toBe(200);
     expect(res.headers["content-type"]).toBe("text/event-stream; charset=utf-8");
     const snapshot = await stream.until(7);
-    expect(snapshot.map((e) => e.type)).toEqual([
-      "settings",
-      "models",
-      "engine",
-      "server",
-      "conversations",
-      "download",
-      "download",
-    ]);
+    expect(snapshot.map((e) => e.type)).toEqual(SNAPSHOT_TYPES);
     expect(snapshot[0]).toEqual({
       type: "settings",
       settings: DEFAULT_SETTINGS,
@@ -486,16 +489,7 @@ describe("GET /api/events", () => {
     backend.publish(early);
     release();
     const events = await stream.until(8);
-    expect(events.map((e) => e.type)).toEqual([
-      "settings",
-      "models",
-      "engine",
-      "server",
-      "conversations",
-      "download",
-      "download",
-      "chat.delta",
-    ]);
+    expect(events.map((e) => e.type)).toEqual([...SNAPSHOT_TYPES, "chat.delta"]);
     stream.close();
   });
 

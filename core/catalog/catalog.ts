@@ -10,7 +10,9 @@
  * downloads anything and checks free space against them).
  */
 import { UserError } from "../errors.ts";
-import { MULTIMODAL_ROOTS } from "../import/importer.ts";
+import type { FamilyId } from "../models/index.ts";
+import { GEMMA_CHECKPOINT } from "../models/gemma-common.ts";
+import { GEMMA_TERMS } from "../models/gemma3.ts";
 
 /** Files the installer fetches whole (when the repository has them). */
 export const METADATA_FILES = [
@@ -24,8 +26,8 @@ export const METADATA_FILES = [
   "chat_template.json",
 ] as const;
 
-/** Tensor name roots that are never installed (the multimodal towers): the importer's list. */
-export const SKIPPED_TENSOR_ROOTS = MULTIMODAL_ROOTS;
+/** Tensor name roots never installed from a Gemma checkpoint (the multimodal towers). */
+export const SKIPPED_TENSOR_ROOTS = GEMMA_CHECKPOINT.multimodalRoots;
 
 export interface SizeEstimate {
   bytes: number;
@@ -56,7 +58,7 @@ export interface HubCatalogEntry extends EntryBase {
   revision: string | null;
   /** Branch resolved when `revision` is null. */
   branch: string;
-  family: "gemma4" | "gemma3";
+  family: FamilyId;
   /** What the checkpoint is: MLX affine (bytes copied) or float (quantized at install). */
   format: "mlx-affine" | "hf-float";
   /** Files fetched: the metadata files present plus every shard of the index. */
@@ -73,11 +75,6 @@ export interface DemoCatalogEntry extends EntryBase {
 }
 
 export type CatalogEntry = HubCatalogEntry | DemoCatalogEntry;
-
-const GEMMA_TERMS = {
-  name: "Gemma Terms of Use",
-  url: "https://ai.google.dev/gemma/terms",
-};
 
 const GB = 1e9;
 

@@ -5,9 +5,9 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, it } from "vitest";
+import { gemma3FallbackTemplate } from "../models/gemma3.ts";
+import { gemma4FallbackTemplate } from "../models/gemma4.ts";
 import {
-  builtinGemma3Template,
-  builtinGemma4Template,
   ChatTemplate,
   loadChatTemplate,
   parseMessages,
@@ -23,7 +23,7 @@ const CHAT: ChatMessage[] = [
 ];
 
 describe("Gemma 4 chat template (gemma-arch.md section 6)", () => {
-  const t = builtinGemma4Template();
+  const t = gemma4FallbackTemplate();
 
   it("renders system, user and model turns and the generation prompt with an empty thought channel", () => {
     expect(renderChat(t, CHAT, { bosToken: "<bos>" })).toBe(
@@ -71,7 +71,7 @@ const OFFICIAL = readFileSync(join(TESTDATA, VECTORS.template), "utf8");
 
 describe("Gemma 4 test vectors (Google's 2026-07-09 template for 26B-A4B and 31B)", () => {
   const templates = [
-    ["Redwing's fallback template", builtinGemma4Template()],
+    ["Redwing's fallback template", gemma4FallbackTemplate()],
     ["Google's template text", OFFICIAL],
   ] as const;
   const cases = VECTORS.vectors.flatMap((v) =>
@@ -170,7 +170,7 @@ describe("Gemma 4 test vectors (Google's 2026-07-09 template for 26B-A4B and 31B
 });
 
 describe("Gemma 3 chat template (the published one)", () => {
-  const t = builtinGemma3Template();
+  const t = gemma3FallbackTemplate();
 
   it("merges the system text into the first user turn", () => {
     expect(renderChat(t, CHAT.slice(0, 2), { bosToken: "<bos>" })).toBe(
@@ -203,8 +203,8 @@ describe("loading templates and messages", () => {
     const dir = await mkdtemp(join(tmpdir(), "redwing-tpl-"));
     dirs.push(dir);
     expect(await loadChatTemplate(dir, "FROM CONFIG", "gemma4")).toBe("FROM CONFIG");
-    expect(await loadChatTemplate(dir, null, "gemma4")).toBe(builtinGemma4Template());
-    expect(await loadChatTemplate(dir, null, "gemma3")).toBe(builtinGemma3Template());
+    expect(await loadChatTemplate(dir, null, "gemma4")).toBe(gemma4FallbackTemplate());
+    expect(await loadChatTemplate(dir, null, "gemma3")).toBe(gemma3FallbackTemplate());
     await writeFile(join(dir, "chat_template.jinja"), "{{ bos_token }}FILE");
     const fromFile = await loadChatTemplate(dir, "FROM CONFIG", "gemma4");
     expect(renderChat(fromFile, [], { bosToken: "<b>" })).toBe("<b>FILE");

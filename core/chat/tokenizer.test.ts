@@ -1,6 +1,6 @@
 import { dirname } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { gemma3TokenizerFiles } from "../synth/synth.ts";
+import { gemma3TokenizerFiles } from "../models/gemma3.ts";
 import { IncrementalDecoder } from "./detokenize.ts";
 import { TextStream } from "./text-stream.ts";
 import { loadTokenizer, type ChatTokenizer } from "./tokenizer.ts";

@@ -9,12 +9,12 @@
  * Random-weight models of any shape (tests, benchmarks) come from core/synth instead.
  */
 import { randomBytes } from "node:crypto";
-import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { modelsDir } from "../paths.ts";
 import { exists } from "../fs.ts";
-import { checkDestination } from "../format/writer.ts";
+import { moveIntoPlace } from "../format/writer.ts";
 import { partialDirName } from "../format/paths.ts";
 
 export const DEMO_MODEL_NAME = "demo";
@@ -99,19 +99,8 @@ async function installShippedDemo(dir: string): Promise<void> {
         await writeFile(to, await readFile(join(source, rel)));
       }
     }
-    await checkDestination(dir, true); // an old demo or an empty directory; nothing else
-    let old: string | null = null;
-    if (await exists(dir)) {
-      old = join(parent, `.${basename(dir)}.old-${process.pid}-${randomBytes(6).toString("hex")}`);
-      await rename(dir, old);
-    }
-    try {
-      await rename(partial, dir);
-    } catch (error) {
-      if (old) await rename(old, dir).catch(() => undefined);
-      throw error;
-    }
-    if (old) await rm(old, { recursive: true, force: true });
+    // Replaces an old demo or an empty directory; nothing else.
+    await moveIntoPlace(partial, dir, true, false);
   } finally {
     await rm(partial, { recursive: true, force: true });
   }

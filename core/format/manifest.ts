@@ -1,11 +1,12 @@
 /**
- * Schema of `manifest.json` (docs/format.md, format version 1) and the list of tensors an
- * architecture requires. The importer writes manifests that pass `parseManifest`; readers
+ * Schema of `manifest.json` (docs/format.md, format version 1) and its consistency check against
+ * the tensors the architecture's family requires (core/models). The importer writes manifests that pass `parseManifest`; readers
  * (the CLI, the installer, the engine's loader via the CLI) use it before trusting a directory.
  */
 import { z } from "zod";
 import { FLOAT_DTYPES, type FloatDType, dtypeSize } from "./dtype.ts";
 import { isSafeRelativePath } from "./paths.ts";
+import { FAMILY_IDS, expectedTensors } from "../models/index.ts";
 
 export const FORMAT_NAME = "redwing-model";
 export const FORMAT_VERSION = 1;
@@ -89,7 +90,7 @@ export const MoeSchema = z.object({
 
 export const ArchitectureSchema = z
   .object({
-    family: z.enum(["gemma4", "gemma3"]),
+    family: z.enum(FAMILY_IDS),
     vocab_size: count,
     hidden_size: count,
     num_layers: count,
@@ -218,62 +219,6 @@ export function expertPartShapes(arch: Architecture): Record<ExpertPartName, [nu
 export const EXPERT_PARTS = ["gate_proj", "up_proj", "down_proj"] as const;
 export type ExpertPartName = (typeof EXPERT_PARTS)[number];
 
-/**
- * Every resident tensor an architecture needs, in the order the importer writes them
- * (docs/format.md "Names").
- */
-export function expectedTensors(arch: Architecture): TensorSpec[] {
-  const h = arch.hidden_size;
-  const out: TensorSpec[] = [];
-  const plain = (name: string, shape: number[]): void => {
-    out.push({ name, kind: "plain", shape });
-  };
-  const quant = (name: string, rows: number, cols: number): void => {
-    out.push({ name, kind: "quantized", shape: [rows, cols] });
-  };
-  quant("embed_tokens", arch.vocab_size, h);
-  arch.layers.forEach((layer, i) => {
-    const p = `layers.${i}.`;
-    for (const n of [
-      "input_layernorm",
-      "post_attention_layernorm",
-      "pre_feedforward_layernorm",
-      "post_feedforward_layernorm",
-    ]) {
-      plain(p + n, [h]);
-    }
-    if (layer.moe) {
-      for (const n of [
-        "pre_feedforward_layernorm_2",
-        "post_feedforward_layernorm_1",
-        "post_feedforward_layernorm_2",
-      ]) {
-        plain(p + n, [h]);
-      }
-    }
-    const q = arch.num_attention_heads * layer.head_dim;
-    const kv = layer.num_kv_heads * layer.head_dim;
-    quant(p + "self_attn.q_proj", q, h);
-    quant(p + "self_attn.k_proj", kv, h);
-    if (!layer.k_eq_v) quant(p + "self_attn.v_proj", kv, h);
-    quant(p + "self_attn.o_proj", h, q);
-    plain(p + "self_attn.q_norm", [layer.head_dim]);
-    plain(p + "self_attn.k_norm", [layer.head_dim]);
-    quant(p + "mlp.gate_proj", arch.intermediate_size, h);
-    quant(p + "mlp.up_proj", arch.intermediate_size, h);
-    quant(p + "mlp.down_proj", h, arch.intermediate_size);
-    if (layer.moe) {
-      const e = arch.moe!.num_experts;
-      quant(p + "router.proj", e, h);
-      plain(p + "router.scale", [h]);
-      plain(p + "router.per_expert_scale", [e]);
-    }
-    if (arch.family === "gemma4") plain(p + "layer_scalar", [1]);
-  });
-  plain("norm", [h]);
-  return out;
-}
-
 export function plainNbytes(dtype: FloatDType, shape: number[]): number {
   return shape.reduce((a, b) => a * b, 1) * dtypeSize(dtype);
 }
@@ -292,6 +237,36 @@ export function quantizedPartNbytes(part: {
 
 export function alignUp(n: number, alignment: number): number {
   return Math.ceil(n / alignment) * alignment;
+}
+
+/**
+ * The manifest entry of MoE layer `layer`'s expert file: each expert's parts laid out one after
+ * the other (every region aligned), the blob padded to EXPERT_ALIGNMENT.
+ */
+export function expertLayerLayout(
+  layer: number,
+  count: number,
+  parts: Record<ExpertPartName, Omit<QuantizedPart, "weight" | "scales" | "biases">>,
+): ExpertLayer {
+  let offset = 0;
+  const laid = {} as Record<ExpertPartName, QuantizedPart>;
+  for (const p of EXPERT_PARTS) {
+    const meta = parts[p];
+    const sizes = quantizedPartNbytes(meta);
+    const regions = {} as Record<"weight" | "scales" | "biases", Region>;
+    for (const r of ["weight", "scales", "biases"] as const) {
+      offset = alignUp(offset, TENSOR_ALIGNMENT);
+      regions[r] = { offset, nbytes: sizes[r] };
+      offset += sizes[r];
+    }
+    laid[p] = { ...meta, ...regions };
+  }
+  return {
+    file: expertFileName(layer),
+    count,
+    stride: alignUp(offset, EXPERT_ALIGNMENT),
+    parts: laid,
+  };
 }
 
 /**

@@ -23,7 +23,7 @@ import {
   WEIGHTS_FILE,
   alignUp,
   checkManifestLayout,
-  expertFileName,
+  expertLayerLayout,
   plainNbytes,
   quantizedPartNbytes,
   type Architecture,
@@ -31,12 +31,11 @@ import {
   type ExpertPartName,
   type FileEntry,
   type Manifest,
-  type QuantizedPart,
   type Source,
   type TensorEntry,
 } from "./manifest.ts";
 import { LEFTOVER_DIR_RE, partialDirName } from "./paths.ts";
-import { exists } from "../fs.ts";
+import { exists, fsyncDir, pidAlive, writeFully } from "../fs.ts";
 
 export interface ModelWriterOptions {
   /** Replace an existing model at the destination. */
@@ -83,16 +82,7 @@ class SequentialFile {
   }
 
   async write(data: Uint8Array): Promise<void> {
-    let done = 0;
-    while (done < data.byteLength) {
-      const { bytesWritten } = await this.handle.write(
-        data,
-        done,
-        data.byteLength - done,
-        this.position + done,
-      );
-      done += bytesWritten;
-    }
+    await writeFully(this.handle, data, this.position);
     this.hash.update(data);
     this.position += data.byteLength;
   }
@@ -303,28 +293,7 @@ export class ModelWriter {
   ): Promise<ExpertLayerWriter> {
     this.checkOpen();
     if (this.expertLayers.has(layer)) throw new Error(`expert layer ${layer} begun twice`);
-    let offset = 0;
-    const laid = {} as Record<ExpertPartName, QuantizedPart>;
-    for (const p of EXPERT_PARTS) {
-      const meta = parts[p];
-      const sizes = quantizedPartNbytes(meta);
-      const regions = {} as Record<
-        "weight" | "scales" | "biases",
-        { offset: number; nbytes: number }
-      >;
-      for (const r of ["weight", "scales", "biases"] as const) {
-        offset = alignUp(offset, TENSOR_ALIGNMENT);
-        regions[r] = { offset, nbytes: sizes[r] };
-        offset += sizes[r];
-      }
-      laid[p] = { ...meta, ...regions };
-    }
-    const entry: ExpertLayer = {
-      file: expertFileName(layer),
-      count,
-      stride: alignUp(offset, EXPERT_ALIGNMENT),
-      parts: laid,
-    };
+    const entry = expertLayerLayout(layer, count, parts);
     const file = await SequentialFile.create(this.partialDir, entry.file, this.durable);
     const writer = new ExpertLayerWriter(file, entry);
     this.expertLayers.set(layer, { writer, file });
@@ -412,25 +381,7 @@ export class ModelWriter {
   }
 
   private async install(): Promise<void> {
-    const parent = dirname(this.dest);
-    await checkDestination(this.dest, this.options.force ?? false);
-    let old: string | null = null;
-    if (await exists(this.dest)) {
-      // Move the old model aside first so the destination is never half-replaced.
-      old = join(
-        parent,
-        `.${basename(this.dest)}.old-${process.pid}-${randomBytes(6).toString("hex")}`,
-      );
-      await rename(this.dest, old);
-    }
-    try {
-      await rename(this.partialDir, this.dest);
-    } catch (error) {
-      if (old) await rename(old, this.dest).catch(() => undefined); // put the old model back
-      throw error;
-    }
-    if (this.durable) await fsyncDir(parent);
-    if (old) await rm(old, { recursive: true, force: true });
+    await moveIntoPlace(this.partialDir, this.dest, this.options.force ?? false, this.durable);
   }
 
   /** Removes the partial directory. Safe to call more than once and after a failed commit. */
@@ -478,13 +429,32 @@ export async function checkDestination(dest: string, force: boolean): Promise<vo
   }
 }
 
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
+/**
+ * Renames the finished directory `from` to `dest`. An old model (with `force`) is first moved
+ * aside under an `.old-` name, so the destination is never half-replaced and a crash in between
+ * leaves it where removeLeftovers puts it back; a failed rename puts it back at once.
+ */
+export async function moveIntoPlace(
+  from: string,
+  dest: string,
+  force: boolean,
+  durable: boolean,
+): Promise<void> {
+  await checkDestination(dest, force);
+  const parent = dirname(dest);
+  let old: string | null = null;
+  if (await exists(dest)) {
+    old = join(parent, `.${basename(dest)}.old-${process.pid}-${randomBytes(6).toString("hex")}`);
+    await rename(dest, old);
   }
+  try {
+    await rename(from, dest);
+  } catch (error) {
+    if (old) await rename(old, dest).catch(() => undefined);
+    throw error;
+  }
+  if (durable) await fsyncDir(parent);
+  if (old) await rm(old, { recursive: true, force: true });
 }
 
 /**
@@ -516,13 +486,4 @@ export async function removeLeftovers(parent: string, name: string): Promise<str
     removed.push(entry);
   }
   return removed;
-}
-
-async function fsyncDir(path: string): Promise<void> {
-  const handle = await open(path, "r");
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
 }

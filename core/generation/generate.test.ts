@@ -3,7 +3,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import type { ChatTokenizer } from "../chat/tokenizer.ts";
 import { loadTokenizer } from "../chat/tokenizer.ts";
 import type { GenerateEvent, GenerateParams } from "../engine/protocol.ts";
-import { gemma3TokenizerFiles } from "../synth/synth.ts";
+import { gemma3TokenizerFiles } from "../models/gemma3.ts";
 import {
   generate,
   generateAll,

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { UserError } from "../errors.ts";
-import { CONFIG_LIMITS, normalizeConfig } from "./config.ts";
+import { CONFIG_LIMITS } from "../models/config-fields.ts";
+import { normalizeConfig } from "./config.ts";
 import {
   TINY_GEMMA3,
   TINY_GEMMA4_DENSE,

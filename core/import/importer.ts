@@ -15,13 +15,11 @@ import { join } from "node:path";
 import { UserError } from "../errors.ts";
 import { type FloatDType, dtypeSize } from "../format/dtype.ts";
 import {
-  EXPERT_ALIGNMENT,
   EXPERT_PARTS,
   TENSOR_ALIGNMENT,
   WEIGHTS_FILE,
   alignUp,
-  expectedTensors,
-  expertFileName,
+  expertLayerLayout,
   expertPartShapes,
   quantizedPartNbytes,
   type Architecture,
@@ -35,6 +33,7 @@ import {
   type TensorSpec,
 } from "../format/manifest.ts";
 import { sha256File } from "../format/read.ts";
+import { expectedTensors, modelFamily } from "../models/index.ts";
 import { ModelWriter, type QuantizedData, type QuantizedMeta } from "../format/writer.ts";
 import { checkRegularFile, readInputFile } from "./input-files.ts";
 import { normalizeConfig } from "./config.ts";
@@ -76,26 +75,14 @@ export interface ImportResult {
 
 /** Default quantization of float checkpoints (what mlx-lm's convert uses for Gemma). */
 export const DEFAULT_QUANT: QuantParams = { bits: 4, groupSize: 64 };
-/** The MoE router is quantized with 8 bits (mlx-lm / mlx-vlm quant_predicate). */
+/** The family's 8-bit matrices (the MoE router: mlx-lm / mlx-vlm quant_predicate). */
 export const ROUTER_QUANT: QuantParams = { bits: 8, groupSize: 64 };
-
-const PREFIXES = ["model.language_model.", "language_model.model.", "model."];
-/** Roots of the multimodal towers, dropped on import. */
-export const MULTIMODAL_ROOTS = [
-  "vision_tower",
-  "vision_model",
-  "embed_vision",
-  "audio_tower",
-  "embed_audio",
-  "multi_modal_projector",
-  "vision_embed",
-] as const;
-/** Tensors without the `.weight` suffix. */
-const BARE_SUFFIXES = ["layer_scalar", "router.scale", "router.per_expert_scale"];
 
 const FLOAT_ST: Partial<Record<StDType, FloatDType>> = { BF16: "bf16", F16: "f16", F32: "f32" };
 
 interface QuantConfig {
+  /** The checkpoint family's tensor-name prefixes (overrides may be keyed with any of them). */
+  prefixes: readonly string[];
   bits: number;
   group_size: number;
   overrides: Map<string, { bits: number; group_size: number } | false>;
@@ -256,15 +243,16 @@ export function planImport(
   ckpt: TensorTable,
   config: Record<string, unknown>,
 ): ImportPlan {
-  const prefix = PREFIXES.find((p) => ckpt.get(`${p}embed_tokens.weight`) !== undefined);
+  const naming = modelFamily(arch.family).checkpoint;
+  const prefix = naming.prefixes.find((p) => ckpt.get(`${p}embed_tokens.weight`) !== undefined);
   if (prefix === undefined) {
     throw new UserError(
-      `the checkpoint has no embedding tensor (looked for ${PREFIXES.map((p) => `${p}embed_tokens.weight`).join(", ")})`,
+      `the checkpoint has no embedding tensor (looked for ${naming.prefixes.map((p) => `${p}embed_tokens.weight`).join(", ")})`,
       "checkpoint_incomplete",
     );
   }
   const mlx = ckpt.get(`${prefix}embed_tokens.scales`) !== undefined;
-  const quantConfig = readQuantConfig(config, mlx);
+  const quantConfig = readQuantConfig(config, mlx, naming.prefixes);
   const used = new Set<string>();
   const missing: string[] = [];
   const problems: string[] = [];
@@ -279,7 +267,7 @@ export function planImport(
   for (const spec of expectedTensors(arch)) {
     const base = prefix + spec.name;
     if (spec.kind === "plain") {
-      const bare = BARE_SUFFIXES.some((s) => spec.name.endsWith(s));
+      const bare = naming.bareSuffixes.some((s) => spec.name.endsWith(s));
       const src = take(bare ? base : `${base}.weight`);
       if (!src) continue;
       if (!sameShape(src.shape, spec.shape)) problems.push(shapeProblem(src, spec.shape));
@@ -296,7 +284,8 @@ export function planImport(
       else if (!FLOAT_ST[src.dtype])
         problems.push(`${src.name} has dtype ${src.dtype}; expected BF16, F16 or F32`);
       else {
-        const params = spec.name.endsWith("router.proj") ? ROUTER_QUANT : DEFAULT_QUANT;
+        const eightBit = naming.eightBitSuffixes.some((s) => spec.name.endsWith(s));
+        const params = eightBit ? ROUTER_QUANT : DEFAULT_QUANT;
         if (cols % params.groupSize !== 0) {
           problems.push(
             `${src.name} has ${cols} columns, not a multiple of the group size ${params.groupSize}`,
@@ -446,7 +435,7 @@ export function planImport(
   for (const name of ckpt.tensors.keys()) {
     if (used.has(name) || !name.startsWith(prefix)) continue; // outside: vision/audio towers
     const rest = name.slice(prefix.length);
-    if (MULTIMODAL_ROOTS.some((r) => rest === r || rest.startsWith(`${r}.`))) continue;
+    if (naming.multimodalRoots.some((r) => rest === r || rest.startsWith(`${r}.`))) continue;
     if (rest.endsWith("rotary_emb.inv_freq")) continue; // a cached buffer, recomputed
     if (rest === "lm_head.weight") continue; // tied to the embedding
     unexpected.push(name);
@@ -479,7 +468,11 @@ function shapeProblem(t: TensorInfo, expected: readonly number[]): string {
 }
 
 /** The quantization block of an MLX config (`quantization` or `quantization_config`). */
-function readQuantConfig(config: Record<string, unknown>, mlx: boolean): QuantConfig | null {
+function readQuantConfig(
+  config: Record<string, unknown>,
+  mlx: boolean,
+  prefixes: readonly string[],
+): QuantConfig | null {
   const text = (config.text_config ?? {}) as Record<string, unknown>;
   const q =
     config.quantization ??
@@ -530,7 +523,7 @@ function readQuantConfig(config: Record<string, unknown>, mlx: boolean): QuantCo
       });
     }
   }
-  return { bits: bits as number, group_size: group as number, overrides };
+  return { prefixes, bits: bits as number, group_size: group as number, overrides };
 }
 
 /** Override for a module path; configs key them by the checkpoint's module path. */
@@ -540,10 +533,11 @@ function lookupOverride(
 ): { bits: number; group_size: number } | false | undefined {
   if (qc.overrides.has(module)) return qc.overrides.get(module);
   // Some converters key overrides without the language-model prefix.
-  for (const p of PREFIXES) {
+  for (const p of qc.prefixes) {
     if (module.startsWith(p)) {
       const rest = module.slice(p.length);
-      for (const q of PREFIXES) if (qc.overrides.has(q + rest)) return qc.overrides.get(q + rest);
+      for (const q of qc.prefixes)
+        if (qc.overrides.has(q + rest)) return qc.overrides.get(q + rest);
       if (qc.overrides.has(rest)) return qc.overrides.get(rest);
     }
   }
@@ -963,25 +957,7 @@ export function layoutImport(plan: ImportPlan, arch: Architecture): ImportLayout
     expertLayers = {};
     const count = arch.moe!.num_experts;
     for (const job of [...plan.experts].sort((a, b) => a.layer - b.layer)) {
-      let offset = 0;
-      const parts = {} as Record<ExpertPartName, QuantizedPart>;
-      for (const p of EXPERT_PARTS) {
-        const meta = job.meta[p];
-        const sizes = quantizedPartNbytes(meta);
-        const regions = {} as Record<"weight" | "scales" | "biases", Region>;
-        for (const r of ["weight", "scales", "biases"] as const) {
-          offset = alignUp(offset, TENSOR_ALIGNMENT);
-          regions[r] = { offset, nbytes: sizes[r] };
-          offset += sizes[r];
-        }
-        parts[p] = { ...meta, ...regions };
-      }
-      const entry: ExpertLayer = {
-        file: expertFileName(job.layer),
-        count,
-        stride: alignUp(offset, EXPERT_ALIGNMENT),
-        parts,
-      };
+      const entry = expertLayerLayout(job.layer, count, job.meta);
       expertLayers[String(job.layer)] = entry;
       files.push({ path: entry.file, size: entry.count * entry.stride });
     }

@@ -1,19 +1,6 @@
 /** File-system helpers of the installer. */
-import { randomBytes } from "node:crypto";
-import { open, rename, rm, type FileHandle } from "node:fs/promises";
-import { basename, dirname, join } from "node:path";
+import type { FileHandle } from "node:fs/promises";
 import { UserError } from "../errors.ts";
-import { checkDestination } from "../format/writer.ts";
-import { exists } from "../fs.ts";
-
-export async function fsyncDir(path: string): Promise<void> {
-  const h = await open(path, "r");
-  try {
-    await h.sync();
-  } finally {
-    await h.close();
-  }
-}
 
 /** Reads `buf.length` bytes at `position`; past the end of the file reads zeros. */
 export async function readFully(h: FileHandle, buf: Buffer, position: number): Promise<void> {
@@ -28,14 +15,6 @@ export async function readFully(h: FileHandle, buf: Buffer, position: number): P
   }
 }
 
-export async function writeFully(h: FileHandle, data: Uint8Array, position: number): Promise<void> {
-  let done = 0;
-  while (done < data.byteLength) {
-    const { bytesWritten } = await h.write(data, done, data.byteLength - done, position + done);
-    done += bytesWritten;
-  }
-}
-
 /** A full disk becomes a UserError that says the partial install is kept and what to do. */
 export function mapWriteError(error: unknown, where: string, staging: string): unknown {
   const code = (error as NodeJS.ErrnoException)?.code;
@@ -46,32 +25,4 @@ export function mapWriteError(error: unknown, where: string, staging: string): u
     );
   }
   return error;
-}
-
-/**
- * Renames the finished directory to `dest`. An old model (with --force) is first moved aside
- * under the writer's `.old-` name, so a crash in between leaves it where removeLeftovers
- * (core/format/writer.ts) puts it back.
- */
-export async function moveIntoPlace(
-  from: string,
-  dest: string,
-  force: boolean,
-  durable: boolean,
-): Promise<void> {
-  await checkDestination(dest, force);
-  const parent = dirname(dest);
-  let old: string | null = null;
-  if (await exists(dest)) {
-    old = join(parent, `.${basename(dest)}.old-${process.pid}-${randomBytes(6).toString("hex")}`);
-    await rename(dest, old);
-  }
-  try {
-    await rename(from, dest);
-  } catch (error) {
-    if (old) await rename(old, dest).catch(() => undefined);
-    throw error;
-  }
-  if (durable) await fsyncDir(parent);
-  if (old) await rm(old, { recursive: true, force: true });
 }

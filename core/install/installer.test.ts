@@ -108,6 +108,11 @@ function dest(): string {
   return join(root, "models", `m${counter++}`);
 }
 
+/** Every later data request trickles in `chunkBytes` pieces, `delayMs` apart. */
+function slowData(chunkBytes: number, delayMs: number): void {
+  hub.faults.push({ on: "data", minStart: 1, action: { kind: "trickle", chunkBytes, delayMs } });
+}
+
 const FAST: InstallOptions = {
   createdBy: CREATED_BY,
   maxRangeBytes: 64 * 1024,
@@ -389,28 +394,22 @@ describe("faults", () => {
 
   it("a file that changes mid-way (ETag, commit) stops the install; a rerun resumes", async () => {
     const s = sources["moe-mlx"]!;
-    hub.faults.push({ on: "data", minStart: 1, skip: 3, action: { kind: "etag", etag: "other" } });
     const to = dest();
-    await expectUserError(
-      install(s, to, { concurrency: 1 }),
-      "source_changed",
-      /changed on the server/,
-    );
-    await expectNotInstalled(to);
-    hub.faults.length = 0;
+    /** The install stops with source_changed and leaves nothing installed. */
+    const refused = async (message: RegExp): Promise<void> => {
+      await expectUserError(install(s, to, { concurrency: 1 }), "source_changed", message);
+      await expectNotInstalled(to);
+      hub.faults.length = 0;
+    };
+    hub.faults.push({ on: "data", minStart: 1, skip: 3, action: { kind: "etag", etag: "other" } });
+    await refused(/changed on the server/);
     hub.faults.push({
       on: "resolve",
       path: /00002/,
       skip: 1,
       action: { kind: "commit", commit: "f".repeat(40) },
     });
-    await expectUserError(
-      install(s, to, { concurrency: 1 }),
-      "source_changed",
-      /refusing to mix commits/,
-    );
-    await expectNotInstalled(to);
-    hub.faults.length = 0;
+    await refused(/refusing to mix commits/);
     const r = await install(s, to);
     expect(r.reusedBytes).toBeGreaterThan(0);
     await expectSameAsImport(to, s);
@@ -421,11 +420,7 @@ describe("resume", () => {
   it("after SIGKILL, fetches only what is missing and re-verifies what is there", async () => {
     const s = sources["moe-bf16"]!;
     const to = dest();
-    hub.faults.push({
-      on: "data",
-      minStart: 1,
-      action: { kind: "trickle", chunkBytes: 8192, delayMs: 5 },
-    });
+    slowData(8192, 5);
     const child = spawn(
       process.execPath,
       [
@@ -475,11 +470,7 @@ describe("resume", () => {
   it("cancel keeps the partial download; pause stops requests until resume", async () => {
     const s = sources["moe-mlx"]!;
     const to = dest();
-    hub.faults.push({
-      on: "data",
-      minStart: 1,
-      action: { kind: "trickle", chunkBytes: 4096, delayMs: 5 },
-    });
+    slowData(4096, 5);
     const controller = new AbortController();
     let ranges = 0;
     const p = install(s, to, {
@@ -523,11 +514,7 @@ describe("resume", () => {
     const first = hub.addRepo(repo, files);
     const to = dest();
     const controller = new AbortController();
-    hub.faults.push({
-      on: "data",
-      minStart: 1,
-      action: { kind: "trickle", chunkBytes: 4096, delayMs: 5 },
-    });
+    slowData(4096, 5);
     await expectUserError(
       installModel(
         { repo, revision: "main", dest: to },
@@ -657,11 +644,7 @@ describe("errors", () => {
   it("one installer per model; an installed model needs --force", async () => {
     const s = sources["moe-mlx"]!;
     const to = dest();
-    hub.faults.push({
-      on: "data",
-      minStart: 1,
-      action: { kind: "trickle", chunkBytes: 4096, delayMs: 10 },
-    });
+    slowData(4096, 10);
     const first = install(s, to);
     await new Promise((r) => setTimeout(r, 200));
     await expectUserError(install(s, to), "install_locked", /already being installed/);

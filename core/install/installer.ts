@@ -49,12 +49,12 @@ import {
   type Manifest,
 } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
-import { checkDestination } from "../format/writer.ts";
+import { checkDestination, moveIntoPlace } from "../format/writer.ts";
 import { type QuantVariant } from "../import/quantize.ts";
 import { safetensorsHeaderLength } from "../import/safetensors.ts";
 import { CancelledError, Downloader, InstallState, PausedError } from "./download.ts";
-import { exists } from "../fs.ts";
-import { fsyncDir, mapWriteError, moveIntoPlace, readFully } from "./files.ts";
+import { exists, fsyncDir } from "../fs.ts";
+import { mapWriteError, readFully } from "./files.ts";
 import { HashWorker } from "./hasher.ts";
 import {
   HubClient,

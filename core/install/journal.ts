@@ -7,6 +7,7 @@
  */
 import { open, readFile, type FileHandle } from "node:fs/promises";
 import { dirname } from "node:path";
+import { fsyncDir, writeFully } from "../fs.ts";
 
 export interface JournalHeader {
   v: 1;
@@ -52,15 +53,6 @@ export async function readJournal(
   return { header, entries };
 }
 
-async function fsyncDir(path: string): Promise<void> {
-  const h = await open(path, "r");
-  try {
-    await h.sync();
-  } finally {
-    await h.close();
-  }
-}
-
 export class Journal {
   private constructor(
     private readonly handle: FileHandle,
@@ -90,16 +82,7 @@ export class Journal {
   private async write(value: unknown): Promise<void> {
     if (this.position < 0) this.position = (await this.handle.stat()).size;
     const line = Buffer.from(JSON.stringify(value) + "\n");
-    let done = 0;
-    while (done < line.length) {
-      const { bytesWritten } = await this.handle.write(
-        line,
-        done,
-        line.length - done,
-        this.position + done,
-      );
-      done += bytesWritten;
-    }
+    await writeFully(this.handle, line, this.position);
     this.position += line.length;
     if (this.durable) await this.handle.datasync();
   }

@@ -7,20 +7,12 @@ import { hostname } from "node:os";
 import { open, readFile, rename, unlink } from "node:fs/promises";
 import { randomBytes } from "node:crypto";
 import { UserError } from "../errors.ts";
+import { pidAlive } from "../fs.ts";
 
 interface LockInfo {
   pid: number;
   host: string;
   started: string;
-}
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
-  }
 }
 
 async function readInfo(path: string): Promise<LockInfo | null> {

@@ -12,6 +12,7 @@ import { unknownModel, type ServerContext } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import { QueueAbortedError, QueueFullError } from "./queue.ts";
 import type { ChatRequest, CompletionRequest } from "./schemas.ts";
+import type { ToolSyntax } from "../models/index.ts";
 import { parseToolCalls, type ParsedToolCalls } from "./tools.ts";
 
 export interface Prepared {
@@ -19,7 +20,7 @@ export interface Prepared {
   stream: boolean;
   includeUsage: boolean;
   /** Set when the output may hold tool calls: the declared names and the prompt's call prefix. */
-  tools: { names: string[]; prefix: string } | null;
+  tools: { syntax: ToolSyntax; names: string[]; prefix: string } | null;
 }
 
 type Result = GenerationResult<ParsedToolCalls>;
@@ -199,7 +200,7 @@ export async function runCompletion(
       ...(tools
         ? {
             parseToolCalls: (text: string, endedOnStop: boolean) =>
-              parseToolCalls(tools.prefix + text, tools.names, {
+              parseToolCalls(tools.syntax, tools.prefix + text, tools.names, {
                 endedOnStopToken: endedOnStop,
               }),
           }

@@ -3,6 +3,7 @@
  * metrics. Built once by startServer (server.ts).
  */
 import type { ZodType } from "zod";
+import type { ToolSyntax } from "../models/index.ts";
 import type { ChatTemplate } from "../chat/template.ts";
 import type { ChatTokenizer } from "../chat/tokenizer.ts";
 import type { EngineClient } from "../engine/index.ts";
@@ -33,7 +34,9 @@ export interface ServerContext {
   template: ChatTemplate;
   /** End-of-turn ids of the model. */
   stopIds: number[];
-  /** Ids that end a tool-calling turn besides those (Gemma 4's `<|tool_response>`). */
+  /** The model family's tool syntax, or null when the family has none (core/models). */
+  tools: ToolSyntax | null;
+  /** Ids that end a tool-calling turn besides those (the family's hand-over tokens). */
   toolStopIds: number[];
   /** The engine client to use now (an owner may replace it, e.g. after a crash). */
   engine: () => EngineClient;

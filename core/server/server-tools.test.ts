@@ -12,7 +12,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { gemma3TokenizerFiles } from "../synth/synth.ts";
+import { gemma3TokenizerFiles } from "../models/gemma3.ts";
 import { nativeBuildDir } from "../native.ts";
 import { writeRandomModel } from "../../testkit/random-model.ts";
 import { startServer, type RedwingServer } from "./server.ts";

@@ -14,6 +14,7 @@
  *   never truncated.
  */
 import type { AddressInfo } from "node:net";
+import { modelFamily } from "../models/index.ts";
 import { basename } from "node:path";
 import Fastify, { type FastifyInstance } from "fastify";
 import { resolveModel, type ResolvedModel } from "../chat/model.ts";
@@ -129,6 +130,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
   const closeOwned = async (): Promise<void> => {
     await owned?.close();
   };
+  const toolSyntax = modelFamily(model.manifest.architecture.family).tools;
   const ctx: ServerContext = {
     modelId: modelIdOf(options.model, model),
     created: Math.floor(Date.now() / 1000),
@@ -136,8 +138,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     tokenizer,
     template,
     stopIds: model.manifest.architecture.eos_token_ids,
-    // Gemma 4 hands over to the tool with `<|tool_response>`: the end of a tool-calling turn.
-    toolStopIds: [tokenizer.tokenId("<|tool_response>")].filter((id) => id !== null),
+    tools: toolSyntax,
+    // The family's hand-over to the tool (Gemma 4's `<|tool_response>`) ends a tool-calling turn.
+    toolStopIds: (toolSyntax?.handOverTokens ?? [])
+      .map((t) => tokenizer.tokenId(t))
+      .filter((id) => id !== null),
     engine: () => (shared ? shared.client() : owned!),
     queue: shared?.queue ?? new EngineQueue(options.queueLimit ?? SERVER_DEFAULTS.queueLimit),
     metrics: {

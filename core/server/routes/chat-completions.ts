@@ -8,17 +8,18 @@ import { chatFormat, prepare, runCompletion } from "../completion.ts";
 import { checkPromptLength, parseBody, type ServerContext } from "../context.ts";
 import { ApiError } from "../errors.ts";
 import { ChatRequestSchema, contentText } from "../schemas.ts";
-import { renderToolPrompt, TOOL_CALL_OPEN, toolOutputPrefix } from "../tools.ts";
+import { renderToolPrompt, toolOutputPrefix } from "../tools.ts";
 
 export function registerChatCompletionsRoute(app: FastifyInstance, ctx: ServerContext): void {
   const { tokenizer, template, modelId } = ctx;
   app.post("/v1/chat/completions", async (request, reply) => {
     const body = parseBody(ChatRequestSchema, request.body);
     const toolsOn = (body.tools?.length ?? 0) > 0 && body.tool_choice !== "none";
-    if (toolsOn && tokenizer.tokenId(TOOL_CALL_OPEN) === null) {
+    const syntax = ctx.tools;
+    if (toolsOn && (syntax === null || tokenizer.tokenId(syntax.callOpen) === null)) {
       throw new ApiError(
         400,
-        `the model "${modelId}" has no tool-call tokens; tools need a Gemma 4 model`,
+        `the model "${modelId}" cannot call tools: its family has no tool-call format or its vocabulary lacks the tool tokens (Gemma 4 models can)`,
         "invalid_request_error",
         "tools_unsupported",
         "tools",
@@ -67,7 +68,7 @@ export function registerChatCompletionsRoute(app: FastifyInstance, ctx: ServerCo
         "messages",
       );
     }
-    if (toolsOn) text = renderToolPrompt(text, body.tools ?? [], body.tool_choice);
+    if (toolsOn) text = renderToolPrompt(syntax!, text, body.tools ?? [], body.tool_choice);
     checkPromptLength(ctx, text.length, "messages");
     const tokens = await tokenizer.encodeAsync(text, { addBos: true });
     const prepared = prepare(
@@ -76,7 +77,11 @@ export function registerChatCompletionsRoute(app: FastifyInstance, ctx: ServerCo
       tokens,
       body.max_completion_tokens ?? body.max_tokens,
       toolsOn
-        ? { names: body.tools!.map((t) => t.function.name), prefix: toolOutputPrefix(choice) }
+        ? {
+            syntax: syntax!,
+            names: body.tools!.map((t) => t.function.name),
+            prefix: toolOutputPrefix(syntax!, choice),
+          }
         : null,
     );
     return runCompletion(ctx, reply, prepared, chatFormat);
