@@ -17,6 +17,24 @@ namespace {
   throw FileError(what + " " + path + ": " + std::strerror(err));
 }
 
+struct OpenedFile {
+  int fd;
+  uint64_t size;
+};
+
+// Opens `path` read-only and reads its size; the descriptor is closed again if fstat fails.
+OpenedFile open_for_reading(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot stat", path, err);
+  }
+  return {fd, static_cast<uint64_t>(st.st_size)};
+}
+
 }  // namespace
 
 PathKind path_kind(const std::string& path) {
@@ -37,17 +55,10 @@ uint64_t file_size(const std::string& path) {
 // ---- MappedFile ------------------------------------------------------------------------------
 
 MappedFile MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open", path, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail("cannot stat", path, err);
-  }
+  auto [fd, size] = open_for_reading(path);
   MappedFile file;
   file.path_ = path;
-  file.size_ = static_cast<uint64_t>(st.st_size);
+  file.size_ = size;
   if (file.size_ > 0) {
     void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -90,17 +101,10 @@ void MappedFile::reset() noexcept {
 // ---- ReadFile --------------------------------------------------------------------------------
 
 ReadFile ReadFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open", path, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail("cannot stat", path, err);
-  }
+  auto [fd, size] = open_for_reading(path);
   ReadFile file;
   file.fd_ = fd;
-  file.size_ = static_cast<uint64_t>(st.st_size);
+  file.size_ = size;
   file.path_ = path;
   return file;
 }
