@@ -42,6 +42,7 @@ Engine::Engine(const EngineOptions& options)
                              " bytes cannot hold the model: it needs " +
                              std::to_string(plan_.total()) + " bytes (" + plan_.to_json() + ")");
   backend_ = make_backend(options_.backend, options_.threads);
+  backend_->set_activation_precision(options_.activations);
   if (moe && slots > 0) {
     ExpertStoreOptions so;
     so.slots = slots;

@@ -29,6 +29,9 @@ struct EngineOptions {
   int threads = 0;              // 0: REDWING_THREADS or the hardware thread count
   std::string backend = "cpu";  // cpu | vulkan | auto (backend/backend_select.h)
   KvDType kv_dtype = KvDType::f16;
+  // The input precision of the quantized products (backend/backend.h). int8 is approximate and
+  // faster on the CPU; backends without an 8-bit path stay exact.
+  ActivationPrecision activations = ActivationPrecision::exact;
   int64_t chunk = 128;  // prefill chunk: tokens per batched forward call
   // Expert streaming (MoE models). 0 slots and no budget: every expert is read into RAM at
   // start. Otherwise experts are streamed from SSD through `expert_cache_slots` slots per layer
