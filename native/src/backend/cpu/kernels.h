@@ -92,6 +92,10 @@ class Q8Buffer {
   // Quantizes n_rows rows of x (row t at x + t * x_stride, cols values, a multiple of
   // kQ8Block) for products with `bits`-wide weights. Throws std::invalid_argument otherwise.
   void quantize(const float* x, int64_t n_rows, int64_t x_stride, int64_t cols, int bits);
+  // The same in two steps, so that rows can be quantized in parallel: resize (same checks), then
+  // quantize_row for every row t < n_rows.
+  void resize(int64_t n_rows, int64_t cols, int bits);
+  void quantize_row(int64_t t, const float* x);
   Q8Activation row(int64_t t) const;
   int64_t rows() const { return rows_; }
 

@@ -337,100 +337,123 @@ inline __m256i lane_dots_q8(__m256i wv, const int8_t* q, int64_t blk) {
   }
 }
 
+// What every row needs of one activation row: each lane's d per register block (8 floats per
+// block) and the float32 sums of x per weight group.
+struct Q8Prepared {
+  const int8_t* q;
+  const float* dl;
+  const float* sums;
+};
+
+// Rows [r0, r0 + kRows) against every prepared activation row, the rows' scales converted once
+// (sbuf: kRows rows of gpr + 8 floats) and their weights kept in L1 across activation rows.
 template <int kBits, int kGroup, int kRows>
-void q8_rows(const QuantMatrix& w, const Q8Activation& xa, const float* dl, const float* sums,
-             int64_t r0, float* y, float* sbuf) {
+void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0, float* y,
+             int64_t y_stride, float* sbuf) {
   using L = Q8Layout<kBits>;
   const int64_t wpr = w.cols / L::kPerLane;
   const int64_t gpr = w.cols / kGroup;
   const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
   const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
   const uint32_t* rows[kRows];
-  __m256 acc[kRows];
-  float bias[kRows];
   for (int i = 0; i < kRows; ++i) {
     scales_to_f32(w.scales, w.scale_type, (r0 + i) * gpr, gpr, sbuf + i * (gpr + 8));
     sbuf[i * (gpr + 8) + gpr] = 0.0f;  // read by the pair load of a partial last block
-    bias[i] = bias_dot(w.biases, w.scale_type, (r0 + i) * gpr, gpr, sums);
-    acc[i] = _mm256_setzero_ps();
     rows[i] = w.packed + (r0 + i) * wpr;
   }
   const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
   // Lane i's group within a block (only 4-bit weights in 32-value groups have two per block).
   const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  for (int64_t blk = 0; blk < n_blocks; ++blk) {
-    const bool partial = blk == n_blocks - 1 && tail_words > 0;
-    const __m256 d = _mm256_load_ps(dl + blk * 8);
-    const int64_t g0 = blk * L::kValues / kGroup;
-    if ((blk & 1) == 0) {
-      for (int i = 0; i < kRows; ++i) _mm_prefetch(pf + (blk / 2 * kRows + i) * 64, _MM_HINT_T0);
-    }
-    for (int i = 0; i < kRows; ++i) {
-      const int32_t* src = reinterpret_cast<const int32_t*>(rows[i] + blk * 8);
-      __m256i wv;
-      if (partial) {
-        const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail_words),
-                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        wv = _mm256_maskload_epi32(src, lanes);
-      } else {
-        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  const __m256i tail_lanes =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(tail_words), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int64_t t = 0; t < n_x; ++t) {
+    const Q8Prepared& x = xs[t];
+    __m256 acc[kRows];
+    for (int i = 0; i < kRows; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      const bool partial = blk == n_blocks - 1 && tail_words > 0;
+      const __m256 d = _mm256_load_ps(x.dl + blk * 8);
+      const int64_t g0 = blk * L::kValues / kGroup;
+      if (t == 0 && (blk & 1) == 0) {
+        for (int i = 0; i < kRows; ++i) _mm_prefetch(pf + (blk / 2 * kRows + i) * 64, _MM_HINT_T0);
       }
-      const __m256 dots = _mm256_cvtepi32_ps(lane_dots_q8<kBits>(wv, xa.q, blk));
-      __m256 sc;
-      if constexpr (kGroup >= L::kValues) {
-        sc = _mm256_set1_ps(sbuf[i * (gpr + 8) + g0]);
-      } else {
-        const __m256 two = _mm256_castpd_ps(
-            _mm256_broadcast_sd(reinterpret_cast<const double*>(sbuf + i * (gpr + 8) + g0)));
-        sc = _mm256_permutevar8x32_ps(two, idx);
+      for (int i = 0; i < kRows; ++i) {
+        const int32_t* src = reinterpret_cast<const int32_t*>(rows[i] + blk * 8);
+        const __m256i wv = partial ? _mm256_maskload_epi32(src, tail_lanes)
+                                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+        const __m256 dots = _mm256_cvtepi32_ps(lane_dots_q8<kBits>(wv, x.q, blk));
+        __m256 sc;
+        if constexpr (kGroup >= L::kValues) {
+          sc = _mm256_set1_ps(sbuf[i * (gpr + 8) + g0]);
+        } else {
+          const __m256 two = _mm256_castpd_ps(
+              _mm256_broadcast_sd(reinterpret_cast<const double*>(sbuf + i * (gpr + 8) + g0)));
+          sc = _mm256_permutevar8x32_ps(two, idx);
+        }
+        acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(sc, d), acc[i]);
       }
-      acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(sc, d), acc[i]);
     }
+    float* yt = y + t * y_stride;
+    for (int i = 0; i < kRows; ++i)
+      yt[r0 + i] = hsum(acc[i]) + bias_dot(w.biases, w.scale_type, (r0 + i) * gpr, gpr, x.sums);
   }
-  for (int i = 0; i < kRows; ++i) y[r0 + i] = hsum(acc[i]) + bias[i];
 }
 
 template <int kBits, int kGroup>
-void q8_range(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t rb, int64_t re) {
+void q8_range(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y, int64_t y_stride,
+              int64_t rb, int64_t re) {
   using L = Q8Layout<kBits>;
   thread_local Scratch dl_buf, sum_buf, s_buf;
+  // (unique_ptr of a type with internal linkage: no weak symbol leaves this file.)
+  thread_local std::unique_ptr<Q8Prepared[]> prepared_buf;
+  thread_local int64_t prepared_cap = 0;
+  if (prepared_cap < n_x) {
+    prepared_buf = std::make_unique<Q8Prepared[]>(static_cast<size_t>(n_x));
+    prepared_cap = n_x;
+  }
+  Q8Prepared* prepared = prepared_buf.get();
   const int64_t gpr = w.cols / kGroup;
   const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
   const int64_t n_act_blocks = w.cols / kQ8Block;
-  float* dl = dl_buf.floats(static_cast<size_t>(n_blocks * 8));
-  for (int64_t blk = 0; blk < n_blocks; ++blk) {
-    for (int i = 0; i < 8; ++i) {
-      const int64_t ab = (blk * L::kValues + i * L::kPerLane) / kQ8Block;
-      dl[blk * 8 + i] = ab < n_act_blocks ? xa.scale[ab] : 0.0f;
+  float* dl = dl_buf.floats(static_cast<size_t>(n_x * n_blocks * 8));
+  float* sums = sum_buf.floats(static_cast<size_t>(n_x * gpr));
+  for (int64_t t = 0; t < n_x; ++t) {
+    float* dlt = dl + t * n_blocks * 8;
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      for (int i = 0; i < 8; ++i) {
+        const int64_t ab = (blk * L::kValues + i * L::kPerLane) / kQ8Block;
+        dlt[blk * 8 + i] = ab < n_act_blocks ? xa[t].scale[ab] : 0.0f;
+      }
     }
+    q8_group_sums(xa[t], kGroup, sums + t * gpr);
+    prepared[t] = {xa[t].q, dlt, sums + t * gpr};
   }
-  float* sums = sum_buf.floats(static_cast<size_t>(gpr));
-  q8_group_sums(xa, kGroup, sums);
   // Each row's scales plus 8 spare floats, so a pair load at the last group stays inside.
   float* sbuf = s_buf.floats(static_cast<size_t>(4 * (gpr + 8)));
   int64_t r = rb;
-  for (; r + 4 <= re; r += 4) q8_rows<kBits, kGroup, 4>(w, xa, dl, sums, r, y, sbuf);
-  for (; r < re; ++r) q8_rows<kBits, kGroup, 1>(w, xa, dl, sums, r, y, sbuf);
+  for (; r + 4 <= re; r += 4) q8_rows<kBits, kGroup, 4>(w, prepared, n_x, r, y, y_stride, sbuf);
+  for (; r < re; ++r) q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf);
 }
 
 template <int kBits>
-void q8_bits(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t rb, int64_t re) {
+void q8_bits(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y, int64_t y_stride,
+             int64_t rb, int64_t re) {
   switch (w.group_size) {
     case 32:
-      return q8_range<kBits, 32>(w, xa, y, rb, re);
+      return q8_range<kBits, 32>(w, xa, n_x, y, y_stride, rb, re);
     case 64:
-      return q8_range<kBits, 64>(w, xa, y, rb, re);
+      return q8_range<kBits, 64>(w, xa, n_x, y, y_stride, rb, re);
     default:
-      return q8_range<kBits, 128>(w, xa, y, rb, re);
+      return q8_range<kBits, 128>(w, xa, n_x, y, y_stride, rb, re);
   }
 }
 
-void qmatvec_q8_avx2(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t rb,
-                     int64_t re) {
+void qmatmul_q8_avx2(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                     int64_t y_stride, int64_t rb, int64_t re) {
   if (w.bits == 4) {
-    q8_bits<4>(w, xa, y, rb, re);
+    q8_bits<4>(w, xa, n_x, y, y_stride, rb, re);
   } else {
-    q8_bits<8>(w, xa, y, rb, re);
+    q8_bits<8>(w, xa, n_x, y, y_stride, rb, re);
   }
 }
 
@@ -752,7 +775,7 @@ const KernelTable& avx2_kernels() {
     t.qmatvec = qmatvec_avx2;
     t.qmatmul = qmatmul_avx2;
     t.qdequant_row = qdequant_row_avx2;
-    t.qmatvec_q8 = qmatvec_q8_avx2;
+    t.qmatmul_q8 = qmatmul_q8_avx2;
     t.rms_norm = rms_norm_avx2;
     t.gelu_tanh_mul = gelu_tanh_mul_avx2;
     t.softcap = softcap_avx2;

@@ -21,8 +21,9 @@ struct KernelTable {
   void (*qmatmul)(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride,
                   float* y, int64_t y_stride, int64_t row_begin, int64_t row_end);
   void (*qdequant_row)(const QuantMatrix& w, int64_t row, float* out);
-  void (*qmatvec_q8)(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
-                     int64_t row_end);
+  // Y[t * y_stride + r] for t < n_x: the 8-bit-activation product of row r with xa[t].
+  void (*qmatmul_q8)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                     int64_t y_stride, int64_t row_begin, int64_t row_end);
   void (*rms_norm)(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
                    float* y);
   void (*gelu_tanh_mul)(const float* gate, const float* up, int64_t n, float* out);
@@ -39,8 +40,8 @@ struct KernelTable {
   void (*softmax)(float* x, int64_t n);
 };
 
-using Q8Kernel = void (*)(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
-                          int64_t row_end);
+using Q8Kernel = void (*)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                          int64_t y_stride, int64_t row_begin, int64_t row_end);
 
 const KernelTable& scalar_kernels();
 // Whether the CPU has AVX512_VNNI (the avx512 table then uses kernels_avx512vnni.cpp's product).
@@ -48,7 +49,7 @@ bool cpu_has_avx512_vnni();
 #if defined(REDWING_HAVE_AVX2)
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();  // kernels_avx512.cpp: the AVX2 table plus wider kernels
-Q8Kernel avx512_vnni_qmatvec_q8();    // kernels_avx512vnni.cpp
+Q8Kernel avx512_vnni_qmatmul_q8();    // kernels_avx512vnni.cpp
 #endif
 #if defined(REDWING_HAVE_NEON)
 const KernelTable& neon_kernels();

@@ -61,8 +61,8 @@ void qdequant_row_scalar(const QuantMatrix& w, int64_t row, float* out) {
 // The 8-bit-activation product (kernels.h): per block of kQ8Block values an exact integer
 // sum(q * a8), scaled by the block's d and the group's s; the bias multiplies the float32 group
 // sum of x. The SIMD versions compute the same integers and differ only in float rounding.
-void qmatvec_q8_scalar(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
-                       int64_t row_end) {
+void qmatvec_q8_one(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
+                    int64_t row_end) {
   thread_local std::vector<float> sums;
   sums.resize(static_cast<size_t>(groups_per_row(w)));
   q8_group_sums(xa, w.group_size, sums.data());
@@ -87,6 +87,11 @@ void qmatvec_q8_scalar(const QuantMatrix& w, const Q8Activation& xa, float* y, i
     }
     y[r] = acc;
   }
+}
+
+void qmatmul_q8_scalar(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                       int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  for (int64_t t = 0; t < n_x; ++t) qmatvec_q8_one(w, xa[t], y + t * y_stride, row_begin, row_end);
 }
 
 // Dequantizes one weight row at a time (s * q + b in float32, like MLX's qmm) and reuses it for
@@ -197,7 +202,7 @@ const KernelTable& scalar_kernels() {
       .qmatvec = qmatvec_scalar,
       .qmatmul = qmatmul_scalar,
       .qdequant_row = qdequant_row_scalar,
-      .qmatvec_q8 = qmatvec_q8_scalar,
+      .qmatmul_q8 = qmatmul_q8_scalar,
       .rms_norm = rms_norm_scalar,
       .gelu_tanh_mul = gelu_tanh_mul_scalar,
       .softcap = softcap_scalar,
