@@ -216,20 +216,7 @@ class CpuBackend final : public Backend {
   // Whether a product takes the 8-bit-activation path: when asked for, and where the input
   // width is whole blocks of the activation quantization (every Gemma shape is).
   bool use_q8(const cpu::QuantMatrix& w) const {
-    if (precision_ != ActivationPrecision::int8 || w.cols % cpu::kQ8Block != 0) return false;
-    static const char* probe = std::getenv("RW_Q8_PROBE");  // TEMP
-    if (!probe) return true;
-    const std::string p(probe);
-    const bool head = w.rows == 4096 || w.rows == 512, router = w.bits == 8,
-               expert = (w.rows == 128 && w.cols == 256) || (w.rows == 256 && w.cols == 128);
-    if (p == "nohead") return !head;
-    if (p == "norouter") return !router;
-    if (p == "head") return head;
-    if (p == "router") return router;
-    if (p == "experts") return expert;
-    if (p == "noexperts") return !expert;
-    if (p == "rest") return !expert && !head && !router;
-    return true;
+    return precision_ == ActivationPrecision::int8 && w.cols % cpu::kQ8Block == 0;
   }
 
   // Quantizes the input rows of a product for the 8-bit path, the rows of a prefill chunk in
