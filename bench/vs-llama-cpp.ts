@@ -11,7 +11,8 @@
  * pinned in bench/peers/package.json and installed there on first use (`npm ci --prefix
  * bench/peers`), never a dependency of the app.
  *
- * Each round runs, for each engine in turn (alternating which goes first): a prompt of --prompt
+ * Redwing runs twice, with its exact float32 products and with 8-bit activations (--activations
+ * int8). Each round runs, for each engine in turn (rotating which goes first): a prompt of --prompt
  * tokens then --decode greedy tokens (prefill rate, and decode rate at short context), and a
  * prompt of --context tokens then --decode tokens (decode rate at long context). Rates are the
  * medians over rounds; the table prints Redwing / llama.cpp. Models are cached in
@@ -91,6 +92,7 @@ async function runRedwing(
   prompt: number,
   decode: number,
   context: number,
+  activations: "exact" | "int8",
 ): Promise<Rates & { parts?: Record<string, number> }> {
   const out = await captureOutput(
     [
@@ -108,6 +110,8 @@ async function runRedwing(
       String(threads),
       "--context",
       String(context),
+      "--activations",
+      activations,
     ],
     { inheritStderr: true },
   );
@@ -195,22 +199,33 @@ export async function runVsLlamaCppBench(): Promise<void> {
     { name: "short", prompt, context: prompt + decode + 8 },
     { name: "long", prompt: longContext, context: longContext + decode + 8 },
   ] as const;
-  const samples: Record<string, Record<string, Rates[]>> = { redwing: {}, llama: {} };
-  let lastParts: Record<string, number> | undefined;
+  // Redwing runs twice per case: the exact float32 products and the 8-bit-activation path.
+  const engines = ["redwing", "redwing-int8", "llama"] as const;
+  const samples: Record<string, Record<string, Rates[]>> = {
+    redwing: {},
+    "redwing-int8": {},
+    llama: {},
+  };
+  const lastParts: Record<string, Record<string, number> | undefined> = {};
   for (let round = 0; round < runs; round++) {
     for (const c of cases) {
-      // Alternate who goes first, so neither engine always gets the cooler machine.
-      const order =
-        (round + (c.name === "long" ? 1 : 0)) % 2 === 0
-          ? ["redwing", "llama"]
-          : ["llama", "redwing"];
+      // Rotate who goes first, so no engine always gets the cooler machine.
+      const shift = (round + (c.name === "long" ? 1 : 0)) % engines.length;
+      const order = [...engines.slice(shift), ...engines.slice(0, shift)];
       for (const engine of order) {
         const rates =
-          engine === "redwing"
-            ? await runRedwing(redwing, threads, c.prompt, decode, c.context)
-            : await runLlama(gguf, threads, c.prompt, decode, c.context);
-        if (engine === "redwing" && c.name === "short")
-          lastParts = (rates as { parts?: Record<string, number> }).parts;
+          engine === "llama"
+            ? await runLlama(gguf, threads, c.prompt, decode, c.context)
+            : await runRedwing(
+                redwing,
+                threads,
+                c.prompt,
+                decode,
+                c.context,
+                engine === "redwing" ? "exact" : "int8",
+              );
+        if (engine !== "llama" && c.name === "short")
+          lastParts[engine] = (rates as { parts?: Record<string, number> }).parts;
         (samples[engine]![c.name] ??= []).push(rates);
         console.error(
           `vs-llama-cpp: round ${round + 1} ${c.name} ${engine}: prefill ${rates.prefill.toFixed(1)} tok/s, decode ${rates.decode.toFixed(2)} tok/s`,
@@ -228,7 +243,15 @@ export async function runVsLlamaCppBench(): Promise<void> {
   ].map((r) => {
     const llama = pick("llama", r.c, r.k);
     const ours = pick("redwing", r.c, r.k);
-    return { what: r.what, llama_cpp: llama, redwing: ours, ratio: ours / llama };
+    const int8 = pick("redwing-int8", r.c, r.k);
+    return {
+      what: r.what,
+      llama_cpp: llama,
+      redwing: ours,
+      ratio: ours / llama,
+      redwing_int8: int8,
+      ratio_int8: int8 / llama,
+    };
   });
   const probe = await bandwidthProbe(threads);
   const bytesPerToken = decodeWeightBytes(layers);
@@ -237,6 +260,7 @@ export async function runVsLlamaCppBench(): Promise<void> {
     weight_bytes_per_decode_token: bytesPerToken,
     probe_gbps: probe,
     redwing_decode_gbps: decodeGbps(rows[0]!.redwing),
+    redwing_int8_decode_gbps: decodeGbps(rows[0]!.redwing_int8),
     llama_cpp_decode_gbps: decodeGbps(rows[0]!.llama_cpp),
   };
   const result = {
@@ -252,29 +276,34 @@ export async function runVsLlamaCppBench(): Promise<void> {
     decode_tokens: decode,
     peer: "llama.cpp via node-llama-cpp (prebuilt CPU binaries), bench/peers/package.json",
     rows,
-    redwing_decode_parts_ms_per_token: lastParts ?? null,
+    redwing_decode_parts_ms_per_token: lastParts.redwing ?? null,
+    redwing_int8_decode_parts_ms_per_token: lastParts["redwing-int8"] ?? null,
     bandwidth,
   };
   console.log(result.model);
   console.log(
     `${threads} threads, medians of ${runs} interleaved runs, tokens/s; load average at the end ${result.load_average_at_end.toFixed(1)}`,
   );
-  console.log("| | llama.cpp | Redwing | Redwing / llama.cpp |");
-  console.log("|---|---|---|---|");
+  console.log(
+    "| | llama.cpp | Redwing exact | Redwing / llama.cpp | Redwing int8 | int8 / llama.cpp |",
+  );
+  console.log("|---|---|---|---|---|---|");
   for (const r of rows)
     console.log(
-      `| ${r.what} | ${r.llama_cpp.toFixed(2)} | ${r.redwing.toFixed(2)} | ${r.ratio.toFixed(2)} |`,
+      `| ${r.what} | ${r.llama_cpp.toFixed(2)} | ${r.redwing.toFixed(2)} | ${r.ratio.toFixed(2)} | ` +
+        `${r.redwing_int8.toFixed(2)} | ${r.ratio_int8.toFixed(2)} |`,
     );
   const share = (gbps: number) =>
     probe ? ` (${((100 * gbps) / probe).toFixed(0)}% of the probe)` : "";
   console.log(
     `Decode reads ${(bytesPerToken / 1e9).toFixed(2)} GB of weights per token: Redwing ` +
-      `${bandwidth.redwing_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_decode_gbps)}, ` +
+      `${bandwidth.redwing_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_decode_gbps)} exact, ` +
+      `${bandwidth.redwing_int8_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_int8_decode_gbps)} int8, ` +
       `llama.cpp ${bandwidth.llama_cpp_decode_gbps.toFixed(1)} GB/s${share(bandwidth.llama_cpp_decode_gbps)}; ` +
       `bandwidth probe ${probe?.toFixed(1) ?? "n/a"} GB/s at ${threads} threads`,
   );
-  if (lastParts)
-    console.log("Redwing decode parts (ms/token, last run):", JSON.stringify(lastParts));
+  for (const [engine, parts] of Object.entries(lastParts))
+    if (parts) console.log(`${engine} decode parts (ms/token, last run):`, JSON.stringify(parts));
   const dir = join(root, "bench", "results");
   await mkdir(dir, { recursive: true });
   await writeFile(join(dir, "vs-llama-cpp.json"), JSON.stringify(result, null, 2) + "\n");

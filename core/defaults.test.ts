@@ -154,6 +154,7 @@ describe("the native engine's defaults (native/src/runtime/defaults.h)", () => {
       backend: native.backend,
       kvDtype: native.kv_dtype,
       prefillChunk: native.prefill_chunk,
+      activations: native.activations,
     }).toEqual({
       context: ENGINE_DEFAULTS.context,
       expertCacheSlots: ENGINE_DEFAULTS.expertCacheSlots,
@@ -161,6 +162,7 @@ describe("the native engine's defaults (native/src/runtime/defaults.h)", () => {
       backend: ENGINE_DEFAULTS.backend,
       kvDtype: ENGINE_DEFAULTS.kvDtype,
       prefillChunk: ENGINE_DEFAULTS.prefillChunk,
+      activations: ENGINE_DEFAULTS.activations,
     });
     expect({
       temperature: native.sampling.temperature,

@@ -49,6 +49,8 @@ export const ENGINE_DEFAULTS = {
   backend: "cpu",
   /** KV cache precision. */
   kvDtype: "f16",
+  /** Input precision of the quantized products: "exact" float32, or "int8" (approximate, faster on the CPU). */
+  activations: "exact",
   /** Prefill chunk: prompt tokens per batched forward call. */
   prefillChunk: 128,
 } as const;

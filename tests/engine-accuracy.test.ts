@@ -21,6 +21,18 @@ const ROOT = join(import.meta.dirname, "..");
 const FIXTURES = ["gemma4-moe", "gemma4-dense", "gemma3"] as const;
 const SOURCES = ["mlx", "bf16"] as const;
 const TOLERANCE = 1e-3;
+/**
+ * Top-1 agreement the 8-bit-activation path must keep with transformers at prompt positions.
+ * These random-weight fixtures amplify any perturbation through their layers (a float32 rounding
+ * difference in the int8 path moves their logits by up to 2.8), so the bounds sit just under what
+ * was measured (70.8%, 81.3%, 93.8%) to catch a regression; the trained demo model's perplexity
+ * (tests/demo-model.test.ts) is the check on real text.
+ */
+const INT8_AGREEMENT: Record<(typeof FIXTURES)[number], number> = {
+  "gemma4-moe": 0.6,
+  "gemma4-dense": 0.7,
+  gemma3: 0.85,
+};
 
 interface Reference {
   prompt: number[];
@@ -146,6 +158,27 @@ for (const fixture of FIXTURES) {
           report.push(`${fixture} ${source} f32 ${name}: ${maxAbs.toExponential(2)}`);
           expect(maxAbs).toBeLessThanOrEqual(TOLERANCE);
           expect(agreement).toBeGreaterThan(0.9);
+        });
+      }
+
+      // The 8-bit-activation path (--activations int8) is approximate: it is held to top-1
+      // agreement with transformers, and its largest logit difference is reported.
+      for (const [name, flags] of [f32Runs[2]!, f32Runs[3]!]) {
+        it(`int8 activations, f32 KV, ${name}: top-1 agreement`, () => {
+          const got = engineLogits(model, ref.prompt, [
+            ...flags,
+            "--kv-dtype",
+            "f32",
+            "--activations",
+            "int8",
+          ]);
+          const { maxAbs, agreement } = compare(got, logits, ref.logits_shape[0], vocab);
+          report.push(
+            `${fixture} ${source} int8 activations ${name}: ${maxAbs.toExponential(2)}, ` +
+              `top-1 agreement ${(agreement * 100).toFixed(1)}%`,
+          );
+          expect(agreement).toBeGreaterThanOrEqual(INT8_AGREEMENT[fixture]);
+          expect(maxAbs).toBeGreaterThan(TOLERANCE); // the 8-bit path really ran
         });
       }
 

@@ -9,6 +9,7 @@ interface LogitsOptions {
   tokens: string;
   mode: string;
   kvDtype: string;
+  activations: string;
   chunk: string;
   threads?: string;
   backend?: string;
@@ -32,6 +33,11 @@ export function registerLogitsCommand(program: Command): void {
     .requiredOption("--tokens <ids>", "comma-separated token ids, e.g. 2,17,99")
     .option("--mode <mode>", "prefill (batched chunks) or decode (one token at a time)", "prefill")
     .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
+    .option(
+      "--activations <precision>",
+      "input precision of the quantized products: exact, or int8 (faster on the CPU, approximate)",
+      ENGINE_DEFAULTS.activations,
+    )
     .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
     .option("--threads <n>", "CPU threads (default: all)")
     .addOption(backendOption())
@@ -46,6 +52,9 @@ export function registerLogitsCommand(program: Command): void {
       if (options.kvDtype !== "f16" && options.kvDtype !== "f32") {
         throw new UserError("--kv-dtype must be f16 or f32");
       }
+      if (options.activations !== "exact" && options.activations !== "int8") {
+        throw new UserError("--activations must be exact or int8");
+      }
       const args = [
         "logits",
         "--model",
@@ -56,6 +65,8 @@ export function registerLogitsCommand(program: Command): void {
         options.mode,
         "--kv-dtype",
         options.kvDtype,
+        "--activations",
+        options.activations,
         "--chunk",
         positiveInteger(options.chunk, "--chunk"),
       ];

@@ -16,6 +16,7 @@ interface PerplexityOptions {
   context: string;
   stride?: string;
   kvDtype: string;
+  activations: string;
   chunk: string;
   threads?: string;
   expertCacheSlots?: string;
@@ -33,6 +34,7 @@ export interface PerplexityResult {
   window: number;
   stride: number;
   kv_dtype: string;
+  activations: string;
   seconds: number;
   tokens_per_second: number;
 }
@@ -67,6 +69,11 @@ export function registerPerplexityCommand(program: Command): void {
     )
     .option("--stride <n>", "start a new window every n tokens (default: half the context)")
     .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
+    .option(
+      "--activations <precision>",
+      "input precision of the quantized products: exact, or int8 (faster on the CPU, approximate)",
+      ENGINE_DEFAULTS.activations,
+    )
     .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
     .option("--threads <n>", "CPU threads (default: all)")
     .option(
@@ -85,6 +92,9 @@ export function registerPerplexityCommand(program: Command): void {
       if (opts.kvDtype !== "f16" && opts.kvDtype !== "f32") {
         throw new UserError("--kv-dtype must be f16 or f32");
       }
+      if (opts.activations !== "exact" && opts.activations !== "int8") {
+        throw new UserError("--activations must be exact or int8");
+      }
       const chunk = positiveInteger(opts.chunk, "--chunk");
       let text: string;
       try {
@@ -99,6 +109,7 @@ export function registerPerplexityCommand(program: Command): void {
 
       const args = ["perplexity", "--model", model.dir, "--window", String(context)];
       args.push("--stride", String(stride), "--kv-dtype", opts.kvDtype, "--chunk", String(chunk));
+      args.push("--activations", opts.activations);
       if (opts.threads !== undefined) {
         args.push("--threads", String(positiveInteger(opts.threads, "--threads")));
       }
@@ -139,7 +150,7 @@ export function registerPerplexityCommand(program: Command): void {
       process.stdout.write(
         `perplexity ${result.perplexity.toFixed(4)}  nll/token ${result.nll_per_token.toFixed(5)}  ` +
           `tokens ${result.tokens}  windows ${result.windows} (context ${result.window}, stride ${result.stride}, ` +
-          `${result.kv_dtype} KV)  ${result.seconds.toFixed(2)} s\n`,
+          `${result.kv_dtype} KV, ${result.activations} activations)  ${result.seconds.toFixed(2)} s\n`,
       );
     });
 }

@@ -37,6 +37,8 @@ export const LoadParamsSchema = z.object({
   /** cpu, metal, vulkan or auto (docs/gpu.md); default cpu. */
   backend: z.enum(["cpu", "metal", "vulkan", "auto"]).optional(),
   kv_dtype: z.enum(["f16", "f32"]).optional(),
+  /** Input precision of the quantized products: exact (default) or int8 (faster, approximate). */
+  activations: z.enum(["exact", "int8"]).optional(),
   /** Prefill chunk size in tokens (default 128). */
   chunk: z.number().int().positive().optional(),
   expert_cache_slots: z.number().int().nonnegative().optional(),

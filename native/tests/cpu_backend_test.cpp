@@ -275,3 +275,63 @@ TEST_CASE("qmatmul_batch: the same bits as one qmatmul per product, for 1 and se
                       {b->import_qweight(w0.host).get(), Mat{}, Mat{}}}),
                   std::logic_error);
 }
+
+TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits") {
+  auto b = make_cpu_backend(2);
+  CHECK(b->activation_precision() == ActivationPrecision::exact);
+  REQUIRE(b->set_activation_precision(ActivationPrecision::int8));
+  CHECK(b->describe().find("int8 activations") != std::string::npos);
+  // w0 and w1 read the same input (as q and k do), w2 its own of the same width: a batch must
+  // quantize each distinct input once and never mix them up.
+  const RandomQuant w0(37, 128, 31), w1(130, 128, 32), w2(5, 128, 33);
+  const RandomQuant* ws[] = {&w0, &w1, &w2};
+  for (int64_t T : {1, 3}) {
+    const std::vector<float> shared = randn(static_cast<size_t>(T * 128), 40);
+    const std::vector<float> own = randn(static_cast<size_t>(T * 128), 41);
+    const std::vector<float>* inputs[] = {&shared, &shared, &own};
+    auto shared_buf = upload(*b, shared);
+    auto own_buf = upload(*b, own);
+    Buffer* input_bufs[] = {shared_buf.get(), shared_buf.get(), own_buf.get()};
+    std::vector<std::unique_ptr<QWeight>> q;
+    std::vector<std::unique_ptr<Buffer>> batched, single;
+    std::vector<Backend::QProduct> products;
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& w = *ws[i];
+      q.push_back(b->import_qweight(w.host));
+      batched.push_back(b->alloc(static_cast<size_t>(T * w.host.rows) * 4));
+      single.push_back(b->alloc(static_cast<size_t>(T * w.host.rows) * 4));
+      const Mat x{input_bufs[i], 0, T, w.host.cols, w.host.cols};
+      products.push_back({q[i].get(), x, Mat{batched[i].get(), 0, T, w.host.rows, w.host.rows}});
+      b->qmatmul(*q[i], x, Mat{single[i].get(), 0, T, w.host.rows, w.host.rows});
+    }
+    b->qmatmul_batch(products);
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& w = *ws[i];
+      const size_t n = static_cast<size_t>(T * w.host.rows);
+      // The kernels called directly, on the same input quantized here.
+      cpu::Q8Buffer xq;
+      xq.quantize(inputs[i]->data(), T, w.host.cols, w.host.cols, 4);
+      const cpu::QuantMatrix m{
+          w.packed.data(), w.scales.data(), w.biases.data(), cpu::ScaleType::f32, 4, 64,
+          w.host.rows,     w.host.cols};
+      std::vector<float> want(n);
+      cpu::qmatmul_q8(m, xq, want.data(), w.host.rows, 0, w.host.rows);
+      CAPTURE(T);
+      CAPTURE(i);
+      CHECK(download(*b, *batched[i], n) == want);
+      CHECK(download(*b, *single[i], n) == want);
+    }
+  }
+  // Back to exact: the float32 kernel's bits again.
+  REQUIRE(b->set_activation_precision(ActivationPrecision::exact));
+  auto q0 = b->import_qweight(w0.host);
+  const std::vector<float> x = randn(128, 50);
+  auto xb = upload(*b, x);
+  auto yb = b->alloc(37 * 4);
+  b->qmatmul(*q0, Mat{xb.get(), 0, 1, 128, 128}, Mat{yb.get(), 0, 1, 37, 37});
+  const cpu::QuantMatrix m0{
+      w0.packed.data(), w0.scales.data(), w0.biases.data(), cpu::ScaleType::f32, 4, 64, 37, 128};
+  std::vector<float> want(37);
+  cpu::qmatvec(m0, x.data(), want.data(), 0, 37);
+  CHECK(download(*b, *yb, 37) == want);
+}

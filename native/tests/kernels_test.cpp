@@ -639,3 +639,180 @@ TEST_CASE("top_k orders by score, ties by index, NaN last") {
   int32_t idx[8];
   CHECK_THROWS_AS(top_k(s.data(), 4, 5, idx), std::invalid_argument);
 }
+
+// ---- 8-bit activations ------------------------------------------------------------------------
+
+namespace {
+
+// The 8-bit-activation product as kernels.h defines it, in double precision from the test's own
+// quantization of x: d = max|x| / 127 per block of 32, a = nearest integer of x * (127 / max|x|)
+// (computed in float32, as the definition says), then
+// sum_g s_g * sum_blocks d * sum(q * a) + b_g * sum_{c in g} x_c.
+struct Q8Reference {
+  std::vector<int> a;
+  std::vector<double> d;
+  explicit Q8Reference(const std::vector<float>& x) {
+    a.resize(x.size());
+    for (size_t b = 0; b * kQ8Block < x.size(); ++b) {
+      float amax = 0.0f;
+      for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(x[b * kQ8Block + i]));
+      d.push_back(static_cast<double>(amax / 127.0f));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int i = 0; i < kQ8Block; ++i)
+        a[b * kQ8Block + i] = static_cast<int>(std::nearbyint(x[b * kQ8Block + i] * inv));
+    }
+  }
+  // The value and the magnitude of its terms (for the float32 rounding tolerance).
+  std::pair<double, double> row(const TestMatrix& m, int64_t r, const std::vector<float>& x) const {
+    double value = 0.0, mag = 0.0;
+    const int64_t gpr = m.cols / m.group_size;
+    for (int64_t g = 0; g < gpr; ++g) {
+      double sq = 0.0, sx = 0.0, sx_mag = 0.0;
+      for (int64_t c = g * m.group_size; c < (g + 1) * m.group_size; ++c) {
+        sq += d[static_cast<size_t>(c / kQ8Block)] * m.q[r * m.cols + c] * a[c];
+        sx += x[c];
+        sx_mag += std::fabs(x[c]);
+        mag += std::fabs(m.s[r * gpr + g] * d[static_cast<size_t>(c / kQ8Block)] *
+                         m.q[r * m.cols + c] * a[c]);
+      }
+      value += m.s[r * gpr + g] * sq + m.b[r * gpr + g] * sx;
+      mag += std::fabs(m.b[r * gpr + g]) * sx_mag;
+    }
+    return {value, mag};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("qmatvec_q8 computes the 8-bit-activation product on odd row ranges") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    for (int bits : {4, 8}) {
+      for (int gs : {32, 64, 128}) {
+        for (ScaleType type : {ScaleType::bf16, ScaleType::f32}) {
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(bits);
+          CAPTURE(gs);
+          CAPTURE(std::string(type_name(type)));
+          // 7 groups: partial 128-value blocks for every group size below 128.
+          const int64_t rows = 37, cols = gs * 7;
+          const TestMatrix m = make_matrix(bits, gs, rows, cols, type, 3000 + bits * gs);
+          std::vector<float> x = random_vector(cols, 11, -2.0f, 2.0f);
+          for (int64_t c = 0; c < kQ8Block; ++c) x[c] = 0.0f;  // an all-zero block (d = 0)
+          Q8Buffer xa;
+          xa.quantize(x.data(), 1, cols, cols, bits);
+          const Q8Reference ref(x);
+          std::vector<float> y(static_cast<size_t>(rows), -12345.0f);
+          const std::pair<int64_t, int64_t> ranges[] = {{3, 4}, {5, 17}, {17, 17}, {18, 37}};
+          for (auto [b, e] : ranges) qmatvec_q8(m.view(), xa.row(0), y.data(), b, e);
+          for (int64_t r = 0; r < rows; ++r) {
+            const bool written = (r >= 3 && r < 4) || (r >= 5 && r < 17) || r >= 18;
+            if (!written) {
+              REQUIRE(y[r] == -12345.0f);
+              continue;
+            }
+            const auto [want, mag] = ref.row(m, r, x);
+            CAPTURE(r);
+            // Integer sums are exact; float32 adds at most a few roundings per term.
+            REQUIRE(std::fabs(y[r] - want) <= (gs + cols / 8 + 8) * kEps * mag + 1e-30);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatvec_q8 stays within the int8 rounding of the exact product") {
+  for (int bits : {4, 8}) {
+    const TestMatrix m = make_matrix(bits, 64, 64, 2816, ScaleType::bf16, 91 + bits);
+    const std::vector<float> x = random_vector(m.cols, 12, -3.0f, 3.0f);
+    Q8Buffer xa;
+    xa.quantize(x.data(), 1, m.cols, m.cols, bits);
+    const Q8Reference ref(x);
+    std::vector<float> y(static_cast<size_t>(m.rows));
+    qmatvec_q8(m.view(), xa.row(0), y.data(), 0, m.rows);
+    double worst_ratio = 0.0;
+    for (int64_t r = 0; r < m.rows; ++r) {
+      double exact = 0.0, bound = 0.0;
+      for (int64_t c = 0; c < m.cols; ++c) {
+        const int64_t g = r * (m.cols / m.group_size) + c / m.group_size;
+        exact += m.w(r, c) * x[c];
+        // |x - d a| <= d / 2, and only s * q multiplies the rounded value.
+        bound += std::fabs(m.s[g] * m.q[r * m.cols + c]) * ref.d[c / kQ8Block] / 2;
+      }
+      CAPTURE(r);
+      REQUIRE(std::fabs(y[r] - exact) <= bound * 1.001 + 1e-4);
+      worst_ratio = std::max(worst_ratio, std::fabs(y[r] - exact) / bound);
+    }
+    // Random rounding errors cancel: the typical error is far below the worst-case bound.
+    CHECK(worst_ratio < 0.2);
+  }
+}
+
+TEST_CASE("qmatvec_q8 SIMD agrees with scalar at model shapes") {
+  for (int bits : {4, 8}) {
+    for (int64_t cols : {2816, 704}) {
+      const TestMatrix m = make_matrix(bits, 64, 203, cols, ScaleType::bf16, 177 + bits);
+      const std::vector<float> x = random_vector(m.cols, 19, -3.0f, 3.0f);
+      Q8Buffer xa;
+      xa.quantize(x.data(), 1, m.cols, m.cols, bits);
+      const Q8Reference ref(x);
+      std::vector<float> want(static_cast<size_t>(m.rows));
+      {
+        IsaScope scope(Isa::scalar);
+        qmatvec_q8(m.view(), xa.row(0), want.data(), 0, m.rows);
+      }
+      for (Isa isa : available_isas()) {
+        IsaScope scope(isa);
+        std::vector<float> y(static_cast<size_t>(m.rows));
+        qmatvec_q8(m.view(), xa.row(0), y.data(), 0, m.rows);
+        for (int64_t r = 0; r < m.rows; ++r) {
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(bits);
+          CAPTURE(cols);
+          CAPTURE(r);
+          const double mag = ref.row(m, r, x).second;
+          REQUIRE(std::fabs(y[r] - want[r]) <= 2 * (64 + cols / 8 + 8) * kEps * mag);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatmul_q8 gives every row of X the bits of qmatvec_q8") {
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    const TestMatrix m = make_matrix(4, 32, 50, 704, ScaleType::bf16, 5);
+    const int64_t n_x = 7, x_stride = 720, y_stride = 53;
+    const std::vector<float> x = random_vector(n_x * x_stride, 6);
+    Q8Buffer xa;
+    xa.quantize(x.data(), n_x, x_stride, m.cols, 4);
+    REQUIRE(xa.rows() == n_x);
+    std::vector<float> y(static_cast<size_t>(n_x * y_stride), -1.0f);
+    qmatmul_q8(m.view(), xa, y.data(), y_stride, 2, 47);
+    for (int64_t t = 0; t < n_x; ++t) {
+      std::vector<float> want(static_cast<size_t>(m.rows), -1.0f);
+      qmatvec_q8(m.view(), xa.row(t), want.data(), 2, 47);
+      for (int64_t r = 0; r < m.rows; ++r) {
+        CAPTURE(std::string(isa_name(isa)));
+        CAPTURE(t);
+        CAPTURE(r);
+        REQUIRE(y[t * y_stride + r] == want[r]);
+      }
+    }
+  }
+}
+
+TEST_CASE("q8 products refuse mismatched inputs") {
+  const TestMatrix m = make_matrix(4, 32, 4, 64, ScaleType::bf16, 1);
+  const std::vector<float> x = random_vector(128, 2);
+  std::vector<float> y(4);
+  Q8Buffer wrong_bits, wrong_cols;
+  wrong_bits.quantize(x.data(), 1, 64, 64, 8);
+  wrong_cols.quantize(x.data(), 1, 128, 128, 4);
+  CHECK_THROWS_AS(qmatvec_q8(m.view(), wrong_bits.row(0), y.data(), 0, 4), std::invalid_argument);
+  CHECK_THROWS_AS(qmatvec_q8(m.view(), wrong_cols.row(0), y.data(), 0, 4), std::invalid_argument);
+  Q8Buffer bad;
+  CHECK_THROWS_AS(bad.quantize(x.data(), 1, 48, 48, 4), std::invalid_argument);
+  CHECK_THROWS_AS(bad.quantize(x.data(), 1, 64, 64, 3), std::invalid_argument);
+}

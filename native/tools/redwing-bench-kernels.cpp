@@ -264,32 +264,45 @@ int main(int argc, char** argv) {
         if (isa == Isa::scalar && best != Isa::scalar && sh.rows > 100000 && quick) continue;
         // Scalar is slow on the LM head: fewer runs keep the whole benchmark short.
         const int n_runs = (isa == Isa::scalar && copies == 1) ? std::min(runs, 3) : runs;
-        std::vector<double> per_matvec;
-        for (int r = 0; r < n_runs + 1; ++r) {
-          const auto t0 = Clock::now();
-          for (const auto& m : mats) {
-            const QuantMatrix& w = m->view;
-            pool.parallel_for(w.rows, 16, [&](int64_t b, int64_t e) {
-              qmatvec(w, xbuf.as<float>(), ybuf.as<float>(), b, e);
-            });
+        // The exact float32 product, then the 8-bit-activation one (the input quantized once
+        // per product, as the CPU backend does, and counted in the time).
+        for (bool int8 : {false, true}) {
+          if (int8 && isa == Isa::scalar && sh.rows > 100000) continue;
+          std::vector<double> per_matvec;
+          Q8Buffer xq;
+          for (int r = 0; r < n_runs + 1; ++r) {
+            const auto t0 = Clock::now();
+            for (const auto& m : mats) {
+              const QuantMatrix& w = m->view;
+              if (int8) {
+                xq.quantize(xbuf.as<float>(), 1, w.cols, w.cols, w.bits);
+                pool.parallel_for(w.rows, 16, [&](int64_t b, int64_t e) {
+                  qmatvec_q8(w, xq.row(0), ybuf.as<float>(), b, e);
+                });
+              } else {
+                pool.parallel_for(w.rows, 16, [&](int64_t b, int64_t e) {
+                  qmatvec(w, xbuf.as<float>(), ybuf.as<float>(), b, e);
+                });
+              }
+            }
+            if (r > 0) per_matvec.push_back(seconds_since(t0) / copies);  // run 0 warms up
           }
-          if (r > 0) per_matvec.push_back(seconds_since(t0) / copies);  // run 0 warms up
+          const double s = median(per_matvec);
+          Result res{sh.rows,
+                     sh.cols,
+                     sh.bits,
+                     thread_counts[t],
+                     std::string(isa_name(isa)) + (int8 ? "+int8" : ""),
+                     s * 1e3,
+                     static_cast<double>(bytes_one) / s / 1e9,
+                     0};
+          res.fraction = res.gbps / bandwidth[t];
+          std::fprintf(stderr,
+                       "qmatvec %lldx%lld %d-bit, %d thread(s), %s: %.3f ms, %.2f GB/s (%.0f%%)\n",
+                       static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), sh.bits,
+                       thread_counts[t], res.isa.c_str(), res.ms, res.gbps, res.fraction * 100);
+          results.push_back(res);
         }
-        const double s = median(per_matvec);
-        Result res{sh.rows,
-                   sh.cols,
-                   sh.bits,
-                   thread_counts[t],
-                   isa_name(isa),
-                   s * 1e3,
-                   static_cast<double>(bytes_one) / s / 1e9,
-                   0};
-        res.fraction = res.gbps / bandwidth[t];
-        std::fprintf(stderr,
-                     "qmatvec %lldx%lld %d-bit, %d thread(s), %s: %.3f ms, %.2f GB/s (%.0f%%)\n",
-                     static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), sh.bits,
-                     thread_counts[t], res.isa.c_str(), res.ms, res.gbps, res.fraction * 100);
-        results.push_back(res);
       }
       set_active_isa(best);
     }

@@ -74,6 +74,9 @@ const char* kUsage =
     "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
     "  --backend cpu|metal|vulkan|auto  where the model runs (default cpu; auto: a GPU if\n"
     "                              present; metal: macOS builds only)\n"
+    "  --activations exact|int8 input precision of the quantized products (default exact):\n"
+    "                              int8 quantizes it per 32 values for integer dot products\n"
+    "                              (faster on the CPU, approximate; GPU backends stay exact)\n"
     "benchmark only (these change the model's output):\n"
     "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
     "  --record-routing FILE    write the routing used, one line per layer and row\n"
@@ -90,7 +93,8 @@ const std::vector<std::string> kStreamFlags = {"expert-cache-slots",
                                                "record-routing",
                                                "expert-mmap",
                                                "read-piece-kib",
-                                               "backend"};
+                                               "backend",
+                                               "activations"};
 std::vector<std::string> with_stream_flags(std::vector<std::string> names) {
   names.insert(names.end(), kStreamFlags.begin(), kStreamFlags.end());
   return names;
@@ -183,6 +187,13 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
       o.kv_dtype = redwing::parse_kv_dtype(f.at("kv-dtype"));
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--kv-dtype: ") + e.what());
+    }
+  }
+  if (f.count("activations")) {
+    try {
+      o.activations = redwing::parse_activation_precision(f.at("activations"));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--activations: ") + e.what());
     }
   }
   if (f.count("expert-cache-slots")) {
@@ -318,11 +329,12 @@ int cmd_perplexity(int argc, char** argv) {
   std::printf(
       "{\"perplexity\": %.17g, \"nll_per_token\": %.17g, \"tokens\": %lld, \"windows\": %lld, "
       "\"positions\": %lld, \"window\": %lld, \"stride\": %lld, \"kv_dtype\": \"%s\", "
-      "\"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
+      "\"activations\": \"%s\", \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
       std::exp(nll), nll, static_cast<long long>(s.scored), static_cast<long long>(s.windows),
       static_cast<long long>(s.positions), static_cast<long long>(window),
       static_cast<long long>(stride),
-      engine.options().kv_dtype == redwing::KvDType::f32 ? "f32" : "f16", s.seconds,
+      engine.options().kv_dtype == redwing::KvDType::f32 ? "f32" : "f16",
+      redwing::activation_precision_name(engine.backend().activation_precision()), s.seconds,
       s.seconds > 0 ? static_cast<double>(s.positions) / s.seconds : 0.0);
   return 0;
 }

@@ -117,6 +117,14 @@ struct KvLayerView {
   int64_t first_visible(int64_t q) const { return window > 0 && q >= window ? q - window + 1 : 0; }
 };
 
+// How quantized products treat their float32 input: exact multiplies it as it is; int8
+// quantizes it to 8 bits per block of 32 values first and uses integer dot products (faster on
+// CPUs with VNNI or AVX2, and approximate: backend/cpu/kernels.h says how).
+enum class ActivationPrecision : uint8_t { exact, int8 };
+// "exact" | "int8"; throws std::invalid_argument otherwise.
+ActivationPrecision parse_activation_precision(const std::string& s);
+const char* activation_precision_name(ActivationPrecision p);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -156,6 +164,12 @@ class Backend {
   virtual void rope(Mat x, int n_heads, int head_dim, const RopeParams& p, int64_t pos0) = 0;
 
   // ---- products ----
+  // The input precision of the quantized products that follow (see ActivationPrecision). A
+  // backend without an 8-bit path stays exact and returns false for int8.
+  virtual bool set_activation_precision(ActivationPrecision p) {
+    return p == ActivationPrecision::exact;
+  }
+  virtual ActivationPrecision activation_precision() const { return ActivationPrecision::exact; }
   // y[t] = W x[t] for every row t of x (x.cols == W.cols, y.cols == W.rows).
   virtual void qmatmul(const QWeight& w, Mat x, Mat y) = 0;
   // Independent products y = W x run as one operation, with the same results as qmatmul on each

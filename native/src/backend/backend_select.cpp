@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
@@ -13,6 +14,16 @@
 #endif
 
 namespace redwing {
+
+ActivationPrecision parse_activation_precision(const std::string& s) {
+  if (s == "exact") return ActivationPrecision::exact;
+  if (s == "int8") return ActivationPrecision::int8;
+  throw std::invalid_argument("unknown activation precision \"" + s + "\" (exact or int8)");
+}
+
+const char* activation_precision_name(ActivationPrecision p) {
+  return p == ActivationPrecision::int8 ? "int8" : "exact";
+}
 
 bool vulkan_built() {
 #if defined(REDWING_HAVE_VULKAN)

@@ -194,6 +194,12 @@ LoadRequest parse_load(const json& req) {
   } catch (const std::invalid_argument& e) {
     throw ProtocolError("bad_request", std::string("field \"kv_dtype\": ") + e.what());
   }
+  try {
+    o.activations = parse_activation_precision(
+        string_field(req, "activations", activation_precision_name(defaults::kActivations)));
+  } catch (const std::invalid_argument& e) {
+    throw ProtocolError("bad_request", std::string("field \"activations\": ") + e.what());
+  }
   // SSD expert streaming: slots per MoE layer (0: every expert resident), or a memory budget in
   // bytes that the engine turns into a slot count for this context.
   o.expert_cache_slots = static_cast<int>(

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -70,7 +72,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   std::string describe() const override {
     return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + " (" + cpu::cpu_features() +
-           "), " + std::to_string(pool_.size()) + " threads";
+           "), " + std::to_string(pool_.size()) + " threads" +
+           (precision_ == ActivationPrecision::int8 ? ", int8 activations" : "");
   }
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override {
@@ -204,12 +207,47 @@ class CpuBackend final : public Backend {
                              std::to_string(w.cols) + ")");
   }
 
+  bool set_activation_precision(ActivationPrecision p) override {
+    precision_ = p;
+    return true;
+  }
+  ActivationPrecision activation_precision() const override { return precision_; }
+
+  // Whether a product takes the 8-bit-activation path: when asked for, and where the input
+  // width is whole blocks of the activation quantization (every Gemma shape is).
+  bool use_q8(const cpu::QuantMatrix& w) const {
+    return precision_ == ActivationPrecision::int8 && w.cols % cpu::kQ8Block == 0;
+  }
+
+  // Quantizes the input rows of a product for the 8-bit path, the rows of a prefill chunk in
+  // parallel.
+  void quantize_input(cpu::Q8Buffer& xa, const float* x, int64_t rows, int64_t stride,
+                      const cpu::QuantMatrix& w) {
+    xa.resize(rows, w.cols, w.bits);
+    pool_.parallel_for(rows, 4, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) xa.quantize_row(t, x + t * stride);
+    });
+  }
+
   void qmatmul(const QWeight& wq, Mat x, Mat y) override {
     const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(wq).m;
     check_product(w, x, y);
     const float* px = f32(x);
     float* py = f32(y);
     const int64_t grain = std::max<int64_t>(4, 65536 / std::max<int64_t>(w.cols, 1));
+    if (use_q8(w)) {
+      // Quantized once here, then shared read-only by every thread.
+      if (q8_.empty()) q8_.emplace_back();
+      cpu::Q8Buffer& xa = q8_.front();
+      quantize_input(xa, px, x.rows, x.stride, w);
+      pool_.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
+        if (x.rows == 1)
+          cpu::qmatvec_q8(w, xa.row(0), py, b, e);
+        else
+          cpu::qmatmul_q8(w, xa, py, y.stride, b, e);
+      });
+      return;
+    }
     if (x.rows == 1) {
       pool_.parallel_for(w.rows, grain,
                          [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
@@ -230,9 +268,26 @@ class CpuBackend final : public Backend {
     for (const QProduct& p : products) {
       const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(*p.w).m;
       check_product(w, p.x, p.y);
-      batch_.push_back({&w, f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride, total_rows});
+      batch_.push_back(
+          {&w, f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride, total_rows, nullptr});
       total_rows += w.rows;
       max_cols = std::max(max_cols, w.cols);
+    }
+    // 8-bit activations: quantize each distinct input once (q/k/v and gate/up share theirs).
+    size_t n_q8 = 0;
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      BatchedProduct& j = batch_[i];
+      if (!use_q8(*j.w)) continue;
+      for (size_t k = 0; k < i && j.q8 == nullptr; ++k) {
+        const BatchedProduct& o = batch_[k];
+        if (o.q8 != nullptr && o.x == j.x && o.x_rows == j.x_rows && o.x_stride == j.x_stride &&
+            o.w->cols == j.w->cols && o.w->bits == j.w->bits)
+          j.q8 = o.q8;
+      }
+      if (j.q8 != nullptr) continue;
+      if (q8_.size() <= n_q8) q8_.resize(n_q8 + 1);
+      quantize_input(q8_[n_q8], j.x, j.x_rows, j.x_stride, *j.w);
+      j.q8 = &q8_[n_q8++];
     }
     const int64_t grain = std::max<int64_t>(4, 65536 / max_cols);
     pool_.parallel_for(total_rows, grain, [&](int64_t b, int64_t e) {
@@ -240,7 +295,11 @@ class CpuBackend final : public Backend {
         const int64_t lo = std::max(b, j.first_row) - j.first_row;
         const int64_t hi = std::min(e, j.first_row + j.w->rows) - j.first_row;
         if (lo >= hi) continue;
-        if (j.x_rows == 1)
+        if (j.q8 != nullptr && j.x_rows == 1)
+          cpu::qmatvec_q8(*j.w, j.q8->row(0), j.y, lo, hi);
+        else if (j.q8 != nullptr)
+          cpu::qmatmul_q8(*j.w, *j.q8, j.y, j.y_stride, lo, hi);
+        else if (j.x_rows == 1)
           cpu::qmatvec(*j.w, j.x, j.y, lo, hi);
         else
           cpu::qmatmul(*j.w, j.x, j.x_rows, j.x_stride, j.y, j.y_stride, lo, hi);
@@ -399,8 +458,12 @@ class CpuBackend final : public Backend {
     float* y;
     int64_t y_stride;
     int64_t first_row;
+    const cpu::Q8Buffer* q8;  // the quantized input on the 8-bit path, else null
   };
   ThreadPool pool_;
+  ActivationPrecision precision_ = ActivationPrecision::exact;
+  // Quantized inputs of the current product(s); a deque keeps them in place as it grows.
+  std::deque<cpu::Q8Buffer> q8_;
   std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
 };
 

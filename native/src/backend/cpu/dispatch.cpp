@@ -2,8 +2,10 @@
 // public kernel API (kernels.h) to it. Also holds the kernels that have a single implementation.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -46,6 +48,19 @@ bool cpu_has_avx512() {
   return false;
 #endif
 }
+
+}  // namespace
+
+bool cpu_has_avx512_vnni() {
+#if defined(REDWING_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+namespace {
 
 bool isa_supported(Isa isa) {
   switch (isa) {
@@ -193,6 +208,7 @@ const char* cpu_features() {
     if (__builtin_cpu_supports("avx512bw")) add("avx512bw");
     if (__builtin_cpu_supports("avx512dq")) add("avx512dq");
     if (__builtin_cpu_supports("avx512vl")) add("avx512vl");
+    if (__builtin_cpu_supports("avx512vnni")) add("avx512vnni");
 #elif defined(__aarch64__)
     add("neon");
 #endif
@@ -228,6 +244,99 @@ void qdequant_row(const QuantMatrix& w, int64_t row, float* out) {
                             " outside [0, " + std::to_string(w.rows) + ")");
   }
   kernels().qdequant_row(w, row, out);
+}
+
+// ---- 8-bit activations --------------------------------------------------------------------
+
+void Q8Buffer::resize(int64_t n_rows, int64_t cols, int bits) {
+  if (bits != 4 && bits != 8)
+    throw std::invalid_argument("redwing::cpu::Q8Buffer: bits must be 4 or 8");
+  if (cols <= 0 || cols % kQ8Block != 0 || n_rows < 0)
+    throw std::invalid_argument("redwing::cpu::Q8Buffer: cols must be a positive multiple of " +
+                                std::to_string(kQ8Block) + ", got " + std::to_string(cols));
+  rows_ = n_rows;
+  cols_ = cols;
+  padded_ = (cols + 127) / 128 * 128;
+  bits_ = bits;
+  // The padding must read as zero; quantize_row writes only [0, cols).
+  q_.assign(static_cast<size_t>(n_rows * padded_), 0);
+  scale_.resize(static_cast<size_t>(n_rows * (cols / kQ8Block)));
+  block_sum_.resize(static_cast<size_t>(n_rows * (cols / kQ8Block)));
+}
+
+void Q8Buffer::quantize_row(int64_t t, const float* x) {
+  const int64_t blocks = cols_ / kQ8Block;
+  int8_t* qt = q_.data() + t * padded_;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* xb = x + b * kQ8Block;
+    float amax = 0.0f;
+    float sum = 0.0f;
+    for (int i = 0; i < kQ8Block; ++i) {
+      amax = std::max(amax, std::fabs(xb[i]));
+      sum += xb[i];
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int8_t v[kQ8Block];
+    for (int i = 0; i < kQ8Block; ++i) {
+      // Round to nearest even by adding and subtracting 1.5 * 2^23 (exact for |x| < 2^22, and
+      // |x * inv| <= 127 up to rounding), which the compiler vectorizes, unlike nearbyint.
+      const float r = (xb[i] * inv + 12582912.0f) - 12582912.0f;
+      v[i] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+    }
+    if (bits_ == 8) {
+      std::memcpy(qt + b * kQ8Block, v, kQ8Block);
+    } else {
+      for (int i = 0; i < kQ8Block; ++i) qt[q8_index(4, b * kQ8Block + i)] = v[i];
+    }
+    scale_[static_cast<size_t>(t * blocks + b)] = amax / 127.0f;
+    block_sum_[static_cast<size_t>(t * blocks + b)] = sum;
+  }
+}
+
+void Q8Buffer::quantize(const float* x, int64_t n_rows, int64_t x_stride, int64_t cols, int bits) {
+  if (n_rows > 1 && x_stride < cols)
+    throw std::invalid_argument("redwing::cpu::Q8Buffer: row stride shorter than a row");
+  resize(n_rows, cols, bits);
+  for (int64_t t = 0; t < n_rows; ++t) quantize_row(t, x + t * x_stride);
+}
+
+Q8Activation Q8Buffer::row(int64_t t) const {
+  const int64_t blocks = cols_ / kQ8Block;
+  return {q_.data() + t * padded_, scale_.data() + t * blocks, block_sum_.data() + t * blocks,
+          cols_, bits_};
+}
+
+namespace {
+void check_q8_input(const QuantMatrix& w, const Q8Activation& xa, const char* kernel) {
+  if (xa.cols != w.cols || xa.bits != w.bits || xa.q == nullptr)
+    throw std::invalid_argument(std::string("redwing::cpu::") + kernel +
+                                ": activation quantized for " + std::to_string(xa.cols) +
+                                " columns of " + std::to_string(xa.bits) + "-bit weights, not " +
+                                std::to_string(w.cols) + " of " + std::to_string(w.bits));
+}
+}  // namespace
+
+void qmatvec_q8(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
+                int64_t row_end) {
+  check_quant_matrix(w, "qmatvec_q8");
+  check_row_range(w, row_begin, row_end, "qmatvec_q8");
+  check_q8_input(w, xa, "qmatvec_q8");
+  if (row_begin == row_end) return;
+  kernels().qmatmul_q8(w, &xa, 1, y, 0, row_begin, row_end);
+}
+
+void qmatmul_q8(const QuantMatrix& w, const Q8Buffer& xa, float* y, int64_t y_stride,
+                int64_t row_begin, int64_t row_end) {
+  check_quant_matrix(w, "qmatmul_q8");
+  check_row_range(w, row_begin, row_end, "qmatmul_q8");
+  if (xa.rows() == 0 || row_begin == row_end) return;
+  check_q8_input(w, xa.row(0), "qmatmul_q8");
+  if (xa.rows() > 1 && y_stride < row_end)
+    throw std::invalid_argument("redwing::cpu::qmatmul_q8: bad y_stride");
+  thread_local std::vector<Q8Activation> rows;
+  rows.resize(static_cast<size_t>(xa.rows()));
+  for (int64_t t = 0; t < xa.rows(); ++t) rows[static_cast<size_t>(t)] = xa.row(t);
+  kernels().qmatmul_q8(w, rows.data(), xa.rows(), y, y_stride, row_begin, row_end);
 }
 
 void rms_norm(const float* x, const float* weight, float weight_offset, float eps, int64_t n,

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace redwing::cpu {
 
@@ -60,6 +61,61 @@ void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_s
 
 // out[c] = W[row, c] for every column (embedding lookup).
 void qdequant_row(const QuantMatrix& w, int64_t row, float* out);
+
+// ---- 8-bit-activation products (approximate; the float32 ones above are exact) ---------------
+//
+// The activation vector is quantized to int8 in blocks of kQ8Block values, each with its own
+// scale d = max|x| / 127 (x ≈ d * a8), and the weights' integer codes multiply the int8 values
+// with integer dot products (VNNI vpdpbusd, AVX2 vpmaddubsw, or scalar). For an MLX affine row
+// w = s * q + b per group, the product is
+//   sum_g s_g * sum_{blocks in g} d * sum(q * a8)  +  b_g * sum_{c in g} x_c,
+// where the bias term uses the float32 sum of the unquantized x (exact, and as cheap as the
+// quantized sum), so the only approximation is the rounding of x to int8 in the first term.
+inline constexpr int kQ8Block = 32;
+
+// A quantized activation vector as the q8 kernels read it. For 4-bit weights each 128-value
+// block stores its even-indexed values in its first 64 bytes and the odd-indexed ones in the
+// next 64 (so the low and high nibbles of 64 packed weight bytes meet their activations with
+// one load each); for 8-bit weights the values are in order. q is zero-padded to a multiple of
+// 128 values, so a kernel may load whole 128-value blocks.
+struct Q8Activation {
+  const int8_t* q = nullptr;         // [padded cols]
+  const float* scale = nullptr;      // [cols / kQ8Block]: d of each block
+  const float* block_sum = nullptr;  // [cols / kQ8Block]: float32 sum of x over each block
+  int64_t cols = 0;
+  int bits = 4;  // the weight width whose layout q follows
+};
+
+// Owns the storage of quantized activation rows.
+class Q8Buffer {
+ public:
+  // Quantizes n_rows rows of x (row t at x + t * x_stride, cols values, a multiple of
+  // kQ8Block) for products with `bits`-wide weights. Throws std::invalid_argument otherwise.
+  void quantize(const float* x, int64_t n_rows, int64_t x_stride, int64_t cols, int bits);
+  // The same in two steps, so that rows can be quantized in parallel: resize (same checks), then
+  // quantize_row for every row t < n_rows.
+  void resize(int64_t n_rows, int64_t cols, int bits);
+  void quantize_row(int64_t t, const float* x);
+  Q8Activation row(int64_t t) const;
+  int64_t rows() const { return rows_; }
+
+ private:
+  std::vector<int8_t> q_;
+  std::vector<float> scale_, block_sum_;
+  int64_t rows_ = 0, cols_ = 0, padded_ = 0;
+  int bits_ = 4;
+};
+
+// y[r] = the 8-bit-activation product of row r with xa, for r in [row_begin, row_end). Throws
+// std::invalid_argument for an unsupported matrix, a bad row range, or xa quantized for another
+// width or length.
+void qmatvec_q8(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
+                int64_t row_end);
+
+// Y[t * y_stride + r] = qmatvec_q8 of row r with xa.row(t), for t < xa.rows() and rows in
+// [row_begin, row_end), keeping a panel of weight rows in cache across the rows of X (prefill).
+void qmatmul_q8(const QuantMatrix& w, const Q8Buffer& xa, float* y, int64_t y_stride,
+                int64_t row_begin, int64_t row_end);
 
 // ---- element-wise and reductions -----------------------------------------------------------
 

@@ -302,6 +302,161 @@ void qmatvec_avx2(const QuantMatrix& w, const float* x, float* y, int64_t rb, in
 
 // ---- dequantization and qmatmul --------------------------------------------------------------
 
+// ---- qmatvec_q8 (8-bit activations, kernels.h) ----------------------------------------------
+
+// vpmaddubsw multiplies unsigned weight codes by signed int8 activations and adds adjacent
+// pairs into int16; vpmaddwd by ones adds those pairs into int32, so lane i of a 256-bit
+// register gets the dot product of weight word i with its activations. 4-bit codes times 127
+// stay far from int16 saturation (2 * 15 * 127); 8-bit codes are split into nibbles for the
+// same reason (2 * 255 * 127 would saturate) and recombined as lo + 16 * hi in int32.
+template <int kBits>
+struct Q8Layout {
+  static constexpr int kPerLane = 32 / kBits;
+  static constexpr int kValues = 8 * kPerLane;  // values per 32-byte register of weights
+};
+
+template <int kBits>
+inline __m256i lane_dots_q8(__m256i wv, const int8_t* q, int64_t blk) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i lo = _mm256_and_si256(wv, nibble);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nibble);
+  if constexpr (kBits == 4) {
+    // 128-value activation blocks hold the even values, then the odd ones (kernels.h).
+    const int8_t* a = q + (blk >> 1) * 128 + (blk & 1) * 32;
+    const __m256i a_even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const __m256i a_odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64));
+    const __m256i p =
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_even), _mm256_maddubs_epi16(hi, a_odd));
+    return _mm256_madd_epi16(p, ones);
+  } else {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + blk * 32));
+    const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a), ones);
+    const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a), ones);
+    return _mm256_add_epi32(plo, _mm256_slli_epi32(phi, 4));
+  }
+}
+
+// What every row needs of one activation row: each lane's d per register block (8 floats per
+// block) and the float32 sums of x per weight group.
+struct Q8Prepared {
+  const int8_t* q;
+  const float* dl;
+  const float* sums;
+};
+
+// Rows [r0, r0 + kRows) against every prepared activation row, the rows' scales converted once
+// (sbuf: kRows rows of gpr + 8 floats) and their weights kept in L1 across activation rows.
+template <int kBits, int kGroup, int kRows>
+void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0, float* y,
+             int64_t y_stride, float* sbuf) {
+  using L = Q8Layout<kBits>;
+  const int64_t wpr = w.cols / L::kPerLane;
+  const int64_t gpr = w.cols / kGroup;
+  const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
+  const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
+  const uint32_t* rows[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    scales_to_f32(w.scales, w.scale_type, (r0 + i) * gpr, gpr, sbuf + i * (gpr + 8));
+    sbuf[i * (gpr + 8) + gpr] = 0.0f;  // read by the pair load of a partial last block
+    rows[i] = w.packed + (r0 + i) * wpr;
+  }
+  const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
+  // Lane i's group within a block (only 4-bit weights in 32-value groups have two per block).
+  const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i tail_lanes =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(tail_words), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int64_t t = 0; t < n_x; ++t) {
+    const Q8Prepared& x = xs[t];
+    __m256 acc[kRows];
+    for (int i = 0; i < kRows; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      const bool partial = blk == n_blocks - 1 && tail_words > 0;
+      const __m256 d = _mm256_load_ps(x.dl + blk * 8);
+      const int64_t g0 = blk * L::kValues / kGroup;
+      if (t == 0 && (blk & 1) == 0) {
+        for (int i = 0; i < kRows; ++i) _mm_prefetch(pf + (blk / 2 * kRows + i) * 64, _MM_HINT_T0);
+      }
+      for (int i = 0; i < kRows; ++i) {
+        const int32_t* src = reinterpret_cast<const int32_t*>(rows[i] + blk * 8);
+        const __m256i wv = partial ? _mm256_maskload_epi32(src, tail_lanes)
+                                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+        const __m256 dots = _mm256_cvtepi32_ps(lane_dots_q8<kBits>(wv, x.q, blk));
+        __m256 sc;
+        if constexpr (kGroup >= L::kValues) {
+          sc = _mm256_set1_ps(sbuf[i * (gpr + 8) + g0]);
+        } else {
+          const __m256 two = _mm256_castpd_ps(
+              _mm256_broadcast_sd(reinterpret_cast<const double*>(sbuf + i * (gpr + 8) + g0)));
+          sc = _mm256_permutevar8x32_ps(two, idx);
+        }
+        acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(sc, d), acc[i]);
+      }
+    }
+    float* yt = y + t * y_stride;
+    for (int i = 0; i < kRows; ++i)
+      yt[r0 + i] = hsum(acc[i]) + bias_dot(w.biases, w.scale_type, (r0 + i) * gpr, gpr, x.sums);
+  }
+}
+
+template <int kBits, int kGroup>
+void q8_range(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y, int64_t y_stride,
+              int64_t rb, int64_t re) {
+  using L = Q8Layout<kBits>;
+  thread_local Scratch dl_buf, sum_buf, s_buf;
+  // (unique_ptr of a type with internal linkage: no weak symbol leaves this file.)
+  thread_local std::unique_ptr<Q8Prepared[]> prepared_buf;
+  thread_local int64_t prepared_cap = 0;
+  if (prepared_cap < n_x) {
+    prepared_buf = std::make_unique<Q8Prepared[]>(static_cast<size_t>(n_x));
+    prepared_cap = n_x;
+  }
+  Q8Prepared* prepared = prepared_buf.get();
+  const int64_t gpr = w.cols / kGroup;
+  const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
+  const int64_t n_act_blocks = w.cols / kQ8Block;
+  float* dl = dl_buf.floats(static_cast<size_t>(n_x * n_blocks * 8));
+  float* sums = sum_buf.floats(static_cast<size_t>(n_x * gpr));
+  for (int64_t t = 0; t < n_x; ++t) {
+    float* dlt = dl + t * n_blocks * 8;
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      for (int i = 0; i < 8; ++i) {
+        const int64_t ab = (blk * L::kValues + i * L::kPerLane) / kQ8Block;
+        dlt[blk * 8 + i] = ab < n_act_blocks ? xa[t].scale[ab] : 0.0f;
+      }
+    }
+    q8_group_sums(xa[t], kGroup, sums + t * gpr);
+    prepared[t] = {xa[t].q, dlt, sums + t * gpr};
+  }
+  // Each row's scales plus 8 spare floats, so a pair load at the last group stays inside.
+  float* sbuf = s_buf.floats(static_cast<size_t>(4 * (gpr + 8)));
+  int64_t r = rb;
+  for (; r + 4 <= re; r += 4) q8_rows<kBits, kGroup, 4>(w, prepared, n_x, r, y, y_stride, sbuf);
+  for (; r < re; ++r) q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf);
+}
+
+template <int kBits>
+void q8_bits(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y, int64_t y_stride,
+             int64_t rb, int64_t re) {
+  switch (w.group_size) {
+    case 32:
+      return q8_range<kBits, 32>(w, xa, n_x, y, y_stride, rb, re);
+    case 64:
+      return q8_range<kBits, 64>(w, xa, n_x, y, y_stride, rb, re);
+    default:
+      return q8_range<kBits, 128>(w, xa, n_x, y, y_stride, rb, re);
+  }
+}
+
+void qmatmul_q8_avx2(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                     int64_t y_stride, int64_t rb, int64_t re) {
+  if (w.bits == 4) {
+    q8_bits<4>(w, xa, n_x, y, y_stride, rb, re);
+  } else {
+    q8_bits<8>(w, xa, n_x, y, y_stride, rb, re);
+  }
+}
+
 void qdequant_row_avx2(const QuantMatrix& w, int64_t row, float* out) {
   const int64_t gpr = groups_per_row(w);
   const uint32_t* packed = w.packed + row * words_per_row(w);
@@ -620,6 +775,7 @@ const KernelTable& avx2_kernels() {
     t.qmatvec = qmatvec_avx2;
     t.qmatmul = qmatmul_avx2;
     t.qdequant_row = qdequant_row_avx2;
+    t.qmatmul_q8 = qmatmul_q8_avx2;
     t.rms_norm = rms_norm_avx2;
     t.gelu_tanh_mul = gelu_tanh_mul_avx2;
     t.softcap = softcap_avx2;

@@ -403,6 +403,7 @@ const KernelTable& avx512_kernels() {
     KernelTable t = avx2_kernels();
     t.qmatvec = qmatvec_avx512;
     t.qmatmul = qmatmul_avx512;
+    if (cpu_has_avx512_vnni()) t.qmatmul_q8 = avx512_vnni_qmatmul_q8();
     return t;
   }();
   return table;

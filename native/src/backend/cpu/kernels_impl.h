@@ -21,6 +21,9 @@ struct KernelTable {
   void (*qmatmul)(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride,
                   float* y, int64_t y_stride, int64_t row_begin, int64_t row_end);
   void (*qdequant_row)(const QuantMatrix& w, int64_t row, float* out);
+  // Y[t * y_stride + r] for t < n_x: the 8-bit-activation product of row r with xa[t].
+  void (*qmatmul_q8)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                     int64_t y_stride, int64_t row_begin, int64_t row_end);
   void (*rms_norm)(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
                    float* y);
   void (*gelu_tanh_mul)(const float* gate, const float* up, int64_t n, float* out);
@@ -37,10 +40,16 @@ struct KernelTable {
   void (*softmax)(float* x, int64_t n);
 };
 
+using Q8Kernel = void (*)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                          int64_t y_stride, int64_t row_begin, int64_t row_end);
+
 const KernelTable& scalar_kernels();
+// Whether the CPU has AVX512_VNNI (the avx512 table then uses kernels_avx512vnni.cpp's product).
+bool cpu_has_avx512_vnni();
 #if defined(REDWING_HAVE_AVX2)
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();  // kernels_avx512.cpp: the AVX2 table plus wider kernels
+Q8Kernel avx512_vnni_qmatmul_q8();    // kernels_avx512vnni.cpp
 #endif
 #if defined(REDWING_HAVE_NEON)
 const KernelTable& neon_kernels();
@@ -130,6 +139,24 @@ inline uint32_t quant_at(const uint32_t* row, int bits, int64_t c) {
 
 inline int64_t words_per_row(const QuantMatrix& w) { return w.cols * w.bits / 32; }
 inline int64_t groups_per_row(const QuantMatrix& w) { return w.cols / w.group_size; }
+
+// Where value c of a quantized activation sits in Q8Activation::q (see kernels.h).
+inline int64_t q8_index(int bits, int64_t c) {
+  if (bits == 8) return c;
+  const int64_t block = c & ~int64_t{127};
+  const int64_t i = c & 127;
+  return block + (i & 1) * 64 + (i >> 1);
+}
+
+// Float32 sums of x over each weight group, from the activation's per-block sums (in order).
+inline void q8_group_sums(const Q8Activation& xa, int group_size, float* out) {
+  const int64_t per_group = group_size / kQ8Block;
+  for (int64_t g = 0; g * group_size < xa.cols; ++g) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < per_group; ++b) s += xa.block_sum[g * per_group + b];
+    out[g] = s;
+  }
+}
 
 // Growable, 64-byte aligned per-thread scratch memory for the SIMD files (instead of
 // std::vector<float>, whose instantiations there would be weak symbols, see above).

@@ -324,6 +324,76 @@ void f16_to_f32_neon(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = f16_bits_to_f32(x[i]);
 }
 
+// ---- qmatmul_q8 (8-bit activations, kernels.h) ----------------------------------------------
+
+// The int32 dot products of 16 weight bytes with their activations, one lane per uint32 word.
+// 4-bit: the low nibbles (even values) meet a_lo, the high nibbles (odd values) a_hi; 8-bit:
+// codes 0..255 are not int8, so they are split into nibbles and recombined as lo + 16 * hi.
+// SDOT (the dot-product extension, every Apple CPU) does a word per lane in one instruction;
+// without it, widening multiplies and two pairwise additions do the same.
+inline int32x4_t dot_words(uint8x16_t w, const int8_t* a_lo, const int8_t* a_hi, int bits) {
+  const uint8x16_t nibble = vdupq_n_u8(0x0f);
+  const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(w, nibble));
+  const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+  const int8x16_t x_lo = vld1q_s8(a_lo);
+  const int8x16_t x_hi = vld1q_s8(a_hi);
+#if defined(__ARM_FEATURE_DOTPROD)
+  const int32x4_t dl = vdotq_s32(vdupq_n_s32(0), lo, x_lo);
+  const int32x4_t dh = vdotq_s32(vdupq_n_s32(0), hi, x_hi);
+#else
+  auto dot = [](int8x16_t q, int8x16_t x) {
+    const int32x4_t p0 = vpaddlq_s16(vmull_s8(vget_low_s8(q), vget_low_s8(x)));
+    const int32x4_t p1 = vpaddlq_s16(vmull_high_s8(q, x));
+    return vpaddq_s32(p0, p1);
+  };
+  const int32x4_t dl = dot(lo, x_lo);
+  const int32x4_t dh = dot(hi, x_hi);
+#endif
+  return bits == 4 ? vaddq_s32(dl, dh) : vaddq_s32(dl, vshlq_n_s32(dh, 4));
+}
+
+// One 16-byte register covers 32 4-bit or 16 8-bit values: a single activation block and a
+// single weight group, so one scale s * d applies to the whole register.
+void qmatmul_q8_neon(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                     int64_t y_stride, int64_t rb, int64_t re) {
+  const int values = 128 / w.bits;  // per 16-byte register
+  const int64_t n_regs = w.cols / values;
+  const int64_t wpr = words_per_row(w);
+  const int64_t gpr = groups_per_row(w);
+  thread_local Scratch sums_buf, s_buf;
+  float* sums = sums_buf.floats(static_cast<size_t>(gpr));
+  float* sc = s_buf.floats(static_cast<size_t>(gpr));
+  for (int64_t t = 0; t < n_x; ++t) {
+    const Q8Activation& x = xa[t];
+    q8_group_sums(x, w.group_size, sums);
+    float* yt = y + t * y_stride;
+    for (int64_t r = rb; r < re; ++r) {
+      const auto* row = reinterpret_cast<const uint8_t*>(w.packed + r * wpr);
+      scales_to_f32(w.scales, w.scale_type, r * gpr, gpr, sc);
+      float32x4_t acc = vdupq_n_f32(0.0f);
+      for (int64_t k = 0; k < n_regs; ++k) {
+        const int64_t c0 = k * values;  // first value of the register
+        const int8_t* a_lo;
+        const int8_t* a_hi;
+        if (w.bits == 4) {
+          // Even values of the 128-value block first, then the odd ones (kernels.h).
+          a_lo = x.q + (c0 & ~int64_t{127}) + (c0 & 127) / 2;
+          a_hi = a_lo + 64;
+        } else {
+          a_lo = a_hi = x.q + c0;
+        }
+        const int32x4_t dots = dot_words(vld1q_u8(row + k * 16), a_lo, a_hi, w.bits);
+        const float scale = sc[c0 / w.group_size] * x.scale[c0 / kQ8Block];
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(dots), scale);
+      }
+      float bias = 0.0f;
+      for (int64_t g = 0; g < gpr; ++g)
+        bias += load_scale(w.biases, w.scale_type, r * gpr + g) * sums[g];
+      yt[r] = vaddvq_f32(acc) + bias;
+    }
+  }
+}
+
 void bf16_to_f32_neon(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, load_bf16x4(x + i));
@@ -338,6 +408,7 @@ const KernelTable& neon_kernels() {
     t.qmatvec = qmatvec_neon;
     t.qmatmul = qmatmul_neon;
     t.qdequant_row = qdequant_row_neon;
+    t.qmatmul_q8 = qmatmul_q8_neon;
     t.rms_norm = rms_norm_neon;
     t.dot_f32 = dot_f32_neon;
     t.dot_f16 = dot_f16_neon;

@@ -58,6 +58,42 @@ void qdequant_row_scalar(const QuantMatrix& w, int64_t row, float* out) {
   }
 }
 
+// The 8-bit-activation product (kernels.h): per block of kQ8Block values an exact integer
+// sum(q * a8), scaled by the block's d and the group's s; the bias multiplies the float32 group
+// sum of x. The SIMD versions compute the same integers and differ only in float rounding.
+void qmatvec_q8_one(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
+                    int64_t row_end) {
+  thread_local std::vector<float> sums;
+  sums.resize(static_cast<size_t>(groups_per_row(w)));
+  q8_group_sums(xa, w.group_size, sums.data());
+  const int64_t wpr = words_per_row(w);
+  const int64_t gpr = groups_per_row(w);
+  const int64_t blocks_per_group = w.group_size / kQ8Block;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint32_t* row = w.packed + r * wpr;
+    float acc = 0.0f;
+    for (int64_t g = 0; g < gpr; ++g) {
+      float sq = 0.0f;
+      for (int64_t blk = g * blocks_per_group; blk < (g + 1) * blocks_per_group; ++blk) {
+        int32_t isum = 0;
+        for (int64_t c = blk * kQ8Block; c < (blk + 1) * kQ8Block; ++c) {
+          isum += static_cast<int32_t>(quant_at(row, w.bits, c)) * xa.q[q8_index(w.bits, c)];
+        }
+        sq += xa.scale[blk] * static_cast<float>(isum);
+      }
+      const float s = load_scale(w.scales, w.scale_type, r * gpr + g);
+      const float b = load_scale(w.biases, w.scale_type, r * gpr + g);
+      acc += s * sq + b * sums[static_cast<size_t>(g)];
+    }
+    y[r] = acc;
+  }
+}
+
+void qmatmul_q8_scalar(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                       int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  for (int64_t t = 0; t < n_x; ++t) qmatvec_q8_one(w, xa[t], y + t * y_stride, row_begin, row_end);
+}
+
 // Dequantizes one weight row at a time (s * q + b in float32, like MLX's qmm) and reuses it for
 // every row of X.
 void qmatmul_scalar(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride,
@@ -166,6 +202,7 @@ const KernelTable& scalar_kernels() {
       .qmatvec = qmatvec_scalar,
       .qmatmul = qmatmul_scalar,
       .qdequant_row = qdequant_row_scalar,
+      .qmatmul_q8 = qmatmul_q8_scalar,
       .rms_norm = rms_norm_scalar,
       .gelu_tanh_mul = gelu_tanh_mul_scalar,
       .softcap = softcap_scalar,
