@@ -319,6 +319,16 @@ int cmd_perplexity(int argc, char** argv) {
 
 // Expert streaming statistics of a generation: the run's totals, the decode steps' averages
 // (the prefill is token_stats[0]) and one entry per forward pass.
+// s as the inside of a JSON string (device names are plain text; control characters dropped).
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out;
+}
+
 std::string expert_stats_json(const redwing::Engine& engine, const redwing::GenerateResult& r) {
   const redwing::ExpertStats run = engine.expert_stats();
   redwing::TokenStats decode;
@@ -378,6 +388,34 @@ std::string expert_stats_json(const redwing::Engine& engine, const redwing::Gene
                   i ? ", " : "", static_cast<unsigned long long>(t.expert_hits),
                   static_cast<unsigned long long>(t.expert_misses),
                   static_cast<unsigned long long>(t.bytes_read), t.io_wait_ms, t.compute_ms);
+    out += buf;
+  }
+  out += "]";
+  // A GPU backend's work per step (a submission is a host wait) and, with
+  // REDWING_GPU_PROFILE=1, device time per kernel over the whole run.
+  uint64_t decode_submissions = 0, decode_dispatches = 0;
+  for (size_t i = 1; i < r.token_stats.size(); ++i) {
+    decode_submissions += r.token_stats[i].submissions;
+    decode_dispatches += r.token_stats[i].dispatches;
+  }
+  const redwing::TokenStats none;
+  const redwing::TokenStats& prefill = r.token_stats.empty() ? none : r.token_stats[0];
+  std::snprintf(
+      buf, sizeof(buf),
+      ", \"backend\": \"%s\", \"prefill_submissions\": %llu, "
+      "\"prefill_dispatches\": %llu, \"decode_submissions_per_token\": %.3f, "
+      "\"decode_dispatches_per_token\": %.3f",
+      engine.backend().name().c_str(), static_cast<unsigned long long>(prefill.submissions),
+      static_cast<unsigned long long>(prefill.dispatches),
+      static_cast<double>(decode_submissions) / n, static_cast<double>(decode_dispatches) / n);
+  out += buf;
+  out += ", \"device\": \"" + json_escape(engine.backend().describe()) + "\"";
+  out += ", \"kernel_times\": [";
+  const auto timings = engine.backend().kernel_timings();
+  for (size_t i = 0; i < timings.size(); ++i) {
+    std::snprintf(buf, sizeof(buf), "%s{\"kernel\": \"%s\", \"dispatches\": %llu, \"ms\": %.3f}",
+                  i ? ", " : "", timings[i].kernel.c_str(),
+                  static_cast<unsigned long long>(timings[i].dispatches), timings[i].ms);
     out += buf;
   }
   out += "]";

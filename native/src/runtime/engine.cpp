@@ -153,6 +153,7 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
 
   // Per forward pass: expert counters and time, split into I/O wait and the rest.
   ForwardParts parts_before = model_->forward_parts();
+  Backend::WorkCounters work_before = backend().work_counters();
   auto step_stats = [&](const ExpertStats& before, double seconds) {
     const ExpertStats now = expert_stats();
     const ForwardParts& p = model_->forward_parts();
@@ -166,6 +167,10 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
     s.bytes_read = now.bytes_read - before.bytes_read;
     s.io_wait_ms = (now.io_wait_seconds - before.io_wait_seconds) * 1e3;
     s.compute_ms = seconds * 1e3 - s.io_wait_ms;
+    const Backend::WorkCounters work = backend().work_counters();
+    s.submissions = work.submissions - work_before.submissions;
+    s.dispatches = work.dispatches - work_before.dispatches;
+    work_before = work;
     result.token_stats.push_back(s);
   };
   auto t0 = std::chrono::steady_clock::now();

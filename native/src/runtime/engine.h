@@ -54,6 +54,8 @@ struct TokenStats {
   double io_wait_ms = 0;  // waiting for expert reads with nothing else to do
   double compute_ms = 0;  // the rest of the forward pass
   ForwardParts parts;     // wall time per part of the forward pass (experts include io_wait_ms)
+  // A GPU backend's command submissions and kernel dispatches (zero on the CPU).
+  uint64_t submissions = 0, dispatches = 0;
 };
 
 struct GenerateResult {

@@ -34,6 +34,8 @@ enum class Kernel : int {
   attention_partial,
   attention_combine,
   route,
+  moe_matvec,
+  moe_combine,
   count,
 };
 const char* kernel_name(Kernel k);

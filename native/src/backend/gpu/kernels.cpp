@@ -10,6 +10,8 @@
 #include "gpu_kernels/embed.h"
 #include "gpu_kernels/gather_rows.h"
 #include "gpu_kernels/kv_store.h"
+#include "gpu_kernels/moe_combine.h"
+#include "gpu_kernels/moe_matvec.h"
 #include "gpu_kernels/qmatmul.h"
 #include "gpu_kernels/qmatvec.h"
 #include "gpu_kernels/rms_norm.h"
@@ -39,6 +41,8 @@ const KernelCode kKernels[] = {
     {"attention_partial", spirv_attention_partial},
     {"attention_combine", spirv_attention_combine},
     {"route", spirv_route},
+    {"moe_matvec", spirv_moe_matvec},
+    {"moe_combine", spirv_moe_combine},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
