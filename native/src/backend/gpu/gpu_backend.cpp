@@ -1,9 +1,10 @@
 // The GPU backend over the device layer (device.h). Nothing here is specific to one GPU API.
 //
 // Ops are recorded, not run: the device batches them into one submission until the host needs
-// data (download, route) or the device's per-batch resources fill up. A decode step of a dense
-// model is therefore one submission, and one more per MoE layer (route returns the experts to
-// the host). Between ops, a barrier is recorded only when the next op touches a buffer that an
+// data (download, route) or the device's per-batch resources fill up. A decode step is therefore
+// one submission, MoE models included when every expert is resident: route_to keeps the chosen
+// experts in device memory and routed_experts reads them there (a prefill chunk, or route(),
+// still brings them to the host). Between ops, a barrier is recorded only when the next op touches a buffer that an
 // op since the last barrier wrote (or writes one that such an op read).
 //
 // Host data an op needs (token ids, gather rows, RoPE tables) goes into an upload ring that is
