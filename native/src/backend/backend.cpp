@@ -3,6 +3,8 @@
 // against.
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -113,6 +115,45 @@ void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& r
     scatter_add_rows(y.row_range(r0, n), group.first, group.second, out);
     r0 += n;
   }
+}
+
+void Backend::penalize_logits(Mat row, std::span<const int32_t> ids, float penalty) {
+  if (row.rows != 1) throw std::logic_error("penalize_logits: one row");
+  std::vector<float> host(static_cast<size_t>(row.cols));
+  const size_t at = static_cast<size_t>(row.offset) * sizeof(float);
+  download(*row.buf, at, host.data(), host.size() * sizeof(float));
+  for (int32_t id : ids) {
+    if (id < 0 || id >= row.cols) throw std::logic_error("penalize_logits: id outside the row");
+    float& l = host[static_cast<size_t>(id)];
+    l = l < 0.0f ? l * penalty : l / penalty;
+  }
+  upload(*row.buf, at, host.data(), host.size() * sizeof(float));
+}
+
+Backend::TopLogits Backend::top_logits(Mat row, int k) {
+  if (row.rows != 1 || k <= 0) throw std::logic_error("top_logits: one row, k > 0");
+  std::vector<float> host(static_cast<size_t>(row.cols));
+  download(*row.buf, static_cast<size_t>(row.offset) * sizeof(float), host.data(),
+           host.size() * sizeof(float));
+  TopLogits out;
+  for (float l : host) out.finite = out.finite && std::isfinite(l);
+  if (!out.finite) return out;
+  out.max = *std::max_element(host.begin(), host.end());
+  for (float l : host) out.exp_sum += std::exp(static_cast<double>(l) - out.max);
+  std::vector<int32_t> order(host.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  const size_t kept = std::min(order.size(), static_cast<size_t>(k));
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept), order.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float la = host[static_cast<size_t>(a)];
+                      const float lb = host[static_cast<size_t>(b)];
+                      return la > lb || (la == lb && a < b);
+                    });
+  for (size_t i = 0; i < kept; ++i) {
+    out.ids.push_back(order[i]);
+    out.logits.push_back(host[static_cast<size_t>(order[i])]);
+  }
+  return out;
 }
 
 }  // namespace redwing

@@ -244,6 +244,25 @@ class Backend {
   virtual void routed_experts(const ExpertBank& bank, Mat x, const Buffer& routes, int top_k,
                               Mat out);
 
+  // ---- sampling on the backend (runtime/sampler.h decides how they are used) ----
+  // Whether sampling should read the logits where they are (top_logits) rather than download
+  // the whole row: true for a GPU, false for the CPU (its logits are host memory already).
+  virtual bool samples_in_place() const { return false; }
+  // The sampler's repetition penalty on one row: logits[ids[i]] = l < 0 ? l * penalty :
+  // l / penalty for each id (distinct, inside the row).
+  virtual void penalize_logits(Mat row, std::span<const int32_t> ids, float penalty);
+  // The k largest logits of one row, largest first (ties: lower id); the row's max and the sum
+  // of exp(l - max) over the row (what top-p needs); finite == false when any logit is inf or
+  // NaN (then the rest is meaningless). The default downloads the row.
+  struct TopLogits {
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+    float max = 0;
+    double exp_sum = 0;
+    bool finite = true;
+  };
+  virtual TopLogits top_logits(Mat row, int k);
+
  protected:
   // A backend whose buffers depend on state of its own (a GPU device) calls this before that
   // state goes.

@@ -173,13 +173,16 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
     work_before = work;
     result.token_stats.push_back(s);
   };
+  // A GPU samples where the logits are: only the top candidates come back, not the whole row.
+  const bool in_place = backend().samples_in_place();
+  const LogitsFor last_logits = in_place ? LogitsFor::last_kept : LogitsFor::last;
   auto t0 = std::chrono::steady_clock::now();
   ExpertStats before = expert_stats();
   const size_t step = static_cast<size_t>(options_.chunk);
   for (size_t i = 0; i < prompt.size(); i += step) {
     const size_t n = std::min(step, prompt.size() - i);
     const bool last = i + n == prompt.size();
-    model_->forward(prompt.subspan(i, n), cache, last ? LogitsFor::last : LogitsFor::none, logits);
+    model_->forward(prompt.subspan(i, n), cache, last ? last_logits : LogitsFor::none, logits);
   }
   result.prefill_seconds = seconds_since(t0);
   step_stats(before, result.prefill_seconds);
@@ -188,7 +191,9 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
   const auto& eos = arch().eos_token_ids;
   result.stop_reason = "length";
   for (int k = 0; k < max_new; ++k) {
-    const int32_t token = sampler.sample(logits, history);
+    const int32_t token = in_place
+                              ? sampler.sample_in_place(backend(), model_->kept_logits(), history)
+                              : sampler.sample(logits, history);
     result.tokens.push_back(token);
     history.push_back(token);
     if (on_token) on_token(token);
@@ -200,7 +205,7 @@ GenerateResult Engine::generate(std::span<const int32_t> prompt, int max_new,
     logits.clear();
     const auto t_step = std::chrono::steady_clock::now();
     before = expert_stats();
-    model_->forward(std::span<const int32_t>(&token, 1), cache, LogitsFor::last, logits);
+    model_->forward(std::span<const int32_t>(&token, 1), cache, last_logits, logits);
     step_stats(before, seconds_since(t_step));
   }
   result.decode_seconds = seconds_since(t0);

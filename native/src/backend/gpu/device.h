@@ -36,6 +36,9 @@ enum class Kernel : int {
   route,
   moe_matvec,
   moe_combine,
+  penalize,
+  topk_partial,
+  topk_merge,
   count,
 };
 const char* kernel_name(Kernel k);

@@ -4,8 +4,8 @@
 // data (download, route) or the device's per-batch resources fill up. A decode step is therefore
 // one submission, MoE models included when every expert is resident: route_to keeps the chosen
 // experts in device memory and routed_experts reads them there (a prefill chunk, or route(),
-// still brings them to the host). Between ops, a barrier is recorded only when the next op touches a buffer that an
-// op since the last barrier wrote (or writes one that such an op read).
+// still brings them to the host). Between ops, a barrier is recorded only when the next op touches
+// a buffer that an op since the last barrier wrote (or writes one that such an op read).
 //
 // Host data an op needs (token ids, gather rows, RoPE tables) goes into an upload ring that is
 // reused after every submission. Views larger than one storage binding may cover
@@ -129,6 +129,18 @@ struct MoeMatvecParams {
 struct MoeCombineParams {
   uint32_t rows, cols, top_k, y_offset, y_stride, out_offset, out_stride;
 };
+struct PenalizeParams {
+  uint32_t count, offset;
+  float penalty;
+};
+struct TopkParams {
+  uint32_t n, offset, k, chunk;
+};
+struct TopkMergeParams {
+  uint32_t groups, k;
+};
+constexpr int kMaxSampleK = 64;          // topk_partial.comp's MAX_K
+constexpr uint32_t kSampleChunk = 1024;  // logits per topk_partial workgroup
 enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
 
 constexpr uint32_t kAttentionSplit = 256;  // attention_partial.comp's SPLIT
@@ -540,6 +552,63 @@ class GpuBackend final : public Backend {
       experts_grouped_on_host(*bank, x, routes, top_k, out);
   }
 
+  // ---- sampling ----
+
+  bool samples_in_place() const override { return true; }
+
+  void penalize_logits(Mat row, std::span<const int32_t> ids, float penalty) override {
+    if (row.rows != 1) throw std::logic_error("penalize_logits: one row");
+    for (int32_t id : ids)
+      if (id < 0 || id >= row.cols) throw std::logic_error("penalize_logits: id outside the row");
+    if (ids.empty()) return;
+    const Binding ib = upload_host(ids.data(), ids.size_bytes());
+    const View v = view(row);
+    PenalizeParams p{u32(static_cast<int64_t>(ids.size())), v.offset, penalty};
+    touch({ib.buffer, v.b.buffer}, {v.b.buffer});
+    const Binding binds[] = {v.b, ib};
+    dispatch_linear(Kernel::penalize, binds, &p, sizeof p, (ids.size() + 63) / 64);
+  }
+
+  TopLogits top_logits(Mat row, int k) override {
+    if (row.rows != 1 || k <= 0) throw std::logic_error("top_logits: one row, k > 0");
+    if (k > kMaxSampleK) return Backend::top_logits(row, k);
+    const uint32_t uk = static_cast<uint32_t>(k);
+    const uint32_t groups = u32((row.cols + kSampleChunk - 1) / kSampleChunk);
+    const size_t stride = (2 * static_cast<size_t>(uk) + 3) * sizeof(uint32_t);
+    const size_t partial_bytes = groups * stride;
+    if (!sample_partials_ || sample_partials_->size_bytes() < partial_bytes)
+      sample_partials_ = dev_->create_buffer(std::max<size_t>(partial_bytes, 1 << 16));
+    if (!sample_result_) sample_result_ = dev_->create_buffer(4096);
+    const View v = view(row);
+    TopkParams p{u32(row.cols), v.offset, uk, kSampleChunk};
+    const Binding partials{sample_partials_.get(), 0, partial_bytes};
+    touch({v.b.buffer}, {sample_partials_.get()});
+    const Binding binds[] = {v.b, partials};
+    dispatch_linear(Kernel::topk_partial, binds, &p, sizeof p, groups);
+    TopkMergeParams m{groups, uk};
+    touch({sample_partials_.get()}, {sample_result_.get()});
+    const Binding mbinds[] = {partials, Binding{sample_result_.get(), 0, stride}};
+    dispatch_linear(Kernel::topk_merge, mbinds, &m, sizeof m, 1);
+    std::vector<uint32_t> words(2 * static_cast<size_t>(uk) + 3);
+    dev_->read(*sample_result_, 0, words.data(), stride);
+    after_flush();
+    TopLogits out;
+    out.finite = words[2 * uk + 2] == 0;
+    float f;
+    std::memcpy(&f, &words[2 * uk], sizeof f);
+    out.max = f;
+    std::memcpy(&f, &words[2 * uk + 1], sizeof f);
+    out.exp_sum = f;
+    for (uint32_t j = 0; j < uk; ++j) {
+      const auto id = static_cast<int32_t>(words[j]);
+      if (id < 0) break;
+      std::memcpy(&f, &words[uk + j], sizeof f);
+      out.ids.push_back(id);
+      out.logits.push_back(f);
+    }
+    return out;
+  }
+
  private:
   template <typename PartsOf>
   StackedExperts stack_experts(size_t experts, PartsOf&& parts_of) {
@@ -869,6 +938,7 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> partials_;
   std::unique_ptr<DeviceBuffer> route_out_;
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
+  std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;
   std::unordered_set<const DeviceBuffer*> written_, read_;
   uint64_t hazard_epoch_ = UINT64_MAX;
 };
