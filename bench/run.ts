@@ -7,6 +7,7 @@ import { runServerLoadBench } from "./server-load.ts";
 import { runStreamingBench } from "./streaming.ts";
 import { runCachePolicyBench } from "./cache-policy.ts";
 import { runVsLlamaCppBench } from "./vs-llama-cpp.ts";
+import { runGpuBench } from "./gpu.ts";
 
 const benches: Record<string, () => Promise<unknown>> = {
   kernels: runKernelBench,
@@ -16,15 +17,17 @@ const benches: Record<string, () => Promise<unknown>> = {
   streaming: runStreamingBench,
   "cache-policy": runCachePolicyBench,
   "vs-llama-cpp": runVsLlamaCppBench,
+  gpu: runGpuBench,
 };
 
 // Names are the arguments that are neither options nor an option's value (`--model DIR`).
 const args = process.argv.slice(2);
 const requested = args.filter((arg, i) => !arg.startsWith("-") && !args[i - 1]?.startsWith("--"));
-// vs-llama-cpp installs its peer from the npm registry and writes two 14 GB models: it runs only
-// when named.
+// vs-llama-cpp installs its peer from the npm registry and writes two 14 GB models, and gpu needs
+// a Vulkan device: they run only when named.
+const onlyNamed = new Set(["vs-llama-cpp", "gpu"]);
 const names =
-  requested.length > 0 ? requested : Object.keys(benches).filter((n) => n !== "vs-llama-cpp");
+  requested.length > 0 ? requested : Object.keys(benches).filter((n) => !onlyNamed.has(n));
 for (const name of names) {
   const bench = benches[name];
   if (!bench) {

@@ -13,6 +13,7 @@
 #include "backend/backend_select.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "runtime/sampler.h"
 #if defined(REDWING_HAVE_VULKAN)
 #include "backend/gpu/gpu_backend.h"
 #endif
@@ -237,6 +238,146 @@ TEST_CASE("gpu: gather, scatter-add and routing match the CPU") {
     CHECK(ic == ig);
     CHECK(max_rel(wg, wc) < 1e-5);
   }
+}
+
+TEST_CASE("gpu: routing kept on the device and the routed experts match the CPU") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  const int experts = 6, top_k = 3;
+  int seed = 300;
+  for (int bits : {4, 8})
+    for (DType st : {DType::bf16, DType::f32}) {
+      const int64_t hidden = 64, inter = 96, group = 32;
+      std::vector<HostQuant> host;  // gate, up, down per expert
+      for (int e = 0; e < experts; ++e) {
+        host.emplace_back(inter, hidden, bits, group, st, static_cast<uint64_t>(seed++));
+        host.emplace_back(inter, hidden, bits, group, st, static_cast<uint64_t>(seed++));
+        host.emplace_back(hidden, inter, bits, group, st, static_cast<uint64_t>(seed++));
+      }
+      std::vector<HostQuantMatrix> gate, up, down;
+      for (int e = 0; e < experts; ++e) {
+        gate.push_back(host[static_cast<size_t>(3 * e)].m);
+        up.push_back(host[static_cast<size_t>(3 * e + 1)].m);
+        down.push_back(host[static_cast<size_t>(3 * e + 2)].m);
+      }
+      auto bank_cpu = cpu->import_experts(gate, up, down);
+      auto bank_gpu = gpu->import_experts(gate, up, down);
+      const auto pes = randn(static_cast<size_t>(experts), 31);
+      auto pes_cpu = put(*cpu, pes), pes_gpu = put(*gpu, pes);
+      // 1 and 3 tokens: the ids stay on the device; 9: they come to the host (prefill path).
+      for (int64_t t : {1, 3, 9}) {
+        CAPTURE(bits);
+        CAPTURE(static_cast<int>(st));
+        CAPTURE(t);
+        auto logits = randn(static_cast<size_t>(t * experts), static_cast<uint64_t>(seed++));
+        logits[1] = logits[4];  // a tie in the first row: the lower index goes first
+        const size_t count = static_cast<size_t>(t * top_k);
+        auto lc = put(*cpu, logits), lg = put(*gpu, logits);
+        auto rc = cpu->alloc(route_buffer_bytes(count)), rg = gpu->alloc(route_buffer_bytes(count));
+        const auto x = randn(static_cast<size_t>(t * hidden), static_cast<uint64_t>(seed++));
+        auto xc = put(*cpu, x), xg = put(*gpu, x);
+        auto oc = cpu->alloc(static_cast<size_t>(t * hidden) * 4);
+        auto og = gpu->alloc(static_cast<size_t>(t * hidden) * 4);
+        const uint64_t submitted = gpu->work_counters().submissions;
+        cpu->route_to(Mat{lc.get(), 0, t, experts, experts}, top_k, *pes_cpu, *rc);
+        gpu->route_to(Mat{lg.get(), 0, t, experts, experts}, top_k, *pes_gpu, *rg);
+        cpu->routed_experts(*bank_cpu, Mat{xc.get(), 0, t, hidden, hidden}, *rc, top_k,
+                            Mat{oc.get(), 0, t, hidden, hidden});
+        gpu->routed_experts(*bank_gpu, Mat{xg.get(), 0, t, hidden, hidden}, *rg, top_k,
+                            Mat{og.get(), 0, t, hidden, hidden});
+        // Decode: routing and the experts' products were only recorded (no host round trip).
+        if (t <= 3) CHECK(gpu->work_counters().submissions == submitted);
+        std::vector<int32_t> ic(count), ig(count);
+        std::vector<float> wc(count), wg(count);
+        cpu->download(*rc, 0, ic.data(), count * 4);
+        gpu->download(*rg, 0, ig.data(), count * 4);
+        cpu->download(*rc, route_weights_offset(count), wc.data(), count * 4);
+        gpu->download(*rg, route_weights_offset(count), wg.data(), count * 4);
+        CHECK(ic == ig);
+        CHECK(max_rel(wg, wc) < 1e-5);
+        CHECK(max_rel(get(*gpu, *og), get(*cpu, *oc)) < 1e-4);
+      }
+      // A bank belongs to the backend that imported it.
+      auto r = gpu->alloc(route_buffer_bytes(top_k));
+      auto xo = gpu->alloc(static_cast<size_t>(hidden) * 4);
+      CHECK_THROWS_AS(gpu->routed_experts(*bank_cpu, Mat{xo.get(), 0, 1, hidden, hidden}, *r, top_k,
+                                          Mat{xo.get(), 0, 1, hidden, hidden}),
+                      std::logic_error);
+    }
+}
+
+TEST_CASE("gpu: sampling in place gives the CPU sampler's seeded choices") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  const int64_t vocab = 5003;  // five workgroups of the first pass, the last one partial
+  auto logits = randn(static_cast<size_t>(vocab), 41, 3.0f);
+  const float top = *std::max_element(logits.begin(), logits.end());
+  logits[4000] = logits[17] = top + 1.0f;  // a tie at the top: the lower id wins
+  logits[2500] = logits[2501] = top - 0.5f;
+  const std::vector<int32_t> history = {5, 17, 4000, 17, 9, 2500, 77, 5};
+
+  // The candidates themselves: ids, logits, max and exp-sum, against the host default.
+  for (int k : {1, 7, 64}) {
+    auto lc = put(*cpu, logits), lg = put(*gpu, logits);
+    const auto a = cpu->top_logits(Mat{lc.get(), 0, 1, vocab, vocab}, k);
+    const auto b = gpu->top_logits(Mat{lg.get(), 0, 1, vocab, vocab}, k);
+    CHECK(a.ids == b.ids);
+    CHECK(a.logits == b.logits);
+    CHECK(a.max == b.max);
+    CHECK(std::abs(a.exp_sum - b.exp_sum) / a.exp_sum < 1e-5);
+    CHECK(b.finite);
+  }
+
+  std::vector<SamplerConfig> configs;
+  auto config = [&](float t, int k, float p, float penalty) {
+    SamplerConfig c;
+    c.temperature = t;
+    c.top_k = k;
+    c.top_p = p;
+    c.repetition_penalty = penalty;
+    configs.push_back(c);
+  };
+  config(0.0f, 64, 0.95f, 1.0f);  // greedy
+  config(0.0f, 64, 0.95f, 1.5f);  // greedy after the penalty
+  config(0.7f, 64, 0.95f, 1.3f);  // the defaults' shape, with a penalty
+  config(1.0f, 10, 1.0f, 1.0f);   // top-k only
+  config(1.5f, 40, 0.5f, 1.1f);   // a tight top-p
+  config(0.8f, 0, 0.9f, 1.0f);    // no top-k: the row is downloaded
+  int in_place_draws = 0;
+  for (size_t ci = 0; ci < configs.size(); ++ci)
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      SamplerConfig c = configs[ci];
+      c.seed = seed;
+      Sampler on_cpu(c), on_gpu(c);
+      for (int step = 0; step < 4; ++step) {
+        CAPTURE(ci);
+        CAPTURE(seed);
+        CAPTURE(step);
+        std::vector<float> host = logits;
+        const int32_t expected = on_cpu.sample(host, history);
+        auto row = put(*gpu, logits);
+        const uint64_t before = gpu->work_counters().submissions;
+        const int32_t got =
+            on_gpu.sample_in_place(*gpu, Mat{row.get(), 0, 1, vocab, vocab}, history);
+        CHECK(got == expected);
+        if (c.top_k > 0) {
+          // The penalty and both passes run in one submission; only the candidates come back.
+          CHECK(gpu->work_counters().submissions == before + 1);
+          ++in_place_draws;
+        }
+      }
+    }
+  CHECK(in_place_draws == 5 * 6 * 4);
+
+  // A NaN logit is the sampler's error, naming the entry, on the in-place path too.
+  auto bad = logits;
+  bad[123] = std::nanf("");
+  auto row = put(*gpu, bad);
+  SamplerConfig c;
+  c.temperature = 0.7f;
+  Sampler s(c);
+  CHECK_THROWS_WITH_AS(s.sample_in_place(*gpu, Mat{row.get(), 0, 1, vocab, vocab}, history),
+                       doctest::Contains("entry 123"), NonFiniteLogits);
 }
 
 TEST_CASE("gpu: KV store and attention match the CPU (f32 and f16, windows, rings, GQA)") {

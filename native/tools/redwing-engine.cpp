@@ -345,6 +345,8 @@ struct TokenStats {
   double io_wait_ms = 0;        // waiting for expert reads with nothing else to do
   double compute_ms = 0;        // the rest of the forward pass
   redwing::ForwardParts parts;  // wall time per part (experts include io_wait_ms)
+  // A GPU backend's command submissions and kernel dispatches (zero on the CPU).
+  uint64_t submissions = 0, dispatches = 0;
 };
 
 // Per forward pass of a generation: expert counters and time, split into I/O wait and the rest,
@@ -354,7 +356,8 @@ class ForwardRecorder {
   explicit ForwardRecorder(redwing::Engine& engine)
       : engine_(engine),
         experts_before_(engine.expert_stats()),
-        parts_before_(engine.model().forward_parts()) {}
+        parts_before_(engine.model().forward_parts()),
+        work_before_(engine.backend().work_counters()) {}
 
   void record(double seconds, bool prefill) {
     const redwing::ExpertStats now = engine_.expert_stats();
@@ -369,6 +372,10 @@ class ForwardRecorder {
     s.bytes_read = now.bytes_read - experts_before_.bytes_read;
     s.io_wait_ms = (now.io_wait_seconds - experts_before_.io_wait_seconds) * 1e3;
     s.compute_ms = seconds * 1e3 - s.io_wait_ms;
+    const redwing::Backend::WorkCounters work = engine_.backend().work_counters();
+    s.submissions = work.submissions - work_before_.submissions;
+    s.dispatches = work.dispatches - work_before_.dispatches;
+    work_before_ = work;
     parts_before_ = p;
     experts_before_ = now;
     if (prefill && !stats_.empty()) {  // another chunk of the prompt
@@ -378,6 +385,8 @@ class ForwardRecorder {
       t.bytes_read += s.bytes_read;
       t.io_wait_ms += s.io_wait_ms;
       t.compute_ms += s.compute_ms;
+      t.submissions += s.submissions;
+      t.dispatches += s.dispatches;
       t.parts.embed_ms += s.parts.embed_ms;
       t.parts.attention_ms += s.parts.attention_ms;
       t.parts.router_ms += s.parts.router_ms;
@@ -394,8 +403,19 @@ class ForwardRecorder {
   redwing::Engine& engine_;
   redwing::ExpertStats experts_before_;
   redwing::ForwardParts parts_before_;
+  redwing::Backend::WorkCounters work_before_;
   std::vector<TokenStats> stats_;  // [0] the prefill, then one per decode forward pass
 };
+
+// s as the inside of a JSON string (device names are plain text; control characters dropped).
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out;
+}
 
 // Expert streaming statistics of a generation: the run's totals, the decode steps' averages
 // (the prefill is token_stats[0]) and one entry per forward pass.
@@ -459,6 +479,34 @@ std::string expert_stats_json(const redwing::Engine& engine,
                   i ? ", " : "", static_cast<unsigned long long>(t.expert_hits),
                   static_cast<unsigned long long>(t.expert_misses),
                   static_cast<unsigned long long>(t.bytes_read), t.io_wait_ms, t.compute_ms);
+    out += buf;
+  }
+  out += "]";
+  // A GPU backend's work per step (a submission is a host wait) and, with
+  // REDWING_GPU_PROFILE=1, device time per kernel over the whole run.
+  uint64_t decode_submissions = 0, decode_dispatches = 0;
+  for (size_t i = 1; i < token_stats.size(); ++i) {
+    decode_submissions += token_stats[i].submissions;
+    decode_dispatches += token_stats[i].dispatches;
+  }
+  const TokenStats none;
+  const TokenStats& prefill = token_stats.empty() ? none : token_stats[0];
+  std::snprintf(
+      buf, sizeof(buf),
+      ", \"backend\": \"%s\", \"prefill_submissions\": %llu, "
+      "\"prefill_dispatches\": %llu, \"decode_submissions_per_token\": %.3f, "
+      "\"decode_dispatches_per_token\": %.3f",
+      engine.backend().name().c_str(), static_cast<unsigned long long>(prefill.submissions),
+      static_cast<unsigned long long>(prefill.dispatches),
+      static_cast<double>(decode_submissions) / n, static_cast<double>(decode_dispatches) / n);
+  out += buf;
+  out += ", \"device\": \"" + json_escape(engine.backend().describe()) + "\"";
+  out += ", \"kernel_times\": [";
+  const auto timings = engine.backend().kernel_timings();
+  for (size_t i = 0; i < timings.size(); ++i) {
+    std::snprintf(buf, sizeof(buf), "%s{\"kernel\": \"%s\", \"dispatches\": %llu, \"ms\": %.3f}",
+                  i ? ", " : "", timings[i].kernel.c_str(),
+                  static_cast<unsigned long long>(timings[i].dispatches), timings[i].ms);
     out += buf;
   }
   out += "]";

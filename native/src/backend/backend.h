@@ -125,6 +125,16 @@ enum class ActivationPrecision : uint8_t { exact, int8 };
 ActivationPrecision parse_activation_precision(const std::string& s);
 const char* activation_precision_name(ActivationPrecision p);
 
+// Every expert of one MoE layer, imported together (Backend::import_experts). The default
+// bank holds each expert's matrices as ordinary weights; a GPU backend stacks them so that a
+// kernel can pick an expert by an id it reads from device memory.
+class ExpertBank {
+ public:
+  virtual ~ExpertBank() = default;
+  int num_experts = 0;
+  int64_t hidden = 0, intermediate = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -134,6 +144,21 @@ class Backend {
   // Device memory this backend holds now (weights, KV cache, activations), counted apart from
   // the process's host memory; 0 for backends whose buffers are host memory (the CPU).
   virtual uint64_t device_memory_bytes() const { return 0; }
+  // Work a queueing backend (a GPU) has recorded since it was made, for benchmarks: command
+  // submissions (each one a host wait) and kernel dispatches. Zero for the CPU.
+  struct WorkCounters {
+    uint64_t submissions = 0;
+    uint64_t dispatches = 0;
+  };
+  virtual WorkCounters work_counters() const { return {}; }
+  // Device time per kernel since the backend was made, where it measures it (a GPU backend with
+  // REDWING_GPU_PROFILE=1); empty otherwise.
+  struct KernelTiming {
+    std::string kernel;
+    uint64_t dispatches = 0;
+    double ms = 0;
+  };
+  virtual std::vector<KernelTiming> kernel_timings() const { return {}; }
 
   // ---- memory ----
   // Zero-initialized backend memory.
@@ -204,11 +229,70 @@ class Backend {
                          Mat out) = 0;
 
   // ---- mixture-of-experts routing (result returned to the host) ----
+  // (route_to and routed_experts below keep the routing in backend memory instead.)
   // For each row t of `logits` (one score per expert): p = softmax(row); the top_k experts by
   // p (ties: lower index); weights = p_top / sum(p_top) * per_expert_scale[expert].
   // Writes idx[t * top_k + j] and weights[t * top_k + j] in descending p order.
   virtual void route(Mat logits, int top_k, const Buffer& per_expert_scale, int32_t* idx,
                      float* weights) = 0;
+
+  // ---- mixture of experts with the routing kept in backend memory ----
+  // When every expert of a layer is resident, the model imports them as one bank, writes the
+  // router's choice into a backend buffer (route_to) and runs the chosen experts from it
+  // (routed_experts): a GPU reads the ids on the device, so a decode step needs no host round
+  // trip. The defaults below do the same on the host through the ops above (the CPU backend
+  // uses them: the exact reference).
+  //
+  // Every expert of one MoE layer: gate and up [intermediate, hidden], down [hidden,
+  // intermediate] per expert, all with the same quantization. The host memory must outlive the
+  // bank (as for import_qweight).
+  virtual std::unique_ptr<ExpertBank> import_experts(std::span<const HostQuantMatrix> gate,
+                                                     std::span<const HostQuantMatrix> up,
+                                                     std::span<const HostQuantMatrix> down);
+  // route() into `routes` (at least route_buffer_bytes(logits.rows * top_k) bytes): the ids as
+  // int32 from byte 0, the weights as float32 from byte route_weights_offset(count).
+  virtual void route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes);
+  // out[t] = sum over row t's top_k experts in `routes`, in ascending expert id, of
+  // weight * down(gelu_tanh(gate x[t]) * up x[t]); out is overwritten. The default downloads
+  // the routes and runs each chosen expert once over the rows that picked it.
+  virtual void routed_experts(const ExpertBank& bank, Mat x, const Buffer& routes, int top_k,
+                              Mat out);
+
+  // ---- sampling on the backend (runtime/sampler.h decides how they are used) ----
+  // Whether sampling should read the logits where they are (top_logits) rather than download
+  // the whole row: true for a GPU, false for the CPU (its logits are host memory already).
+  virtual bool samples_in_place() const { return false; }
+  // The sampler's repetition penalty on one row: logits[ids[i]] = l < 0 ? l * penalty :
+  // l / penalty for each id (distinct, inside the row).
+  virtual void penalize_logits(Mat row, std::span<const int32_t> ids, float penalty);
+  // The k largest logits of one row, largest first (ties: lower id); the row's max and the sum
+  // of exp(l - max) over the row (what top-p needs); finite == false when any logit is inf or
+  // NaN (then the rest is meaningless). The default downloads the row.
+  struct TopLogits {
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+    float max = 0;
+    double exp_sum = 0;
+    bool finite = true;
+  };
+  virtual TopLogits top_logits(Mat row, int k);
+
+ protected:
+  // A backend whose buffers depend on state of its own (a GPU device) calls this before that
+  // state goes.
+  void release_default_scratch() {
+    moe_in_.reset(), moe_gate_.reset(), moe_up_.reset(), moe_out_.reset();
+  }
+
+ private:
+  // Scratch of the default routed_experts, kept between calls.
+  std::unique_ptr<Buffer> moe_in_, moe_gate_, moe_up_, moe_out_;
 };
+
+// Where route_to puts the weights of `count` routed rows, and the buffer size it needs.
+constexpr size_t route_weights_offset(size_t count) { return (count * 4 + 255) / 256 * 256; }
+constexpr size_t route_buffer_bytes(size_t count) {
+  return route_weights_offset(count) + count * 4;
+}
 
 }  // namespace redwing

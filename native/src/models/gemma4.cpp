@@ -76,20 +76,23 @@ class Gemma4 final : public Model {
       }
       layers_.push_back(std::move(l));
     }
-    // Resident experts are imported once, at load (a GPU backend uploads them all now rather
-    // than inside the first tokens); streamed ones are imported per call in moe_branch.
-    if (experts_ != nullptr && experts_->stable()) {
+    // Resident experts are imported once, at load, each layer's as one bank (a GPU backend
+    // uploads them all now and picks them by ids it keeps on the device); streamed ones are
+    // imported per call in moe_branch.
+    if (experts_ != nullptr && experts_->stable() && experts_->holds_every_expert()) {
+      banks_.resize(static_cast<size_t>(arch_.num_layers));
       for (int i = 0; i < arch_.num_layers; ++i) {
         if (!arch_.layers[static_cast<size_t>(i)].moe) continue;
         std::vector<int32_t> all(static_cast<size_t>(arch_.moe->num_experts));
         for (size_t e = 0; e < all.size(); ++e) all[e] = static_cast<int32_t>(e);
         const auto mats = experts_->acquire(i, all);
-        for (size_t e = 0; e < all.size(); ++e) {
-          ImportedExpert& x = imported_[{i, all[e]}];
-          x.gate = backend.import_qweight(mats[e].gate);
-          x.up = backend.import_qweight(mats[e].up);
-          x.down = backend.import_qweight(mats[e].down);
+        std::vector<HostQuantMatrix> gate, up, down;
+        for (const ExpertMatrices& m : mats) {
+          gate.push_back(m.gate);
+          up.push_back(m.up);
+          down.push_back(m.down);
         }
+        banks_[static_cast<size_t>(i)] = backend.import_experts(gate, up, down);
         experts_->release(i);
       }
     }
@@ -120,8 +123,11 @@ class Gemma4 final : public Model {
       // MoE layers route first and announce their experts, so a streaming expert source
       // reads the missing ones while the dense MLP runs.
       const bool moe = arch_.layers[static_cast<size_t>(i)].moe;
+      const bool banked = moe && !banks_.empty();
       Routing routing;
-      if (moe) {
+      if (banked) {
+        timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
+      } else if (moe) {
         timed(parts_.router_ms, [&] {
           routing = route(i, l, x);
           experts_->prefetch(i, routing.ids);
@@ -136,7 +142,7 @@ class Gemma4 final : public Model {
       if (moe) {
         backend_.rms_norm(m, l.post_ffn_norm_1.get(), off, eps, m);  // h1
         timed(parts_.experts_ms, [&] {
-          Mat h2 = moe_branch(i, l, x, routing);
+          Mat h2 = banked ? banked_experts(i, l, x) : moe_branch(i, l, x, routing);
           backend_.add(m, h2, m);
         });
       }
@@ -151,6 +157,8 @@ class Gemma4 final : public Model {
         gemma::output_logits(backend_, arch_, *norm_, *embed_, x, 0, T, scratch_, logits);
       else if (which == LogitsFor::last)
         gemma::output_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_, logits);
+      else if (which == LogitsFor::last_kept)
+        kept_logits_ = gemma::head_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_);
     });
   }
 
@@ -174,17 +182,51 @@ class Gemma4 final : public Model {
     std::vector<std::vector<float>> weights;
   };
 
-  Routing route(int layer, const Layer& l, Mat r) {
-    const MoeConfig& moe = *arch_.moe;
-    const int64_t T = r.rows;
+  // The router's logits for the residual r [T, hidden] (on the un-normed residual).
+  Mat router_logits(const Layer& l, Mat r) {
     const int64_t hidden = arch_.hidden_size;
-    // Router, on the un-normed residual.
-    Mat z = scratch_.get(kRouterIn, T, hidden);
+    Mat z = scratch_.get(kRouterIn, r.rows, hidden);
     backend_.rms_norm(r, nullptr, 0.0f, arch_.rms_norm_eps, z);
     backend_.mul_cols(z, *l.router_scale,
                       static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)));
-    Mat rl = scratch_.get(kRouterLogits, T, moe.num_experts);
+    Mat rl = scratch_.get(kRouterLogits, r.rows, arch_.moe->num_experts);
     backend_.qmatmul(*l.router_proj, z, rl);
+    return rl;
+  }
+
+  // The router's choice for the residual r, into routes_ (backend memory: no host round trip
+  // unless a routing hook must see the ids).
+  void route_to_backend(int layer, const Layer& l, Mat r) {
+    const MoeConfig& moe = *arch_.moe;
+    const size_t count = static_cast<size_t>(r.rows) * static_cast<size_t>(moe.top_k);
+    if (!routes_ || routes_->size_bytes() < route_buffer_bytes(count))
+      routes_ = backend_.alloc(route_buffer_bytes(count));
+    backend_.route_to(router_logits(l, r), moe.top_k, *l.per_expert_scale, *routes_);
+    if (routing_hook_ != nullptr) {
+      std::vector<int32_t> idx(count);
+      backend_.download(*routes_, 0, idx.data(), idx.size() * sizeof(int32_t));
+      routing_hook_->apply(layer, r.rows, moe.top_k, moe.num_experts, idx.data());
+      backend_.upload(*routes_, 0, idx.data(), idx.size() * sizeof(int32_t));
+    }
+  }
+
+  // h2 of moe_branch with the layer's experts in one bank and the routing in routes_.
+  Mat banked_experts(int layer, const Layer& l, Mat r) {
+    const float eps = arch_.rms_norm_eps;
+    const float off = arch_.norm_weight_offset;
+    Mat e_in = scratch_.get(kExpertIn, r.rows, arch_.hidden_size);
+    backend_.rms_norm(r, l.pre_ffn_norm_2.get(), off, eps, e_in);
+    Mat sum = scratch_.get(kExpertSum, r.rows, arch_.hidden_size);
+    backend_.routed_experts(*banks_[static_cast<size_t>(layer)], e_in, *routes_, arch_.moe->top_k,
+                            sum);
+    backend_.rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, sum);
+    return sum;
+  }
+
+  Routing route(int layer, const Layer& l, Mat r) {
+    const MoeConfig& moe = *arch_.moe;
+    const int64_t T = r.rows;
+    Mat rl = router_logits(l, r);
     std::vector<int32_t> idx(static_cast<size_t>(T * moe.top_k));
     std::vector<float> wts(idx.size());
     backend_.route(rl, moe.top_k, *l.per_expert_scale, idx.data(), wts.data());
@@ -313,6 +355,10 @@ class Gemma4 final : public Model {
   Backend& backend_;
   ExpertSource* experts_;
   std::map<std::pair<int, int32_t>, ImportedExpert> imported_;  // (layer, expert), stable()
+  // Per layer (null for dense ones) when every expert is resident; then routes_ holds the
+  // current layer's routing in backend memory.
+  std::vector<std::unique_ptr<ExpertBank>> banks_;
+  std::unique_ptr<Buffer> routes_;
   Scratch scratch_;
   std::unique_ptr<QWeight> embed_;
   std::unique_ptr<Buffer> norm_;

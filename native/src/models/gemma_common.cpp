@@ -113,15 +113,21 @@ void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& 
   backend.qmatmul(*w.down, g, out);
 }
 
-void output_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
-                   const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch,
-                   std::vector<float>& logits) {
-  if (n <= 0) return;
+Mat head_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
+                const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch) {
   Mat h = scratch.get(kHeadIn, n, arch.hidden_size);
   backend.rms_norm(x.row_range(r0, n), &final_norm, arch.norm_weight_offset, arch.rms_norm_eps, h);
   Mat l = scratch.get(kLogits, n, arch.vocab_size);
   backend.qmatmul(embed_tokens, h, l);  // tied head: the quantized embedding as output matrix
   if (arch.final_logit_softcap) backend.softcap(l, *arch.final_logit_softcap);
+  return l;
+}
+
+void output_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
+                   const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch,
+                   std::vector<float>& logits) {
+  if (n <= 0) return;
+  const Mat l = head_logits(backend, arch, final_norm, embed_tokens, x, r0, n, scratch);
   const size_t old = logits.size();
   const size_t count = checked::to_size_t(
       checked::size(checked::mul_i64(n, arch.vocab_size, "logits"), "logits"), "logits");

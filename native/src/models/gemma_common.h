@@ -82,8 +82,12 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
 // out = down(gelu_tanh(gate in) * up in). `out` may not alias `in`.
 void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& scratch);
 
-// logits = softcap(embed_tokens . norm(x[row])) for rows [r0, r0 + n) of x, appended to
-// `logits` on the host.
+// logits = softcap(embed_tokens . norm(x[row])) for rows [r0, r0 + n) of x, left in backend
+// memory (a scratch slot, valid until the next call).
+Mat head_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
+                const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch);
+
+// head_logits appended to `logits` on the host.
 void output_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
                    const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch,
                    std::vector<float>& logits);

@@ -16,7 +16,9 @@ namespace redwing {
 
 // Which positions of a forward call need logits. The output head is the most expensive product
 // of the network, so only the positions that will be read are computed.
-enum class LogitsFor { none, last, all };
+// last_kept: the last position's logits stay in backend memory (Model::kept_logits), for a
+// sampler that reads them there (Sampler::sample_in_place).
+enum class LogitsFor { none, last, all, last_kept };
 
 // Benchmark-only: replaces the router's choice of experts (runtime/routing_trace.h). Never set
 // in normal use: it changes the model's output.
@@ -43,6 +45,9 @@ class Model {
   virtual const Architecture& arch() const = 0;
   void set_routing_hook(RoutingHook* hook) { routing_hook_ = hook; }
   const ForwardParts& forward_parts() const { return parts_; }
+  // The logits row of the last forward() with LogitsFor::last_kept, in backend memory; valid
+  // until the next forward().
+  Mat kept_logits() const { return kept_logits_; }
 
   // Runs `tokens` at positions cache.length() .. cache.length() + tokens.size() - 1, stores their
   // keys and values in `cache` and advances it. Appends the logits of the positions `which`
@@ -54,6 +59,7 @@ class Model {
  protected:
   RoutingHook* routing_hook_ = nullptr;
   ForwardParts parts_;
+  Mat kept_logits_;
 
   // Runs f() and adds its wall time to `ms`.
   template <class F>

@@ -210,6 +210,9 @@ SessionResult Session::generate(const SessionRequest& request, const SessionCall
   }
 
   std::vector<float> logits;
+  // A GPU samples where the logits are: only the top candidates come back, not the whole row.
+  const bool in_place = engine_.backend().samples_in_place();
+  const LogitsFor last_logits = in_place ? LogitsFor::last_kept : LogitsFor::last;
   const size_t step = static_cast<size_t>(engine_.options().chunk);
   for (size_t i = static_cast<size_t>(reuse); i < prompt.size(); i += step) {
     if (is_cancelled()) {
@@ -221,7 +224,7 @@ SessionResult Session::generate(const SessionRequest& request, const SessionCall
     const bool last = i + n == prompt.size();
     const auto t_forward = std::chrono::steady_clock::now();
     engine_.model().forward(std::span<const int32_t>(prompt).subspan(i, n), cache_,
-                            last ? LogitsFor::last : LogitsFor::none, logits);
+                            last ? last_logits : LogitsFor::none, logits);
     if (cb.on_forward) cb.on_forward(static_cast<int64_t>(n), seconds_since(t_forward));
     tokens_.insert(tokens_.end(), prompt.begin() + static_cast<std::ptrdiff_t>(i),
                    prompt.begin() + static_cast<std::ptrdiff_t>(i + n));
@@ -240,7 +243,9 @@ SessionResult Session::generate(const SessionRequest& request, const SessionCall
       result.stop_reason = "cancelled";
       break;
     }
-    const int32_t token = sampler.sample(logits, history);
+    const int32_t token = in_place ? sampler.sample_in_place(engine_.backend(),
+                                                             engine_.model().kept_logits(), history)
+                                   : sampler.sample(logits, history);
     if (k == 0) result.ttft_seconds = seconds_since(t_start);
     result.tokens.push_back(token);
     history.push_back(token);
@@ -257,7 +262,7 @@ SessionResult Session::generate(const SessionRequest& request, const SessionCall
     if (k + 1 == request.max_new || cache_.length() >= context()) break;
     logits.clear();
     const auto t_forward = std::chrono::steady_clock::now();
-    engine_.model().forward(std::span<const int32_t>(&token, 1), cache_, LogitsFor::last, logits);
+    engine_.model().forward(std::span<const int32_t>(&token, 1), cache_, last_logits, logits);
     if (cb.on_forward) cb.on_forward(1, seconds_since(t_forward));
     tokens_.push_back(token);
   }

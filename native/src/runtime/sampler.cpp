@@ -64,14 +64,22 @@ Sampler::Sampler(const SamplerConfig& config) : config_(config), rng_(config.see
   if (config.repetition_context < 0) throw std::invalid_argument("repetition context must be >= 0");
 }
 
-void Sampler::penalize(std::span<float> logits, std::span<const int32_t> history) const {
-  const float penalty = config_.repetition_penalty;
-  if (penalty == 1.0f || config_.repetition_context == 0) return;
+std::vector<int32_t> Sampler::penalized_ids(std::span<const int32_t> history, size_t vocab) const {
+  std::vector<int32_t> ids;
+  if (config_.repetition_penalty == 1.0f || config_.repetition_context == 0) return ids;
   const size_t n = std::min(history.size(), static_cast<size_t>(config_.repetition_context));
   std::unordered_set<int32_t> seen;  // a repeated token is penalized once, as in mlx-lm
   for (size_t i = history.size() - n; i < history.size(); ++i) {
     int32_t t = history[i];
-    if (t < 0 || static_cast<size_t>(t) >= logits.size() || !seen.insert(t).second) continue;
+    if (t < 0 || static_cast<size_t>(t) >= vocab || !seen.insert(t).second) continue;
+    ids.push_back(t);
+  }
+  return ids;
+}
+
+void Sampler::penalize(std::span<float> logits, std::span<const int32_t> history) const {
+  const float penalty = config_.repetition_penalty;
+  for (int32_t t : penalized_ids(history, logits.size())) {
     float& l = logits[static_cast<size_t>(t)];
     l = l < 0.0f ? l * penalty : l / penalty;
   }
@@ -154,7 +162,10 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
     penalize(logits, history);
     return argmax(logits);
   }
-  std::vector<Candidate> c = candidates(logits, history);
+  return draw(candidates(logits, history));
+}
+
+int32_t Sampler::draw(const std::vector<Candidate>& c) {
   const double u = rng_.uniform();
   double acc = 0.0;
   for (const Candidate& x : c) {
@@ -162,6 +173,50 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
     if (u < acc) return x.id;
   }
   return c.back().id;  // u within rounding of 1
+}
+
+int32_t Sampler::sample_in_place(Backend& backend, Mat row, std::span<const int32_t> history) {
+  if (row.rows != 1 || row.cols <= 0) throw std::invalid_argument("no logits to sample from");
+  const size_t n = static_cast<size_t>(row.cols);
+  const bool greedy = config_.temperature == 0.0f;
+  const bool use_top_k = config_.top_k > 0 && static_cast<size_t>(config_.top_k) < n;
+  if (!backend.samples_in_place() || (!greedy && (!use_top_k || config_.top_k > kInPlaceTopK))) {
+    std::vector<float> logits(n);
+    backend.download(*row.buf, static_cast<size_t>(row.offset) * sizeof(float), logits.data(),
+                     n * sizeof(float));
+    return sample(logits, history);
+  }
+  const std::vector<int32_t> ids = penalized_ids(history, n);
+  if (!ids.empty()) backend.penalize_logits(row, ids, config_.repetition_penalty);
+  const Backend::TopLogits top = backend.top_logits(row, greedy ? 1 : config_.top_k);
+  if (!top.finite || top.ids.empty()) {
+    std::vector<float> logits(n);  // name the first bad entry, as sample() does
+    backend.download(*row.buf, static_cast<size_t>(row.offset) * sizeof(float), logits.data(),
+                     n * sizeof(float));
+    check_finite_logits(logits);
+    throw NonFiniteLogits("the model produced a non-finite logit");
+  }
+  if (greedy) return top.ids[0];
+  // candidates()'s steps 3-5 on the top_k most probable, in the same order and arithmetic.
+  const bool use_top_p = config_.top_p > 0.0f && config_.top_p < 1.0f;
+  const double max = top.max;
+  size_t kept = 0;
+  double mass_above = 0.0;
+  while (kept < top.ids.size()) {
+    if (use_top_p && mass_above >= config_.top_p) break;
+    mass_above += std::exp(static_cast<double>(top.logits[kept]) - max) / top.exp_sum;
+    ++kept;
+  }
+  std::vector<Candidate> out(kept);
+  const double inv_t = 1.0 / config_.temperature;
+  double z = 0.0;
+  for (size_t i = 0; i < kept; ++i) {
+    out[i].id = top.ids[i];
+    out[i].prob = std::exp((static_cast<double>(top.logits[i]) - max) * inv_t);
+    z += out[i].prob;
+  }
+  for (Candidate& c : out) c.prob /= z;
+  return draw(out);
 }
 
 }  // namespace redwing

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "backend/backend.h"
 #include "runtime/defaults.h"
 
 namespace redwing {
@@ -68,6 +69,14 @@ class Sampler {
   // Throws NonFiniteLogits when a logit is inf or NaN.
   int32_t sample(std::span<float> logits, std::span<const int32_t> history);
 
+  // The same choice from one row of logits held by `backend` (the row is modified in place by
+  // the penalty). A backend that samples in place (a GPU) returns only the top candidates, the
+  // max and the exp-sum (the rest of the work is then the same as sample()'s on at most top_k
+  // candidates); greedy and top_k up to kInPlaceTopK take that path, anything else downloads
+  // the row and calls sample(). Throws NonFiniteLogits as sample() does.
+  static constexpr int kInPlaceTopK = 64;
+  int32_t sample_in_place(Backend& backend, Mat row, std::span<const int32_t> history);
+
   // Steps 1-5 without the draw: the kept tokens, most probable first, with their final
   // probabilities (temperature must be > 0). Exposed for tests and diagnostics.
   std::vector<Candidate> candidates(std::span<float> logits,
@@ -75,6 +84,10 @@ class Sampler {
 
  private:
   void penalize(std::span<float> logits, std::span<const int32_t> history) const;
+  // The distinct ids penalize() changes, in the order it first meets them.
+  std::vector<int32_t> penalized_ids(std::span<const int32_t> history, size_t vocab) const;
+  // Step 5's draw over candidates whose probabilities sum to 1.
+  int32_t draw(const std::vector<Candidate>& c);
   SamplerConfig config_;
   Rng rng_;
 };

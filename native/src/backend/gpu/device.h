@@ -34,6 +34,11 @@ enum class Kernel : int {
   attention_partial,
   attention_combine,
   route,
+  moe_matvec,
+  moe_combine,
+  penalize,
+  topk_partial,
+  topk_merge,
   count,
 };
 const char* kernel_name(Kernel k);

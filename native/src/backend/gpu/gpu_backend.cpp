@@ -1,10 +1,11 @@
 // The GPU backend over the device layer (device.h). Nothing here is specific to one GPU API.
 //
 // Ops are recorded, not run: the device batches them into one submission until the host needs
-// data (download, route) or the device's per-batch resources fill up. A decode step of a dense
-// model is therefore one submission, and one more per MoE layer (route returns the experts to
-// the host). Between ops, a barrier is recorded only when the next op touches a buffer that an
-// op since the last barrier wrote (or writes one that such an op read).
+// data (download, route) or the device's per-batch resources fill up. A decode step is therefore
+// one submission, MoE models included when every expert is resident: route_to keeps the chosen
+// experts in device memory and routed_experts reads them there (a prefill chunk, or route(),
+// still brings them to the host). Between ops, a barrier is recorded only when the next op touches
+// a buffer that an op since the last barrier wrote (or writes one that such an op read).
 //
 // Host data an op needs (token ids, gather rows, RoPE tables) goes into an upload ring that is
 // reused after every submission. Views larger than one storage binding may cover
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -37,13 +39,35 @@ class GpuBuffer final : public Buffer {
 };
 
 // packed words, scales and biases in one device buffer, each section 256-byte aligned.
+// A weight may be one expert's matrix inside a bank's shared buffer (GpuExpertBank).
 class GpuQWeight final : public QWeight {
  public:
-  std::unique_ptr<DeviceBuffer> buf;
+  std::shared_ptr<DeviceBuffer> buf;
   size_t packed_offset = 0, scales_offset = 0, biases_offset = 0;
   size_t row_bytes = 0;    // packed bytes per row
   size_t scale_bytes = 0;  // bytes per scale (2 or 4)
   uint32_t bits = 4, group_size = 64, scale_type = 0;
+};
+
+// Every expert of a layer in two device buffers: gate and up stacked as one [2 * intermediate,
+// hidden] matrix per expert (gate rows first), and down. Within a buffer every expert's packed
+// rows, scales and biases start at a multiple of 256 bytes, so each expert is also an ordinary
+// weight (the views below, used by the prefill path).
+struct StackedExperts {
+  std::shared_ptr<DeviceBuffer> buf;
+  int64_t rows = 0, cols = 0;  // of one expert
+  uint32_t bits = 4, group_size = 64, scale_type = 0;
+  size_t packed_stride = 0;  // bytes between experts' packed rows (from 0)
+  size_t scales_offset = 0;  // the scales section; biases follow at biases_offset
+  size_t biases_offset = 0;
+  size_t scale_stride = 0;  // bytes between experts' scales (and biases)
+  size_t scale_bytes = 2;
+  std::vector<std::unique_ptr<GpuQWeight>> views;  // per expert
+};
+
+class GpuExpertBank final : public ExpertBank {
+ public:
+  StackedExperts gate_up, down;
 };
 
 const DeviceBuffer& dev_of(const Buffer& b) { return *static_cast<const GpuBuffer&>(b).dev; }
@@ -98,6 +122,25 @@ struct CombineParams {
 struct RouteParams {
   uint32_t rows, experts, top_k, offset, stride;
 };
+struct MoeMatvecParams {
+  uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, bias0, x_offset,
+      x_stride, x_div, y_offset, y_stride, experts;
+};
+struct MoeCombineParams {
+  uint32_t rows, cols, top_k, y_offset, y_stride, out_offset, out_stride;
+};
+struct PenalizeParams {
+  uint32_t count, offset;
+  float penalty;
+};
+struct TopkParams {
+  uint32_t n, offset, k, chunk;
+};
+struct TopkMergeParams {
+  uint32_t groups, k;
+};
+constexpr int kMaxSampleK = 64;          // topk_partial.comp's MAX_K
+constexpr uint32_t kSampleChunk = 1024;  // logits per topk_partial workgroup
 enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
 
 constexpr uint32_t kAttentionSplit = 256;  // attention_partial.comp's SPLIT
@@ -122,12 +165,24 @@ class GpuBackend final : public Backend {
     } catch (...) {
     }
     if (profile_) print_profile();
+    release_default_scratch();
     ring_.reset();
     partials_.reset();
     route_out_.reset();
   }
 
   gpu::Device& device() { return *dev_; }
+
+  WorkCounters work_counters() const override { return {dev_->submissions(), dispatches_}; }
+  std::vector<KernelTiming> kernel_timings() const override {
+    std::vector<KernelTiming> out;
+    if (!profile_) return out;
+    const auto times = dev_->kernel_times();
+    for (size_t k = 0; k < times.size(); ++k)
+      if (times[k].dispatches > 0)
+        out.push_back({gpu::kernel_name(static_cast<Kernel>(k)), times[k].dispatches, times[k].ms});
+    return out;
+  }
 
   std::string name() const override { return dev_->info().api; }
   uint64_t device_memory_bytes() const override { return dev_->allocated_bytes(); }
@@ -266,10 +321,10 @@ class GpuBackend final : public Backend {
       if (matvec) {
         const uint64_t groups = static_cast<uint64_t>((n + 3) / 4);
         const auto [gx, gy] = grid(groups);
-        dev_->dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
+        dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
-        dev_->dispatch(Kernel::qmatmul, binds, &p, sizeof p, u32((n + 63) / 64),
-                       u32((x.rows + 7) / 8), 1);
+        dispatch(Kernel::qmatmul, binds, &p, sizeof p, u32((n + 63) / 64), u32((x.rows + 7) / 8),
+                 1);
       }
     });
   }
@@ -432,7 +487,298 @@ class GpuBackend final : public Backend {
     std::memcpy(weights, host.data() + weights_at, count * sizeof(float));
   }
 
+  // ---- mixture of experts with the routing on the device ----
+
+  std::unique_ptr<ExpertBank> import_experts(std::span<const HostQuantMatrix> gate,
+                                             std::span<const HostQuantMatrix> up,
+                                             std::span<const HostQuantMatrix> down) override {
+    if (gate.empty() || gate.size() != up.size() || gate.size() != down.size())
+      throw std::logic_error("import_experts: one gate, up and down per expert");
+    auto bank = std::make_unique<GpuExpertBank>();
+    bank->num_experts = static_cast<int>(gate.size());
+    bank->hidden = gate[0].cols;
+    bank->intermediate = gate[0].rows;
+    for (size_t e = 0; e < gate.size(); ++e)
+      if (gate[e].rows != bank->intermediate || up[e].rows != bank->intermediate ||
+          gate[e].cols != bank->hidden || up[e].cols != bank->hidden ||
+          down[e].rows != bank->hidden || down[e].cols != bank->intermediate)
+        throw std::logic_error("import_experts: expert " + std::to_string(e) + " has other shapes");
+    bank->gate_up = stack_experts(gate.size(), [&](size_t e) {
+      return std::vector<const HostQuantMatrix*>{&gate[e], &up[e]};
+    });
+    bank->down = stack_experts(
+        gate.size(), [&](size_t e) { return std::vector<const HostQuantMatrix*>{&down[e]}; });
+    return bank;
+  }
+
+  void route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes) override {
+    const int64_t n = logits.cols;
+    if (top_k <= 0 || top_k > n || top_k > kMaxTopK) throw std::logic_error("route: bad top_k");
+    if (per_expert_scale.size_bytes() < sizeof(float) * n)
+      throw std::logic_error("route: per_expert_scale too short");
+    const size_t count = static_cast<size_t>(logits.rows) * static_cast<size_t>(top_k);
+    if (routes.size_bytes() < route_buffer_bytes(count))
+      throw std::logic_error("route_to: routes buffer too small");
+    if (logits.rows == 0) return;
+    const View vl = view(logits);
+    const DeviceBuffer& pes = dev_of(per_expert_scale);
+    const DeviceBuffer& rb = dev_of(routes);
+    RouteParams p{u32(logits.rows), u32(n), u32(top_k), vl.offset, u32(logits.stride)};
+    touch({vl.b.buffer, &pes}, {&rb});
+    const Binding binds[] = {vl.b, whole(pes), Binding{&rb, 0, count * sizeof(int32_t)},
+                             Binding{&rb, route_weights_offset(count), count * sizeof(float)}};
+    dispatch_linear(Kernel::route, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(logits.rows) + 63) / 64);
+  }
+
+  void routed_experts(const ExpertBank& base, Mat x, const Buffer& routes, int top_k,
+                      Mat out) override {
+    const auto* bank = dynamic_cast<const GpuExpertBank*>(&base);
+    if (bank == nullptr) throw std::logic_error("routed_experts: a bank of another backend");
+    if (x.cols != bank->hidden || out.cols != bank->hidden || out.rows != x.rows)
+      throw std::logic_error("routed_experts: shape mismatch");
+    if (top_k <= 0 || top_k > kMaxTopK) throw std::logic_error("routed_experts: bad top_k");
+    const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
+    if (routes.size_bytes() < route_buffer_bytes(count))
+      throw std::logic_error("routed_experts: routes buffer too small");
+    if (x.rows == 0) return;
+    // Decode: every slot's products read their expert's id on the device. Prefill: the ids come
+    // to the host and each chosen expert runs once over all the rows that picked it (a product
+    // per slot would read the weights once per token).
+    if (x.rows <= kMatvecMaxTokens && fits_one_binding(bank->gate_up) &&
+        fits_one_binding(bank->down))
+      experts_on_device(*bank, x, routes, top_k, out);
+    else
+      experts_grouped_on_host(*bank, x, routes, top_k, out);
+  }
+
+  // ---- sampling ----
+
+  bool samples_in_place() const override { return true; }
+
+  void penalize_logits(Mat row, std::span<const int32_t> ids, float penalty) override {
+    if (row.rows != 1) throw std::logic_error("penalize_logits: one row");
+    for (int32_t id : ids)
+      if (id < 0 || id >= row.cols) throw std::logic_error("penalize_logits: id outside the row");
+    if (ids.empty()) return;
+    const Binding ib = upload_host(ids.data(), ids.size_bytes());
+    const View v = view(row);
+    PenalizeParams p{u32(static_cast<int64_t>(ids.size())), v.offset, penalty};
+    touch({ib.buffer, v.b.buffer}, {v.b.buffer});
+    const Binding binds[] = {v.b, ib};
+    dispatch_linear(Kernel::penalize, binds, &p, sizeof p, (ids.size() + 63) / 64);
+  }
+
+  TopLogits top_logits(Mat row, int k) override {
+    if (row.rows != 1 || k <= 0) throw std::logic_error("top_logits: one row, k > 0");
+    if (k > kMaxSampleK) return Backend::top_logits(row, k);
+    const uint32_t uk = static_cast<uint32_t>(k);
+    const uint32_t groups = u32((row.cols + kSampleChunk - 1) / kSampleChunk);
+    const size_t stride = (2 * static_cast<size_t>(uk) + 3) * sizeof(uint32_t);
+    const size_t partial_bytes = groups * stride;
+    if (!sample_partials_ || sample_partials_->size_bytes() < partial_bytes)
+      sample_partials_ = dev_->create_buffer(std::max<size_t>(partial_bytes, 1 << 16));
+    if (!sample_result_) sample_result_ = dev_->create_buffer(4096);
+    const View v = view(row);
+    TopkParams p{u32(row.cols), v.offset, uk, kSampleChunk};
+    const Binding partials{sample_partials_.get(), 0, partial_bytes};
+    touch({v.b.buffer}, {sample_partials_.get()});
+    const Binding binds[] = {v.b, partials};
+    dispatch_linear(Kernel::topk_partial, binds, &p, sizeof p, groups);
+    TopkMergeParams m{groups, uk};
+    touch({sample_partials_.get()}, {sample_result_.get()});
+    const Binding mbinds[] = {partials, Binding{sample_result_.get(), 0, stride}};
+    dispatch_linear(Kernel::topk_merge, mbinds, &m, sizeof m, 1);
+    std::vector<uint32_t> words(2 * static_cast<size_t>(uk) + 3);
+    dev_->read(*sample_result_, 0, words.data(), stride);
+    after_flush();
+    TopLogits out;
+    out.finite = words[2 * uk + 2] == 0;
+    float f;
+    std::memcpy(&f, &words[2 * uk], sizeof f);
+    out.max = f;
+    std::memcpy(&f, &words[2 * uk + 1], sizeof f);
+    out.exp_sum = f;
+    for (uint32_t j = 0; j < uk; ++j) {
+      const auto id = static_cast<int32_t>(words[j]);
+      if (id < 0) break;
+      std::memcpy(&f, &words[uk + j], sizeof f);
+      out.ids.push_back(id);
+      out.logits.push_back(f);
+    }
+    return out;
+  }
+
  private:
+  template <typename PartsOf>
+  StackedExperts stack_experts(size_t experts, PartsOf&& parts_of) {
+    StackedExperts s;
+    const HostQuantMatrix& first = *parts_of(0)[0];
+    if (first.bits != 4 && first.bits != 8)
+      throw std::invalid_argument("gpu: unsupported bit width");
+    if (first.cols % first.group_size != 0 || first.group_size % 32 != 0)
+      throw std::invalid_argument("gpu: unsupported group size");
+    for (const HostQuantMatrix* m : parts_of(0)) s.rows += m->rows;
+    s.cols = first.cols;
+    s.bits = static_cast<uint32_t>(first.bits);
+    s.group_size = static_cast<uint32_t>(first.group_size);
+    s.scale_bytes = first.scale_dtype == DType::f32 ? 4 : 2;
+    s.scale_type = first.scale_dtype == DType::bf16 ? 0 : first.scale_dtype == DType::f16 ? 1 : 2;
+    const size_t row_bytes = static_cast<size_t>(s.cols) * s.bits / 8;
+    const size_t groups = static_cast<size_t>(s.cols / s.group_size);
+    s.packed_stride = align_up(static_cast<size_t>(s.rows) * row_bytes, 256);
+    s.scale_stride = align_up(static_cast<size_t>(s.rows) * groups * s.scale_bytes, 256);
+    s.scales_offset = experts * s.packed_stride;
+    s.biases_offset = s.scales_offset + experts * s.scale_stride;
+    s.buf = dev_->create_buffer(s.biases_offset + experts * s.scale_stride);
+    touch({}, {s.buf.get()});
+    for (size_t e = 0; e < experts; ++e) {
+      size_t packed_at = e * s.packed_stride, scales_at = e * s.scale_stride;
+      for (const HostQuantMatrix* m : parts_of(e)) {
+        if (m->cols != s.cols || m->bits != first.bits || m->group_size != first.group_size ||
+            m->scale_dtype != first.scale_dtype)
+          throw std::logic_error("import_experts: experts quantized differently");
+        const size_t packed = static_cast<size_t>(m->rows) * row_bytes;
+        const size_t scales = static_cast<size_t>(m->rows) * groups * s.scale_bytes;
+        dev_->write(*s.buf, packed_at, m->packed, packed);
+        dev_->write(*s.buf, s.scales_offset + scales_at, m->scales, scales);
+        dev_->write(*s.buf, s.biases_offset + scales_at, m->biases, scales);
+        packed_at += packed;
+        scales_at += scales;
+      }
+      auto w = std::make_unique<GpuQWeight>();
+      w->rows = s.rows;
+      w->cols = s.cols;
+      w->bits = s.bits;
+      w->group_size = s.group_size;
+      w->scale_type = s.scale_type;
+      w->scale_bytes = s.scale_bytes;
+      w->row_bytes = row_bytes;
+      w->buf = s.buf;
+      w->packed_offset = e * s.packed_stride;
+      w->scales_offset = s.scales_offset + e * s.scale_stride;
+      w->biases_offset = s.biases_offset + e * s.scale_stride;
+      s.views.push_back(std::move(w));
+    }
+    return s;
+  }
+
+  bool fits_one_binding(const StackedExperts& s) const {
+    return s.scales_offset <= max_binding_ && s.buf->size_bytes() - s.scales_offset <= max_binding_;
+  }
+
+  // y[slot] = W_{ids[slot]} x[slot / x_div] for the `slots` routed slots.
+  void moe_matvec(const StackedExperts& s, const GpuExpertBank& bank, Mat x, uint32_t x_div,
+                  const Binding& ids, uint32_t slots, Mat y) {
+    const View vx = view(x), vy = view(y);
+    MoeMatvecParams p{
+        u32(s.rows),
+        u32(s.cols),
+        s.bits,
+        s.group_size,
+        s.scale_type,
+        u32(static_cast<int64_t>(s.packed_stride / 4)),
+        u32(static_cast<int64_t>(s.scale_stride / s.scale_bytes)),
+        u32(static_cast<int64_t>((s.biases_offset - s.scales_offset) / s.scale_bytes)),
+        vx.offset,
+        u32(x.stride),
+        x_div,
+        vy.offset,
+        u32(y.stride),
+        u32(bank.num_experts)};
+    touch({vx.b.buffer, ids.buffer, s.buf.get()}, {vy.b.buffer});
+    const Binding binds[] = {
+        Binding{s.buf.get(), 0, s.scales_offset},
+        Binding{s.buf.get(), s.scales_offset, s.buf->size_bytes() - s.scales_offset}, vx.b, vy.b,
+        ids};
+    const auto [gx, gy] = grid(static_cast<uint64_t>((s.rows + 3) / 4));
+    dispatch(Kernel::moe_matvec, binds, &p, sizeof p, gx, gy, slots);
+  }
+
+  void experts_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
+                         Mat out) {
+    const int64_t slots = x.rows * top_k;
+    const int64_t inter = bank.intermediate;
+    const size_t count = static_cast<size_t>(slots);
+    const DeviceBuffer& rb = dev_of(routes);
+    const Binding ids{&rb, 0, count * sizeof(int32_t)};
+    const Binding weights{&rb, route_weights_offset(count), count * sizeof(float)};
+    Mat gu = scratch(moe_gate_up_, slots, 2 * inter);
+    Mat h = scratch(moe_hidden_, slots, inter);
+    Mat y = scratch(moe_out_, slots, bank.hidden);
+    moe_matvec(bank.gate_up, bank, x, u32(top_k), ids, u32(slots), gu);
+    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
+    moe_matvec(bank.down, bank, h, 1, ids, u32(slots), y);
+    const View vy = view(y), vo = view(out);
+    MoeCombineParams p{u32(x.rows),   u32(out.cols), u32(top_k),     vy.offset,
+                       u32(y.stride), vo.offset,     u32(out.stride)};
+    touch({vy.b.buffer, &rb}, {vo.b.buffer});
+    const Binding binds[] = {vy.b, ids, weights, vo.b};
+    dispatch_linear(Kernel::moe_combine, binds, &p, sizeof p,
+                    (static_cast<uint64_t>(x.rows) * out.cols + 63) / 64);
+  }
+
+  void experts_grouped_on_host(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
+                               Mat out) {
+    const int64_t T = x.rows;
+    const size_t count = static_cast<size_t>(T) * static_cast<size_t>(top_k);
+    std::vector<int32_t> idx(count);
+    std::vector<float> weights(count);
+    download(routes, 0, idx.data(), count * sizeof(int32_t));
+    download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
+    // Rows per expert, experts ascending (the CPU's order of accumulation).
+    std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>> groups;
+    for (int64_t t = 0; t < T; ++t)
+      for (int j = 0; j < top_k; ++j) {
+        const size_t i = static_cast<size_t>(t * top_k + j);
+        if (idx[i] < 0 || idx[i] >= bank.num_experts)
+          throw std::logic_error("routed_experts: expert id out of range");
+        auto& g = groups[idx[i]];
+        g.first.push_back(static_cast<int32_t>(t));
+        g.second.push_back(weights[i]);
+      }
+    const int64_t rows = static_cast<int64_t>(count);
+    const int64_t inter = bank.intermediate;
+    Mat in = scratch(moe_in_, rows, bank.hidden);
+    Mat gu = scratch(moe_gate_up_, rows, 2 * inter);
+    Mat h = scratch(moe_hidden_, rows, inter);
+    Mat y = scratch(moe_out_, rows, bank.hidden);
+    int64_t r0 = 0;
+    for (const auto& [e, group] : groups) {
+      const int64_t n = static_cast<int64_t>(group.first.size());
+      gather_rows(x, group.first, in.row_range(r0, n));
+      r0 += n;
+    }
+    r0 = 0;
+    for (const auto& [e, group] : groups) {
+      const int64_t n = static_cast<int64_t>(group.first.size());
+      qmatmul(*bank.gate_up.views[static_cast<size_t>(e)], in.row_range(r0, n),
+              gu.row_range(r0, n));
+      r0 += n;
+    }
+    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
+    r0 = 0;
+    for (const auto& [e, group] : groups) {
+      const int64_t n = static_cast<int64_t>(group.first.size());
+      qmatmul(*bank.down.views[static_cast<size_t>(e)], h.row_range(r0, n), y.row_range(r0, n));
+      r0 += n;
+    }
+    fill_zero(out);
+    r0 = 0;
+    for (const auto& [e, group] : groups) {
+      const int64_t n = static_cast<int64_t>(group.first.size());
+      scatter_add_rows(y.row_range(r0, n), group.first, group.second, out);
+      r0 += n;
+    }
+  }
+
+  // A [rows, cols] view of a backend scratch buffer, grown when too small.
+  Mat scratch(std::unique_ptr<Buffer>& b, int64_t rows, int64_t cols) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * sizeof(float);
+    if (!b || b->size_bytes() < bytes) b = alloc(bytes);
+    return Mat{b.get(), 0, rows, cols, cols};
+  }
+
   // A Mat bound for a kernel: the binding and the view's first element inside it.
   struct View {
     Binding b;
@@ -541,11 +887,16 @@ class GpuBackend final : public Backend {
     const uint64_t gx = std::min<uint64_t>(groups, 65535);
     return {static_cast<uint32_t>(gx), static_cast<uint32_t>((groups + gx - 1) / gx)};
   }
+  void dispatch(Kernel k, std::span<const Binding> binds, const void* push, size_t bytes,
+                uint32_t gx, uint32_t gy, uint32_t gz) {
+    ++dispatches_;
+    dev_->dispatch(k, binds, push, bytes, gx, gy, gz);
+  }
   void dispatch_linear(Kernel k, std::span<const Binding> binds, const void* push, size_t bytes,
                        uint64_t groups) {
     if (groups == 0) return;
     const auto [gx, gy] = grid(groups);
-    dev_->dispatch(k, binds, push, bytes, gx, gy, 1);
+    dispatch(k, binds, push, bytes, gx, gy, 1);
   }
 
   void elementwise(ElementOp op, Mat a, Mat b, Mat out, const Buffer* v, float s) {
@@ -577,6 +928,7 @@ class GpuBackend final : public Backend {
   }
 
   bool profile_ = false;
+  uint64_t dispatches_ = 0;
   std::unique_ptr<gpu::Device> dev_;
   uint64_t align_ = 16;
   uint64_t max_binding_ = 0;
@@ -585,6 +937,8 @@ class GpuBackend final : public Backend {
   uint64_t ring_epoch_ = UINT64_MAX;
   std::unique_ptr<DeviceBuffer> partials_;
   std::unique_ptr<DeviceBuffer> route_out_;
+  std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
+  std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;
   std::unordered_set<const DeviceBuffer*> written_, read_;
   uint64_t hazard_epoch_ = UINT64_MAX;
 };

@@ -10,12 +10,17 @@
 #include "gpu_kernels/embed.h"
 #include "gpu_kernels/gather_rows.h"
 #include "gpu_kernels/kv_store.h"
+#include "gpu_kernels/moe_combine.h"
+#include "gpu_kernels/moe_matvec.h"
+#include "gpu_kernels/penalize.h"
 #include "gpu_kernels/qmatmul.h"
 #include "gpu_kernels/qmatvec.h"
 #include "gpu_kernels/rms_norm.h"
 #include "gpu_kernels/rope.h"
 #include "gpu_kernels/route.h"
 #include "gpu_kernels/scatter_add_rows.h"
+#include "gpu_kernels/topk_merge.h"
+#include "gpu_kernels/topk_partial.h"
 
 namespace redwing::gpu {
 namespace {
@@ -39,6 +44,11 @@ const KernelCode kKernels[] = {
     {"attention_partial", spirv_attention_partial},
     {"attention_combine", spirv_attention_combine},
     {"route", spirv_route},
+    {"moe_matvec", spirv_moe_matvec},
+    {"moe_combine", spirv_moe_combine},
+    {"penalize", spirv_penalize},
+    {"topk_partial", spirv_topk_partial},
+    {"topk_merge", spirv_topk_merge},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 

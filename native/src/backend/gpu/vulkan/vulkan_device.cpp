@@ -165,6 +165,14 @@ class VulkanDevice final : public Device {
   VkCommandPool command_pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   bool recording_ = false;
+  // A batch is recorded into a chain of command buffers: every kDispatchesPerSubmit dispatches
+  // the current one is submitted without waiting, so the GPU runs the start of a decode step
+  // while the host records the rest; flush() submits the last one and waits for all of them.
+  static constexpr uint32_t kDispatchesPerSubmit = 64;
+  uint32_t dispatches_in_cmd_ = 0;
+  std::vector<VkCommandBuffer> in_flight_;  // submitted since the last flush, not waited for
+  std::vector<VkCommandBuffer> spare_;      // reset, ready for reuse
+  void submit_without_wait();
   VkFence fence_ = VK_NULL_HANDLE;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout pipeline_layout_ = VK_NULL_HANDLE;
@@ -294,7 +302,7 @@ VulkanDevice::VulkanDevice(int index) {
 }
 
 VulkanDevice::~VulkanDevice() {
-  if (recording_) {
+  if (recording_ || !in_flight_.empty()) {
     try {
       flush();
     } catch (...) {
@@ -384,10 +392,37 @@ VkCommandBuffer VulkanDevice::commands() {
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
-    if (timestamps_) vkCmdResetQueryPool(cmd_, query_pool_, 0, kMaxQueries);
     recording_ = true;
+    if (in_flight_.empty()) {
+      if (timestamps_) vkCmdResetQueryPool(cmd_, query_pool_, 0, kMaxQueries);
+    } else {
+      // The hazard tracking above the device knows nothing of the chain: order this buffer
+      // after everything submitted before it.
+      barrier();
+    }
   }
   return cmd_;
+}
+
+void VulkanDevice::submit_without_wait() {
+  check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+  recording_ = false;
+  dispatches_in_cmd_ = 0;
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd_;
+  check(vkQueueSubmit(queue_, 1, &si, VK_NULL_HANDLE), "vkQueueSubmit");
+  in_flight_.push_back(cmd_);
+  if (spare_.empty()) {
+    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    cai.commandPool = command_pool_;
+    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cai.commandBufferCount = 1;
+    check(vkAllocateCommandBuffers(device_, &cai, &cmd_), "vkAllocateCommandBuffers");
+  } else {
+    cmd_ = spare_.back();
+    spare_.pop_back();
+  }
 }
 
 VulkanDevice::Raw VulkanDevice::make_pooled(size_t bytes) {
@@ -570,6 +605,7 @@ void VulkanDevice::dispatch(Kernel kernel, std::span<const Binding> bindings, co
   vkCmdDispatch(cmd, gx, gy, gz);
   if (timestamps_)
     vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, query_pool_, queries_used_++);
+  if (++dispatches_in_cmd_ >= kDispatchesPerSubmit) submit_without_wait();
 }
 
 void VulkanDevice::barrier() {
@@ -600,17 +636,26 @@ void VulkanDevice::collect_timestamps() {
 }
 
 void VulkanDevice::flush() {
-  if (recording_) {
-    check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
-    recording_ = false;
+  if (recording_ || !in_flight_.empty()) {
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd_;
+    if (recording_) {
+      check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+      si.commandBufferCount = 1;
+      si.pCommandBuffers = &cmd_;
+    }
+    // With no buffer, the fence still signals once everything submitted before has run.
     check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
     ++submissions_;
     check(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
     check(vkResetFences(device_, 1, &fence_), "vkResetFences");
-    check(vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer");
+    if (recording_) check(vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer");
+    recording_ = false;
+    dispatches_in_cmd_ = 0;
+    for (VkCommandBuffer c : in_flight_) {
+      check(vkResetCommandBuffer(c, 0), "vkResetCommandBuffer");
+      spare_.push_back(c);
+    }
+    in_flight_.clear();
     collect_timestamps();
   }
   check(vkResetDescriptorPool(device_, descriptor_pool_, 0), "vkResetDescriptorPool");

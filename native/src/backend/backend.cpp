@@ -1,0 +1,159 @@
+// The host-side defaults of Backend's mixture-of-experts ops (backend.h), written over the other
+// ops: what the CPU backend runs, and the reference a GPU backend's own versions are tested
+// against.
+#include "backend/backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+namespace redwing {
+namespace {
+
+// The default bank: each expert's matrices as ordinary imported weights.
+class HostExpertBank final : public ExpertBank {
+ public:
+  struct Expert {
+    std::unique_ptr<QWeight> gate, up, down;
+  };
+  std::vector<Expert> experts;
+};
+
+// A [rows, cols] view of `buf`, grown (and zeroed) when too small.
+Mat scratch(Backend& b, std::unique_ptr<Buffer>& buf, int64_t rows, int64_t cols) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * sizeof(float);
+  if (!buf || buf->size_bytes() < bytes) buf = b.alloc(bytes);
+  return Mat{buf.get(), 0, rows, cols, cols};
+}
+
+}  // namespace
+
+std::unique_ptr<ExpertBank> Backend::import_experts(std::span<const HostQuantMatrix> gate,
+                                                    std::span<const HostQuantMatrix> up,
+                                                    std::span<const HostQuantMatrix> down) {
+  if (gate.empty() || gate.size() != up.size() || gate.size() != down.size())
+    throw std::logic_error("import_experts: one gate, up and down per expert");
+  auto bank = std::make_unique<HostExpertBank>();
+  bank->num_experts = static_cast<int>(gate.size());
+  bank->hidden = gate[0].cols;
+  bank->intermediate = gate[0].rows;
+  for (size_t e = 0; e < gate.size(); ++e) {
+    if (gate[e].rows != bank->intermediate || up[e].rows != bank->intermediate ||
+        gate[e].cols != bank->hidden || up[e].cols != bank->hidden ||
+        down[e].rows != bank->hidden || down[e].cols != bank->intermediate)
+      throw std::logic_error("import_experts: expert " + std::to_string(e) + " has other shapes");
+    bank->experts.push_back(
+        {import_qweight(gate[e]), import_qweight(up[e]), import_qweight(down[e])});
+  }
+  return bank;
+}
+
+void Backend::route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes) {
+  const size_t count = static_cast<size_t>(logits.rows) * static_cast<size_t>(top_k);
+  if (routes.size_bytes() < route_buffer_bytes(count))
+    throw std::logic_error("route_to: routes buffer too small");
+  std::vector<int32_t> idx(count);
+  std::vector<float> weights(count);
+  route(logits, top_k, per_expert_scale, idx.data(), weights.data());
+  upload(routes, 0, idx.data(), count * sizeof(int32_t));
+  upload(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
+}
+
+void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& routes, int top_k,
+                             Mat out) {
+  const auto* bank = dynamic_cast<const HostExpertBank*>(&bank_base);
+  if (bank == nullptr) throw std::logic_error("routed_experts: a bank of another backend");
+  if (x.cols != bank->hidden || out.cols != bank->hidden || out.rows != x.rows)
+    throw std::logic_error("routed_experts: shape mismatch");
+  const int64_t T = x.rows;
+  const size_t count = static_cast<size_t>(T) * static_cast<size_t>(top_k);
+  if (routes.size_bytes() < route_buffer_bytes(count))
+    throw std::logic_error("routed_experts: routes buffer too small");
+  std::vector<int32_t> idx(count);
+  std::vector<float> weights(count);
+  download(routes, 0, idx.data(), count * sizeof(int32_t));
+  download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
+
+  // Rows per expert, experts in ascending id (transformers' order of accumulation).
+  std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>> groups;
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < top_k; ++j) {
+      const size_t i = static_cast<size_t>(t * top_k + j);
+      if (idx[i] < 0 || idx[i] >= bank->num_experts)
+        throw std::logic_error("routed_experts: expert id out of range");
+      auto& g = groups[idx[i]];
+      g.first.push_back(static_cast<int32_t>(t));
+      g.second.push_back(weights[i]);
+    }
+
+  // Every chosen expert at once: the gate and up products as one batch, then the downs.
+  const int64_t rows = static_cast<int64_t>(count);
+  Mat in = scratch(*this, moe_in_, rows, bank->hidden);
+  Mat g = scratch(*this, moe_gate_, rows, bank->intermediate);
+  Mat u = scratch(*this, moe_up_, rows, bank->intermediate);
+  Mat y = scratch(*this, moe_out_, rows, bank->hidden);
+  std::vector<QProduct> gate_up, down;
+  int64_t r0 = 0;
+  for (const auto& [e, group] : groups) {
+    const auto& ex = bank->experts[static_cast<size_t>(e)];
+    const int64_t n = static_cast<int64_t>(group.first.size());
+    gather_rows(x, group.first, in.row_range(r0, n));
+    gate_up.push_back({ex.gate.get(), in.row_range(r0, n), g.row_range(r0, n)});
+    gate_up.push_back({ex.up.get(), in.row_range(r0, n), u.row_range(r0, n)});
+    down.push_back({ex.down.get(), g.row_range(r0, n), y.row_range(r0, n)});
+    r0 += n;
+  }
+  qmatmul_batch(gate_up);
+  gelu_tanh_mul(g, u, g);
+  qmatmul_batch(down);
+  fill_zero(out);
+  r0 = 0;
+  for (const auto& [e, group] : groups) {
+    const int64_t n = static_cast<int64_t>(group.first.size());
+    scatter_add_rows(y.row_range(r0, n), group.first, group.second, out);
+    r0 += n;
+  }
+}
+
+void Backend::penalize_logits(Mat row, std::span<const int32_t> ids, float penalty) {
+  if (row.rows != 1) throw std::logic_error("penalize_logits: one row");
+  std::vector<float> host(static_cast<size_t>(row.cols));
+  const size_t at = static_cast<size_t>(row.offset) * sizeof(float);
+  download(*row.buf, at, host.data(), host.size() * sizeof(float));
+  for (int32_t id : ids) {
+    if (id < 0 || id >= row.cols) throw std::logic_error("penalize_logits: id outside the row");
+    float& l = host[static_cast<size_t>(id)];
+    l = l < 0.0f ? l * penalty : l / penalty;
+  }
+  upload(*row.buf, at, host.data(), host.size() * sizeof(float));
+}
+
+Backend::TopLogits Backend::top_logits(Mat row, int k) {
+  if (row.rows != 1 || k <= 0) throw std::logic_error("top_logits: one row, k > 0");
+  std::vector<float> host(static_cast<size_t>(row.cols));
+  download(*row.buf, static_cast<size_t>(row.offset) * sizeof(float), host.data(),
+           host.size() * sizeof(float));
+  TopLogits out;
+  for (float l : host) out.finite = out.finite && std::isfinite(l);
+  if (!out.finite) return out;
+  out.max = *std::max_element(host.begin(), host.end());
+  for (float l : host) out.exp_sum += std::exp(static_cast<double>(l) - out.max);
+  std::vector<int32_t> order(host.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  const size_t kept = std::min(order.size(), static_cast<size_t>(k));
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept), order.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float la = host[static_cast<size_t>(a)];
+                      const float lb = host[static_cast<size_t>(b)];
+                      return la > lb || (la == lb && a < b);
+                    });
+  for (size_t i = 0; i < kept; ++i) {
+    out.ids.push_back(order[i]);
+    out.logits.push_back(host[static_cast<size_t>(order[i])]);
+  }
+  return out;
+}
+
+}  // namespace redwing
