@@ -5,12 +5,11 @@
  */
 import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
 import { request as httpRequest } from "node:http";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { enterTempHome, type TempHome } from "../../testkit/home.ts";
 import { writeRandomModel } from "../../testkit/random-model.ts";
 import { nativeBuildDir } from "../native.ts";
 import { hostAllowed, originAllowed, startServer, type RedwingServer } from "./server.ts";
@@ -129,17 +128,15 @@ describe("Host and Origin checks", () => {
 });
 
 describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
-  let home: string;
+  let home: TempHome | undefined;
   let server: RedwingServer;
   let port: number;
-  const savedHome = process.env.REDWING_HOME;
 
   beforeAll(async () => {
-    home = await mkdtemp(join(tmpdir(), "redwing-serve-hard-"));
-    process.env.REDWING_HOME = home;
+    home = await enterTempHome("redwing-serve-hard-");
     // A random-weight model with Gemma's full tokenizer (262k entries) and an 8K context: the
     // trained demo model's small vocabulary and 4K context would tokenize too fast to tell.
-    await writeRandomModel(join(home, "models", MODEL), { seed: 17 });
+    await writeRandomModel(join(home.dir, "models", MODEL), { seed: 17 });
     // The default body limit (4 MiB): the largest prompt a client can send.
     server = await startServer({ port: 0, context: CONTEXT, model: MODEL });
     port = Number(new URL(server.url).port);
@@ -147,9 +144,7 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
 
   afterAll(async () => {
     await server?.close();
-    if (savedHome === undefined) delete process.env.REDWING_HOME;
-    else process.env.REDWING_HOME = savedHome;
-    await rm(home, { recursive: true, force: true });
+    await home?.leave();
   });
 
   it("refuses a DNS-rebinding request (a foreign Host header) with 421", async () => {
