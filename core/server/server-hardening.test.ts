@@ -97,6 +97,29 @@ async function healthLatencyDuring(
   return { maxMs, probes };
 }
 
+/**
+ * Sends a too-long prompt (`postFromChild`) while probing `/health`: the request must be refused
+ * as too long (its message matching `reason`), and `/health` must have answered more than
+ * `minProbes` times, each within 100 ms.
+ */
+async function expectRefusedWhileHealthy(
+  server: RedwingServer,
+  path: string,
+  body: "prompt" | "messages",
+  repeat: number,
+  reason: RegExp,
+  minProbes: number,
+): Promise<void> {
+  const big = postFromChild(server, path, body, repeat);
+  const { maxMs, probes } = await healthLatencyDuring(server, big);
+  const res = await big;
+  expect(res.status).toBe(400);
+  expect(res.json.error!.code).toBe("context_length_exceeded");
+  expect(res.json.error!.message).toMatch(reason);
+  expect(probes).toBeGreaterThan(minProbes);
+  expect(maxMs).toBeLessThan(100);
+}
+
 describe("Host and Origin checks", () => {
   it("accepts loopback names at the server's port, and others only when allowed", () => {
     expect(hostAllowed("127.0.0.1:8080", 8080, [])).toBe(true);
@@ -186,26 +209,12 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
 
   it("/health answers within 100 ms while a 4 MB prompt is refused", async () => {
     // 4 MiB less 1 KiB of JSON around it: just under the default body limit.
-    const big = postFromChild(server, "/v1/completions", "prompt", 322_500);
-    const { maxMs, probes } = await healthLatencyDuring(server, big);
-    const res = await big;
-    expect(res.status).toBe(400);
-    expect(res.json.error!.code).toBe("context_length_exceeded");
-    expect(res.json.error!.message).toMatch(/characters/);
-    expect(probes).toBeGreaterThan(0);
-    expect(maxMs).toBeLessThan(100);
+    await expectRefusedWhileHealthy(server, "/v1/completions", "prompt", 322_500, /characters/, 0);
   }, 60_000);
 
   it("/health answers within 100 ms while a long prompt under the bound is tokenized", async () => {
     // 65,000 characters, under the character bound (8192 tokens × the longest token × 2), so
     // only tokenizing tells that it does not fit: a second or more of work, off the event loop.
-    const big = postFromChild(server, "/v1/chat/completions", "messages", 5_000);
-    const { maxMs, probes } = await healthLatencyDuring(server, big);
-    const res = await big;
-    expect(res.status).toBe(400);
-    expect(res.json.error!.code).toBe("context_length_exceeded");
-    expect(res.json.error!.message).toMatch(/tokens/);
-    expect(probes).toBeGreaterThan(3);
-    expect(maxMs).toBeLessThan(100);
+    await expectRefusedWhileHealthy(server, "/v1/chat/completions", "messages", 5_000, /tokens/, 3);
   }, 60_000);
 });
