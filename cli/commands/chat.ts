@@ -36,11 +36,21 @@ export interface GenerationCliOptions {
   json?: boolean;
 }
 
-export function intArg(min: number) {
+/** A commander parser for a whole-number option from `min` (to `max`, when given). */
+export function intArg(min: number, max?: number) {
   return (value: string): number => {
     const n = Number(value);
-    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min) {
-      throw new InvalidArgumentError(`expected an integer >= ${min}`);
+    if (
+      !/^\d+$/.test(value.trim()) ||
+      !Number.isSafeInteger(n) ||
+      n < min ||
+      (max !== undefined && n > max)
+    ) {
+      throw new InvalidArgumentError(
+        max === undefined
+          ? `expected an integer >= ${min}`
+          : `expected an integer from ${min} to ${max}`,
+      );
     }
     return n;
   };

@@ -1,8 +1,8 @@
-import { InvalidArgumentError, type Command } from "commander";
+import type { Command } from "commander";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { ENGINE_DEFAULTS, SERVER_DEFAULTS } from "../../core/defaults.ts";
 import { startServer } from "../../core/server/server.ts";
-import { addEngineOptions, parseByteSize } from "./chat.ts";
+import { addEngineOptions, intArg, parseByteSize } from "./chat.ts";
 
 interface ServeOptions {
   host: string;
@@ -21,16 +21,6 @@ interface ServeOptions {
   expertCacheSlots?: number;
   memoryBudget?: number;
   quiet?: boolean;
-}
-
-function intArg(min: number, max = Number.MAX_SAFE_INTEGER) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (!/^\d+$/.test(value.trim()) || n < min || n > max) {
-      throw new InvalidArgumentError(`expected an integer from ${min} to ${max}`);
-    }
-    return n;
-  };
 }
 
 function collect(value: string, previous: string[]): string[] {
