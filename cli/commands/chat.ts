@@ -36,11 +36,21 @@ export interface GenerationCliOptions {
   json?: boolean;
 }
 
-export function intArg(min: number) {
+/** A commander parser for a whole-number option from `min` (to `max`, when given). */
+export function intArg(min: number, max?: number) {
   return (value: string): number => {
     const n = Number(value);
-    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min) {
-      throw new InvalidArgumentError(`expected an integer >= ${min}`);
+    if (
+      !/^\d+$/.test(value.trim()) ||
+      !Number.isSafeInteger(n) ||
+      n < min ||
+      (max !== undefined && n > max)
+    ) {
+      throw new InvalidArgumentError(
+        max === undefined
+          ? `expected an integer >= ${min}`
+          : `expected an integer from ${min} to ${max}`,
+      );
     }
     return n;
   };
@@ -76,9 +86,22 @@ export function backendOption(): Option {
   ).choices(["cpu", "metal", "vulkan", "auto"]);
 }
 
+/** Adds the engine options (expert cache, memory budget, threads, backend) to a command. */
+export function addEngineOptions(cmd: Command): Command {
+  return cmd
+    .option(
+      "--expert-cache-slots <n>",
+      `experts kept in memory per MoE layer (default: ${ENGINE_DEFAULTS.expertCacheSlots}, or what --memory-budget allows)`,
+      intArg(0),
+    )
+    .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
+    .option("--threads <n>", "CPU threads (default: all)", intArg(1))
+    .addOption(backendOption());
+}
+
 /** Adds the model, sampling, engine and output options to a command. */
 export function addGenerationOptions(cmd: Command): Command {
-  return cmd
+  cmd
     .option(
       "--model <name-or-dir>",
       "installed model name or model directory (default: the demo model)",
@@ -119,15 +142,8 @@ export function addGenerationOptions(cmd: Command): Command {
       new Option("--stop <text>", "stop when the output contains this text (repeatable)")
         .argParser((v: string, prev: string[]) => [...prev, v])
         .default([]),
-    )
-    .option(
-      "--expert-cache-slots <n>",
-      `experts kept in memory per MoE layer (default: ${ENGINE_DEFAULTS.expertCacheSlots}, or what --memory-budget allows)`,
-      intArg(0),
-    )
-    .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
-    .option("--threads <n>", "CPU threads (default: all)", intArg(1))
-    .addOption(backendOption())
+    );
+  return addEngineOptions(cmd)
     .option("--quiet", "print only the generated text (no banner, no statistics)")
     .option("--json", "print one JSON object with the text and statistics instead of streaming");
 }

@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { redwingVersionLabel } from "../../core/version.ts";
 import { importCheckpoint, type ImportProgress } from "../../core/import/importer.ts";
+import { formatBytes } from "./install.ts";
 
 const PHASES: Record<ImportProgress["phase"], string> = {
   hashing: "hashing source",
@@ -8,12 +9,6 @@ const PHASES: Record<ImportProgress["phase"], string> = {
   experts: "experts",
   finishing: "finishing",
 };
-
-function formatBytes(n: number): string {
-  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
-  if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
-  return `${(n / 1e3).toFixed(0)} kB`;
-}
 
 /**
  * One progress line on stderr, rewritten in place on a terminal. When stderr is not a terminal

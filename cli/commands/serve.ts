@@ -1,8 +1,8 @@
-import { InvalidArgumentError, type Command } from "commander";
+import type { Command } from "commander";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { ENGINE_DEFAULTS, SERVER_DEFAULTS } from "../../core/defaults.ts";
 import { startServer } from "../../core/server/server.ts";
-import { backendOption, parseByteSize } from "./chat.ts";
+import { addEngineOptions, intArg, parseByteSize } from "./chat.ts";
 
 interface ServeOptions {
   host: string;
@@ -23,23 +23,13 @@ interface ServeOptions {
   quiet?: boolean;
 }
 
-function intArg(min: number, max = Number.MAX_SAFE_INTEGER) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (!/^\d+$/.test(value.trim()) || n < min || n > max) {
-      throw new InvalidArgumentError(`expected an integer from ${min} to ${max}`);
-    }
-    return n;
-  };
-}
-
 function collect(value: string, previous: string[]): string[] {
   return [...previous, value];
 }
 
 /** `redwing serve`: the OpenAI-compatible HTTP server (core/server). */
 export function registerServeCommand(program: Command): void {
-  program
+  const serve = program
     .command("serve")
     .description("Serve a model over an OpenAI-compatible HTTP API (loopback by default)")
     .option(
@@ -80,15 +70,8 @@ export function registerServeCommand(program: Command): void {
       "context size in tokens (prompt plus output)",
       intArg(1),
       ENGINE_DEFAULTS.context,
-    )
-    .option(
-      "--expert-cache-slots <n>",
-      `experts kept in memory per MoE layer (default: ${ENGINE_DEFAULTS.expertCacheSlots}, or what --memory-budget allows)`,
-      intArg(0),
-    )
-    .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
-    .option("--threads <n>", "CPU threads (default: all)", intArg(1))
-    .addOption(backendOption())
+    );
+  addEngineOptions(serve)
     .option("--quiet", "do not log requests")
     .action(async (opts: ServeOptions) => {
       const log = (line: string): void => void process.stderr.write(`redwing: ${line}\n`);

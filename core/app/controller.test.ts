@@ -102,6 +102,21 @@ async function exchange(conversationId: string, content: string): Promise<Messag
   return (await waitEvent(isDone(reply.id), from)).message;
 }
 
+/**
+ * Sends a message and waits for the first text of its reply; answers the reply's id and the
+ * index in `events` from which its events count.
+ */
+async function startReply(
+  conversationId: string,
+  content: string,
+): Promise<{ replyId: string; from: number }> {
+  const from = events.length;
+  const sent = await call("chat.send", { conversationId, content });
+  const replyId = sent.messages.at(-1)!.id;
+  await waitEvent(isDelta(replyId), from);
+  return { replyId, from };
+}
+
 async function freePort(): Promise<number> {
   const s = createServer();
   await new Promise<void>((r) => s.listen(0, "127.0.0.1", () => r()));
@@ -289,10 +304,7 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
   it("chat.stop ends a reply mid-way and keeps the text so far", async () => {
     await call("settings.update", { sampling: { maxNewTokens: 3000 } });
     const c = await call("chat.create", { title: "Stopping" });
-    const from = events.length;
-    const sent = await call("chat.send", { conversationId: c.id, content: "Tell a long story" });
-    const replyId = sent.messages[1]!.id;
-    await waitEvent(isDelta(replyId), from);
+    const { replyId, from } = await startReply(c.id, "Tell a long story");
     expect(await call("chat.stop", { conversationId: c.id })).toEqual({ ok: true });
     const m = (await waitEvent(isDone(replyId), from)).message;
     expect(m.finishReason).toBe("cancelled");
@@ -353,10 +365,7 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
   it("kill -9 of the service: crashed status, the reply fails with restart_engine, reload recovers", async () => {
     await call("settings.update", { sampling: { maxNewTokens: 3000 } });
     const c = await call("chat.create", {});
-    const from = events.length;
-    const sent = await call("chat.send", { conversationId: c.id, content: "Go on and on" });
-    const replyId = sent.messages[1]!.id;
-    await waitEvent(isDelta(replyId), from);
+    const { replyId, from } = await startReply(c.id, "Go on and on");
     const pid = (await call("engine.status")).pid!;
     process.kill(pid, "SIGKILL");
     const m = (await waitEvent(isDone(replyId), from)).message;
@@ -400,10 +409,7 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
 
     await call("settings.update", { sampling: { maxNewTokens: 150 } });
     const c = await call("chat.create", {});
-    const from = events.length;
-    const sent = await call("chat.send", { conversationId: c.id, content: "Long answer" });
-    const replyId = sent.messages[1]!.id;
-    await waitEvent(isDelta(replyId), from);
+    const { replyId } = await startReply(c.id, "Long answer");
     const request = fetch(`${on.url}/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },

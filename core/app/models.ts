@@ -6,14 +6,13 @@
  * Verify states live in memory and in `<dataDir>/verify.json`, keyed by model name and tied to
  * the manifest's modification time, so a reinstalled model starts unchecked again.
  */
-import { readdir, readFile, rename, rm, stat } from "node:fs/promises";
+import { readFile, rename, rm, stat } from "node:fs/promises";
 import { totalmem } from "node:os";
 import { join, resolve, sep } from "node:path";
 import { CATALOG } from "../catalog/catalog.ts";
 import { DEMO_MODEL_NAME, isDemoCreatedBy } from "../demo/demo.ts";
 import type { Manifest } from "../format/manifest.ts";
-import { isPartialDirName } from "../format/paths.ts";
-import { readManifest, verifyModelFiles } from "../format/read.ts";
+import { modelDirNames, readManifest, verifyModelFiles } from "../format/read.ts";
 import type { CatalogItem, EngineSettings, InstalledModel, VerifyState } from "./api.ts";
 import { writeFileAtomic } from "./conversations.ts";
 import { AppFailure } from "./errors.ts";
@@ -103,17 +102,8 @@ export class ModelsManager {
 
   /** Installed models (a readable manifest), sorted by name. */
   async entries(): Promise<ModelEntry[]> {
-    let names: string[];
-    try {
-      names = (await readdir(this.opts.modelsDir, { withFileTypes: true }))
-        .filter((e) => e.isDirectory() && !e.name.startsWith(".") && !isPartialDirName(e.name))
-        .map((e) => e.name);
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
-      throw error;
-    }
     const out: ModelEntry[] = [];
-    for (const name of names.sort()) {
+    for (const name of await modelDirNames(this.opts.modelsDir)) {
       const dir = join(this.opts.modelsDir, name);
       try {
         out.push(await this.read(name, dir));

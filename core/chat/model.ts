@@ -3,13 +3,12 @@
  * the built-in demo model, made on first use. Also the `models` listing (the memory figures come
  * from the engine's plan: cli/commands/models.ts).
  */
-import { readdir, stat } from "node:fs/promises";
+import { stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { DEMO_MODEL_NAME, ensureDemoModel, isDemoCreatedBy } from "../demo/demo.ts";
 import { UserError } from "../errors.ts";
 import type { Manifest } from "../format/manifest.ts";
-import { isPartialDirName } from "../format/paths.ts";
-import { readModelDir } from "../format/read.ts";
+import { modelDirNames, readModelDir } from "../format/read.ts";
 import { modelsDir } from "../paths.ts";
 
 export interface ResolvedModel {
@@ -67,17 +66,8 @@ export interface ModelInfo {
 
 /** Installed models (directories with a readable manifest), sorted by name. */
 export async function listModels(dir: string = modelsDir()): Promise<ModelInfo[]> {
-  let names: string[];
-  try {
-    names = (await readdir(dir, { withFileTypes: true }))
-      .filter((e) => e.isDirectory() && !isPartialDirName(e.name) && !e.name.startsWith("."))
-      .map((e) => e.name);
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
-    throw error;
-  }
   const out: ModelInfo[] = [];
-  for (const name of names.sort()) {
+  for (const name of await modelDirNames(dir)) {
     let manifest: Manifest;
     try {
       manifest = (await readModelDir(join(dir, name))).manifest;

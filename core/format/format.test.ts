@@ -14,20 +14,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { importCheckpoint } from "../import/importer.ts";
+import { importForTest as imp } from "../../testkit/import.ts";
 import { TINY_GEMMA4_MOE, writeTinyCheckpoint } from "../../testkit/checkpoints.ts";
 import { EXPERT_ALIGNMENT, TENSOR_ALIGNMENT, isQuantized, type Manifest } from "./manifest.ts";
 import { readModelDir, verifyModelFiles } from "./read.ts";
 import { ModelWriter, removeLeftovers, type QuantizedMeta } from "./writer.ts";
-
-/** Imports without fsync: the durability path is exercised by the CLI and kill tests. */
-function imp(
-  src: string,
-  dest: string,
-  options: Parameters<typeof importCheckpoint>[2] = {},
-): ReturnType<typeof importCheckpoint> {
-  return importCheckpoint(src, dest, { durable: false, ...options });
-}
 
 let root: string;
 let ckpt: string;

@@ -18,6 +18,22 @@ import {
 } from "./manifest.ts";
 import { isPartialDirName } from "./paths.ts";
 
+/**
+ * Names of the directories in a models folder that may hold a model (not hidden, not a writer's
+ * temporary directory), sorted; none when the folder does not exist.
+ */
+export async function modelDirNames(modelsDir: string): Promise<string[]> {
+  try {
+    return (await readdir(modelsDir, { withFileTypes: true }))
+      .filter((e) => e.isDirectory() && !e.name.startsWith(".") && !isPartialDirName(e.name))
+      .map((e) => e.name)
+      .sort();
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
+    throw error;
+  }
+}
+
 export interface ReadOptions {
   /** Rehash every file and compare with the manifest (slow: reads the whole model). */
   verifyHashes?: boolean;

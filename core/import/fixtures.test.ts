@@ -12,16 +12,7 @@ import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isQuantized, type Manifest } from "../format/manifest.ts";
 import { readModelDir, verifyModelFiles } from "../format/read.ts";
-import { importCheckpoint } from "./importer.ts";
-
-/** Imports without fsync: the durability path is exercised by the CLI and kill tests. */
-function imp(
-  src: string,
-  dest: string,
-  options: Parameters<typeof importCheckpoint>[2] = {},
-): ReturnType<typeof importCheckpoint> {
-  return importCheckpoint(src, dest, { durable: false, ...options });
-}
+import { importForTest as imp } from "../../testkit/import.ts";
 
 // REDWING_FIXTURES points the test at another copy (e.g. fixtures being generated elsewhere).
 const FIXTURES =

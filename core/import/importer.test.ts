@@ -24,7 +24,7 @@ import {
 import { type Manifest, type QuantizedPart } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
 import { UserError } from "../errors.ts";
-import { importCheckpoint } from "./importer.ts";
+import { importForTest as imp } from "../../testkit/import.ts";
 import {
   TINY_GEMMA3,
   TINY_GEMMA4_DENSE,
@@ -35,15 +35,6 @@ import {
   type StTensor,
   type TinySpec,
 } from "../../testkit/checkpoints.ts";
-
-/** Imports without fsync: the durability path is exercised by the CLI and kill tests. */
-function imp(
-  src: string,
-  dest: string,
-  options: Parameters<typeof importCheckpoint>[2] = {},
-): ReturnType<typeof importCheckpoint> {
-  return importCheckpoint(src, dest, { durable: false, ...options });
-}
 
 let root: string;
 let counter = 0;

@@ -5,12 +5,11 @@
  */
 import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
 import { request as httpRequest } from "node:http";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { enterTempHome, type TempHome } from "../../testkit/home.ts";
 import { writeRandomModel } from "../../testkit/random-model.ts";
 import { nativeBuildDir } from "../native.ts";
 import { hostAllowed, originAllowed, startServer, type RedwingServer } from "./server.ts";
@@ -98,6 +97,29 @@ async function healthLatencyDuring(
   return { maxMs, probes };
 }
 
+/**
+ * Sends a too-long prompt (`postFromChild`) while probing `/health`: the request must be refused
+ * as too long (its message matching `reason`), and `/health` must have answered more than
+ * `minProbes` times, each within 100 ms.
+ */
+async function expectRefusedWhileHealthy(
+  server: RedwingServer,
+  path: string,
+  body: "prompt" | "messages",
+  repeat: number,
+  reason: RegExp,
+  minProbes: number,
+): Promise<void> {
+  const big = postFromChild(server, path, body, repeat);
+  const { maxMs, probes } = await healthLatencyDuring(server, big);
+  const res = await big;
+  expect(res.status).toBe(400);
+  expect(res.json.error!.code).toBe("context_length_exceeded");
+  expect(res.json.error!.message).toMatch(reason);
+  expect(probes).toBeGreaterThan(minProbes);
+  expect(maxMs).toBeLessThan(100);
+}
+
 describe("Host and Origin checks", () => {
   it("accepts loopback names at the server's port, and others only when allowed", () => {
     expect(hostAllowed("127.0.0.1:8080", 8080, [])).toBe(true);
@@ -129,17 +151,15 @@ describe("Host and Origin checks", () => {
 });
 
 describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
-  let home: string;
+  let home: TempHome | undefined;
   let server: RedwingServer;
   let port: number;
-  const savedHome = process.env.REDWING_HOME;
 
   beforeAll(async () => {
-    home = await mkdtemp(join(tmpdir(), "redwing-serve-hard-"));
-    process.env.REDWING_HOME = home;
+    home = await enterTempHome("redwing-serve-hard-");
     // A random-weight model with Gemma's full tokenizer (262k entries) and an 8K context: the
     // trained demo model's small vocabulary and 4K context would tokenize too fast to tell.
-    await writeRandomModel(join(home, "models", MODEL), { seed: 17 });
+    await writeRandomModel(join(home.dir, "models", MODEL), { seed: 17 });
     // The default body limit (4 MiB): the largest prompt a client can send.
     server = await startServer({ port: 0, context: CONTEXT, model: MODEL });
     port = Number(new URL(server.url).port);
@@ -147,9 +167,7 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
 
   afterAll(async () => {
     await server?.close();
-    if (savedHome === undefined) delete process.env.REDWING_HOME;
-    else process.env.REDWING_HOME = savedHome;
-    await rm(home, { recursive: true, force: true });
+    await home?.leave();
   });
 
   it("refuses a DNS-rebinding request (a foreign Host header) with 421", async () => {
@@ -191,26 +209,12 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
 
   it("/health answers within 100 ms while a 4 MB prompt is refused", async () => {
     // 4 MiB less 1 KiB of JSON around it: just under the default body limit.
-    const big = postFromChild(server, "/v1/completions", "prompt", 322_500);
-    const { maxMs, probes } = await healthLatencyDuring(server, big);
-    const res = await big;
-    expect(res.status).toBe(400);
-    expect(res.json.error!.code).toBe("context_length_exceeded");
-    expect(res.json.error!.message).toMatch(/characters/);
-    expect(probes).toBeGreaterThan(0);
-    expect(maxMs).toBeLessThan(100);
+    await expectRefusedWhileHealthy(server, "/v1/completions", "prompt", 322_500, /characters/, 0);
   }, 60_000);
 
   it("/health answers within 100 ms while a long prompt under the bound is tokenized", async () => {
     // 65,000 characters, under the character bound (8192 tokens × the longest token × 2), so
     // only tokenizing tells that it does not fit: a second or more of work, off the event loop.
-    const big = postFromChild(server, "/v1/chat/completions", "messages", 5_000);
-    const { maxMs, probes } = await healthLatencyDuring(server, big);
-    const res = await big;
-    expect(res.status).toBe(400);
-    expect(res.json.error!.code).toBe("context_length_exceeded");
-    expect(res.json.error!.message).toMatch(/tokens/);
-    expect(probes).toBeGreaterThan(3);
-    expect(maxMs).toBeLessThan(100);
+    await expectRefusedWhileHealthy(server, "/v1/chat/completions", "messages", 5_000, /tokens/, 3);
   }, 60_000);
 });

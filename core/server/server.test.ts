@@ -3,11 +3,10 @@
  * wire format itself is checked), against the demo model on 127.0.0.1 with an ephemeral port.
  */
 import { existsSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { enterTempHome, type TempHome } from "../../testkit/home.ts";
 import { loadChatTemplate, renderChat } from "../chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
 import { ensureDemoModel } from "../demo/demo.ts";
@@ -18,11 +17,11 @@ const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 const CONTEXT = 256;
 
 let home: string;
+let tempHome: TempHome | undefined;
 let server: RedwingServer;
 let client: OpenAI;
 let tokenizer: ChatTokenizer;
 let template: string;
-const savedHome = process.env.REDWING_HOME;
 
 /** Not in OpenAI's types: vLLM's extension, so that the demo's output has a known length. */
 const noEos = { ignore_eos: true } as object;
@@ -46,8 +45,8 @@ async function post(path: string, body: string, headers: Record<string, string> 
 
 describe.skipIf(!haveService)("OpenAI-compatible server", () => {
   beforeAll(async () => {
-    home = await mkdtemp(join(tmpdir(), "redwing-server-"));
-    process.env.REDWING_HOME = home;
+    tempHome = await enterTempHome("redwing-server-");
+    home = tempHome.dir;
     const dir = await ensureDemoModel(join(home, "models", "demo"));
     tokenizer = await loadTokenizer(dir);
     template = await loadChatTemplate(dir, tokenizer.configTemplate, "gemma4");
@@ -57,9 +56,7 @@ describe.skipIf(!haveService)("OpenAI-compatible server", () => {
 
   afterAll(async () => {
     await server?.close();
-    if (savedHome === undefined) delete process.env.REDWING_HOME;
-    else process.env.REDWING_HOME = savedHome;
-    await rm(home, { recursive: true, force: true });
+    await tempHome?.leave();
   });
 
   it("binds to 127.0.0.1 and lists its model", async () => {
