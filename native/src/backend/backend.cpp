@@ -33,20 +33,11 @@ Mat scratch(Backend& b, std::unique_ptr<Buffer>& buf, int64_t rows, int64_t cols
 std::unique_ptr<ExpertBank> Backend::import_experts(std::span<const HostQuantMatrix> gate,
                                                     std::span<const HostQuantMatrix> up,
                                                     std::span<const HostQuantMatrix> down) {
-  if (gate.empty() || gate.size() != up.size() || gate.size() != down.size())
-    throw std::logic_error("import_experts: one gate, up and down per expert");
   auto bank = std::make_unique<HostExpertBank>();
-  bank->num_experts = static_cast<int>(gate.size());
-  bank->hidden = gate[0].cols;
-  bank->intermediate = gate[0].rows;
-  for (size_t e = 0; e < gate.size(); ++e) {
-    if (gate[e].rows != bank->intermediate || up[e].rows != bank->intermediate ||
-        gate[e].cols != bank->hidden || up[e].cols != bank->hidden ||
-        down[e].rows != bank->hidden || down[e].cols != bank->intermediate)
-      throw std::logic_error("import_experts: expert " + std::to_string(e) + " has other shapes");
+  check_expert_shapes(gate, up, down, *bank);
+  for (size_t e = 0; e < gate.size(); ++e)
     bank->experts.push_back(
         {import_qweight(gate[e]), import_qweight(up[e]), import_qweight(down[e])});
-  }
   return bank;
 }
 
@@ -67,26 +58,9 @@ void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& r
   if (bank == nullptr) throw std::logic_error("routed_experts: a bank of another backend");
   if (x.cols != bank->hidden || out.cols != bank->hidden || out.rows != x.rows)
     throw std::logic_error("routed_experts: shape mismatch");
-  const int64_t T = x.rows;
-  const size_t count = static_cast<size_t>(T) * static_cast<size_t>(top_k);
-  if (routes.size_bytes() < route_buffer_bytes(count))
-    throw std::logic_error("routed_experts: routes buffer too small");
-  std::vector<int32_t> idx(count);
-  std::vector<float> weights(count);
-  download(routes, 0, idx.data(), count * sizeof(int32_t));
-  download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
-
-  // Rows per expert, experts in ascending id (transformers' order of accumulation).
-  std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>> groups;
-  for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < top_k; ++j) {
-      const size_t i = static_cast<size_t>(t * top_k + j);
-      if (idx[i] < 0 || idx[i] >= bank->num_experts)
-        throw std::logic_error("routed_experts: expert id out of range");
-      auto& g = groups[idx[i]];
-      g.first.push_back(static_cast<int32_t>(t));
-      g.second.push_back(weights[i]);
-    }
+  const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
+  const ExpertRowGroups groups =
+      group_routes_by_expert(*this, routes, x.rows, top_k, bank->num_experts);
 
   // Every chosen expert at once: the gate and up products as one batch, then the downs.
   const int64_t rows = static_cast<int64_t>(count);
@@ -108,13 +82,7 @@ void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& r
   qmatmul_batch(gate_up);
   gelu_tanh_mul(g, u, g);
   qmatmul_batch(down);
-  fill_zero(out);
-  r0 = 0;
-  for (const auto& [e, group] : groups) {
-    const int64_t n = static_cast<int64_t>(group.first.size());
-    scatter_add_rows(y.row_range(r0, n), group.first, group.second, out);
-    r0 += n;
-  }
+  scatter_expert_rows(*this, groups, y, out);
 }
 
 void Backend::penalize_logits(Mat row, std::span<const int32_t> ids, float penalty) {
@@ -154,6 +122,78 @@ Backend::TopLogits Backend::top_logits(Mat row, int k) {
     out.logits.push_back(host[static_cast<size_t>(order[i])]);
   }
   return out;
+}
+
+void scatter_expert_rows(Backend& backend, const ExpertRowGroups& groups, Mat y, Mat out) {
+  backend.fill_zero(out);
+  int64_t r0 = 0;
+  for (const auto& [e, group] : groups) {
+    const int64_t n = static_cast<int64_t>(group.first.size());
+    backend.scatter_add_rows(y.row_range(r0, n), group.first, group.second, out);
+    r0 += n;
+  }
+}
+
+void check_expert_shapes(std::span<const HostQuantMatrix> gate, std::span<const HostQuantMatrix> up,
+                         std::span<const HostQuantMatrix> down, ExpertBank& bank) {
+  if (gate.empty() || gate.size() != up.size() || gate.size() != down.size())
+    throw std::logic_error("import_experts: one gate, up and down per expert");
+  bank.num_experts = static_cast<int>(gate.size());
+  bank.hidden = gate[0].cols;
+  bank.intermediate = gate[0].rows;
+  for (size_t e = 0; e < gate.size(); ++e)
+    if (gate[e].rows != bank.intermediate || up[e].rows != bank.intermediate ||
+        gate[e].cols != bank.hidden || up[e].cols != bank.hidden || down[e].rows != bank.hidden ||
+        down[e].cols != bank.intermediate)
+      throw std::logic_error("import_experts: expert " + std::to_string(e) + " has other shapes");
+}
+
+void check_embed_args(int64_t vocab, int64_t width, std::span<const int32_t> ids, Mat out) {
+  if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != width)
+    throw std::logic_error("embed: shape mismatch");
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
+                              std::to_string(vocab) + " entries)");
+}
+
+void check_kv_store_args(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) {
+  const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
+  if (k.cols != width || v.cols != width || k.rows != v.rows)
+    throw std::logic_error("kv_store: shape mismatch");
+  if (!kv.ring && pos0 + k.rows > kv.capacity) throw std::logic_error("kv_store: past the cache");
+  if (kv.ring && k.rows > kv.capacity)
+    throw std::logic_error("kv_store: chunk larger than the ring");
+}
+
+void check_attention_args(Mat q, const KvLayerView& kv, int n_heads, Mat out) {
+  if (q.cols != static_cast<int64_t>(n_heads) * kv.head_dim || out.cols != q.cols ||
+      out.rows != q.rows)
+    throw std::logic_error("attention: shape mismatch");
+  if (kv.num_kv_heads <= 0 || n_heads % kv.num_kv_heads != 0)
+    throw std::logic_error("attention: bad GQA grouping");
+}
+
+ExpertRowGroups group_routes_by_expert(Backend& backend, const Buffer& routes, int64_t rows,
+                                       int top_k, int num_experts) {
+  const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(top_k);
+  if (routes.size_bytes() < route_buffer_bytes(count))
+    throw std::logic_error("routed_experts: routes buffer too small");
+  std::vector<int32_t> idx(count);
+  std::vector<float> weights(count);
+  backend.download(routes, 0, idx.data(), count * sizeof(int32_t));
+  backend.download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
+  ExpertRowGroups groups;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int j = 0; j < top_k; ++j) {
+      const size_t i = static_cast<size_t>(t * top_k + j);
+      if (idx[i] < 0 || idx[i] >= num_experts)
+        throw std::logic_error("routed_experts: expert id out of range");
+      auto& g = groups[idx[i]];
+      g.first.push_back(static_cast<int32_t>(t));
+      g.second.push_back(weights[i]);
+    }
+  return groups;
 }
 
 }  // namespace redwing

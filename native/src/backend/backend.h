@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -289,10 +290,30 @@ class Backend {
   std::unique_ptr<Buffer> moe_in_, moe_gate_, moe_up_, moe_out_;
 };
 
+// The argument checks every backend makes (throw std::logic_error, or std::out_of_range for a
+// token id outside the vocabulary): import_experts (one gate, up and down per expert, all of one
+// shape; sets the bank's count and sizes), embed, kv_store and attention.
+void check_expert_shapes(std::span<const HostQuantMatrix> gate, std::span<const HostQuantMatrix> up,
+                         std::span<const HostQuantMatrix> down, ExpertBank& bank);
+void check_embed_args(int64_t vocab, int64_t width, std::span<const int32_t> ids, Mat out);
+void check_kv_store_args(const KvLayerView& kv, Mat k, Mat v, int64_t pos0);
+void check_attention_args(Mat q, const KvLayerView& kv, int n_heads, Mat out);
+
 // Where route_to puts the weights of `count` routed rows, and the buffer size it needs.
 constexpr size_t route_weights_offset(size_t count) { return (count * 4 + 255) / 256 * 256; }
 constexpr size_t route_buffer_bytes(size_t count) {
   return route_weights_offset(count) + count * 4;
 }
+
+// A route buffer read back and grouped by expert: for each chosen expert, in ascending id (the
+// CPU's and transformers' order of accumulation), the token rows that chose it and their weights.
+using ExpertRowGroups = std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>>;
+// Downloads `rows * top_k` routes from `routes` (route_to's layout); throws on an expert id
+// outside [0, num_experts).
+ExpertRowGroups group_routes_by_expert(Backend& backend, const Buffer& routes, int64_t rows,
+                                       int top_k, int num_experts);
+// out = the sum over experts of each expert's output rows y (stacked in `groups`' order) times
+// their weights, scattered back to the token rows that chose them.
+void scatter_expert_rows(Backend& backend, const ExpertRowGroups& groups, Mat y, Mat out);
 
 }  // namespace redwing

@@ -64,12 +64,8 @@ class Gemma3 final : public Model {
     }
     cache.advance(T);
 
-    if (which == LogitsFor::all)
-      gemma::output_logits(backend_, arch_, *norm_, *embed_, x, 0, T, scratch_, logits);
-    else if (which == LogitsFor::last)
-      gemma::output_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_, logits);
-    else if (which == LogitsFor::last_kept)
-      kept_logits_ = gemma::head_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_);
+    gemma::finish_logits(backend_, arch_, *norm_, *embed_, x, which, scratch_, logits,
+                         kept_logits_);
   }
 
  private:

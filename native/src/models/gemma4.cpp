@@ -153,12 +153,8 @@ class Gemma4 final : public Model {
     cache.advance(T);
 
     timed(parts_.head_ms, [&] {
-      if (which == LogitsFor::all)
-        gemma::output_logits(backend_, arch_, *norm_, *embed_, x, 0, T, scratch_, logits);
-      else if (which == LogitsFor::last)
-        gemma::output_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_, logits);
-      else if (which == LogitsFor::last_kept)
-        kept_logits_ = gemma::head_logits(backend_, arch_, *norm_, *embed_, x, T - 1, 1, scratch_);
+      gemma::finish_logits(backend_, arch_, *norm_, *embed_, x, which, scratch_, logits,
+                           kept_logits_);
     });
   }
 

@@ -135,4 +135,16 @@ void output_logits(Backend& backend, const Architecture& arch, const Buffer& fin
   backend.download(*l.buf, 0, logits.data() + old, count * sizeof(float));
 }
 
+void finish_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
+                   const QWeight& embed_tokens, Mat x, LogitsFor which, Scratch& scratch,
+                   std::vector<float>& logits, Mat& kept) {
+  const int64_t T = x.rows;
+  if (which == LogitsFor::all)
+    output_logits(backend, arch, final_norm, embed_tokens, x, 0, T, scratch, logits);
+  else if (which == LogitsFor::last)
+    output_logits(backend, arch, final_norm, embed_tokens, x, T - 1, 1, scratch, logits);
+  else if (which == LogitsFor::last_kept)
+    kept = head_logits(backend, arch, final_norm, embed_tokens, x, T - 1, 1, scratch);
+}
+
 }  // namespace redwing::gemma

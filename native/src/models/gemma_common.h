@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "format/model_dir.h"
+#include "models/model.h"
 
 namespace redwing::gemma {
 
@@ -91,5 +92,12 @@ Mat head_logits(Backend& backend, const Architecture& arch, const Buffer& final_
 void output_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
                    const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch,
                    std::vector<float>& logits);
+
+// The logits a forward pass was asked for (`which`) from its final residual x [T, hidden]: every
+// row or the last one appended to `logits` on the host, or the last one left in backend memory
+// in `kept` (LogitsFor::last_kept); nothing for LogitsFor::none.
+void finish_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
+                   const QWeight& embed_tokens, Mat x, LogitsFor which, Scratch& scratch,
+                   std::vector<float>& logits, Mat& kept);
 
 }  // namespace redwing::gemma

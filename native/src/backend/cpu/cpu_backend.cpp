@@ -309,12 +309,7 @@ class CpuBackend final : public Backend {
 
   void embed(const QWeight& tq, std::span<const int32_t> ids, float s, Mat out) override {
     const cpu::QuantMatrix& t = static_cast<const CpuQWeight&>(tq).m;
-    if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != t.cols)
-      throw std::logic_error("embed: shape mismatch");
-    for (int32_t id : ids)
-      if (id < 0 || id >= t.rows)
-        throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
-                                std::to_string(t.rows) + " entries)");
+    check_embed_args(t.rows, t.cols, ids, out);
     float* p = f32(out);
     for_rows(out.rows, out.cols, [&](int64_t r) {
       float* row = p + r * out.stride;
@@ -354,12 +349,8 @@ class CpuBackend final : public Backend {
   // ---- attention ----
 
   void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) override {
+    check_kv_store_args(kv, k, v, pos0);
     const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
-    if (k.cols != width || v.cols != width || k.rows != v.rows)
-      throw std::logic_error("kv_store: shape mismatch");
-    if (!kv.ring && pos0 + k.rows > kv.capacity) throw std::logic_error("kv_store: past the cache");
-    if (kv.ring && k.rows > kv.capacity)
-      throw std::logic_error("kv_store: chunk larger than the ring");
     const float* pk = f32(k);
     const float* pv = f32(v);
     std::byte* kb = bytes_of(*kv.k);
@@ -378,10 +369,8 @@ class CpuBackend final : public Backend {
 
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
                  Mat out) override {
+    check_attention_args(q, kv, n_heads, out);
     const int d = kv.head_dim;
-    if (q.cols != static_cast<int64_t>(n_heads) * d || out.cols != q.cols || out.rows != q.rows)
-      throw std::logic_error("attention: shape mismatch");
-    if (n_heads % kv.num_kv_heads != 0) throw std::logic_error("attention: bad GQA grouping");
     const int group = n_heads / kv.num_kv_heads;
     const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * d;
     const float* pq = f32(q);

@@ -331,12 +331,7 @@ class GpuBackend final : public Backend {
 
   void embed(const QWeight& tq, std::span<const int32_t> ids, float s, Mat out) override {
     const auto& t = static_cast<const GpuQWeight&>(tq);
-    if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != t.cols)
-      throw std::logic_error("embed: shape mismatch");
-    for (int32_t id : ids)
-      if (id < 0 || id >= t.rows)
-        throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
-                                std::to_string(t.rows) + " entries)");
+    check_embed_args(t.rows, t.cols, ids, out);
     if (ids.empty()) return;
     const Binding idb = upload_host(ids.data(), ids.size_bytes());
     const View vo = view(out);
@@ -390,12 +385,8 @@ class GpuBackend final : public Backend {
   // ---- attention ----
 
   void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) override {
+    check_kv_store_args(kv, k, v, pos0);
     const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
-    if (k.cols != width || v.cols != width || k.rows != v.rows)
-      throw std::logic_error("kv_store: shape mismatch");
-    if (!kv.ring && pos0 + k.rows > kv.capacity) throw std::logic_error("kv_store: past the cache");
-    if (kv.ring && k.rows > kv.capacity)
-      throw std::logic_error("kv_store: chunk larger than the ring");
     if (width % 2 != 0) throw std::logic_error("kv_store: odd row width");
     if (k.rows == 0) return;
     const View vk = view(k), vv = view(v);
@@ -414,10 +405,8 @@ class GpuBackend final : public Backend {
 
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
                  Mat out) override {
+    check_attention_args(q, kv, n_heads, out);
     const int d = kv.head_dim;
-    if (q.cols != static_cast<int64_t>(n_heads) * d || out.cols != q.cols || out.rows != q.rows)
-      throw std::logic_error("attention: shape mismatch");
-    if (n_heads % kv.num_kv_heads != 0) throw std::logic_error("attention: bad GQA grouping");
     if (d > kMaxHeadDim) throw std::logic_error("attention: head_dim above 512");
     if (q.rows == 0) return;
     // The most keys any row sees: the last row's visible range.
@@ -492,17 +481,8 @@ class GpuBackend final : public Backend {
   std::unique_ptr<ExpertBank> import_experts(std::span<const HostQuantMatrix> gate,
                                              std::span<const HostQuantMatrix> up,
                                              std::span<const HostQuantMatrix> down) override {
-    if (gate.empty() || gate.size() != up.size() || gate.size() != down.size())
-      throw std::logic_error("import_experts: one gate, up and down per expert");
     auto bank = std::make_unique<GpuExpertBank>();
-    bank->num_experts = static_cast<int>(gate.size());
-    bank->hidden = gate[0].cols;
-    bank->intermediate = gate[0].rows;
-    for (size_t e = 0; e < gate.size(); ++e)
-      if (gate[e].rows != bank->intermediate || up[e].rows != bank->intermediate ||
-          gate[e].cols != bank->hidden || up[e].cols != bank->hidden ||
-          down[e].rows != bank->hidden || down[e].cols != bank->intermediate)
-        throw std::logic_error("import_experts: expert " + std::to_string(e) + " has other shapes");
+    check_expert_shapes(gate, up, down, *bank);
     bank->gate_up = stack_experts(gate.size(), [&](size_t e) {
       return std::vector<const HostQuantMatrix*>{&gate[e], &up[e]};
     });
@@ -720,23 +700,9 @@ class GpuBackend final : public Backend {
 
   void experts_grouped_on_host(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
                                Mat out) {
-    const int64_t T = x.rows;
-    const size_t count = static_cast<size_t>(T) * static_cast<size_t>(top_k);
-    std::vector<int32_t> idx(count);
-    std::vector<float> weights(count);
-    download(routes, 0, idx.data(), count * sizeof(int32_t));
-    download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
-    // Rows per expert, experts ascending (the CPU's order of accumulation).
-    std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>> groups;
-    for (int64_t t = 0; t < T; ++t)
-      for (int j = 0; j < top_k; ++j) {
-        const size_t i = static_cast<size_t>(t * top_k + j);
-        if (idx[i] < 0 || idx[i] >= bank.num_experts)
-          throw std::logic_error("routed_experts: expert id out of range");
-        auto& g = groups[idx[i]];
-        g.first.push_back(static_cast<int32_t>(t));
-        g.second.push_back(weights[i]);
-      }
+    const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
+    const ExpertRowGroups groups =
+        group_routes_by_expert(*this, routes, x.rows, top_k, bank.num_experts);
     const int64_t rows = static_cast<int64_t>(count);
     const int64_t inter = bank.intermediate;
     Mat in = scratch(moe_in_, rows, bank.hidden);
@@ -763,13 +729,7 @@ class GpuBackend final : public Backend {
       qmatmul(*bank.down.views[static_cast<size_t>(e)], h.row_range(r0, n), y.row_range(r0, n));
       r0 += n;
     }
-    fill_zero(out);
-    r0 = 0;
-    for (const auto& [e, group] : groups) {
-      const int64_t n = static_cast<int64_t>(group.first.size());
-      scatter_add_rows(y.row_range(r0, n), group.first, group.second, out);
-      r0 += n;
-    }
+    scatter_expert_rows(*this, groups, y, out);
   }
 
   // A [rows, cols] view of a backend scratch buffer, grown when too small.

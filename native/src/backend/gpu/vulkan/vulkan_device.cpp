@@ -139,6 +139,7 @@ class VulkanDevice final : public Device {
 
  private:
   enum class Memory { device, upload, readback };
+  VkBuffer make_storage_buffer(size_t bytes);  // no memory bound yet
   Raw make_raw(size_t bytes, Memory kind);
   Raw make_pooled(size_t bytes);
   struct Block {
@@ -346,15 +347,21 @@ uint32_t VulkanDevice::memory_type(uint32_t allowed, Memory kind) const {
   throw std::runtime_error("vulkan: no suitable memory type");
 }
 
-VulkanDevice::Raw VulkanDevice::make_raw(size_t bytes, Memory kind) {
-  Raw raw;
-  raw.bytes = bytes;
+VkBuffer VulkanDevice::make_storage_buffer(size_t bytes) {
   VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   bci.size = std::max<size_t>(bytes, 4);
   bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
               VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-  check(vkCreateBuffer(device_, &bci, nullptr, &raw.buffer), "vkCreateBuffer");
+  VkBuffer buffer = VK_NULL_HANDLE;
+  check(vkCreateBuffer(device_, &bci, nullptr, &buffer), "vkCreateBuffer");
+  return buffer;
+}
+
+VulkanDevice::Raw VulkanDevice::make_raw(size_t bytes, Memory kind) {
+  Raw raw;
+  raw.bytes = bytes;
+  raw.buffer = make_storage_buffer(bytes);
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(device_, raw.buffer, &req);
   VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
@@ -428,11 +435,7 @@ void VulkanDevice::submit_without_wait() {
 VulkanDevice::Raw VulkanDevice::make_pooled(size_t bytes) {
   Raw raw;
   raw.bytes = bytes;
-  VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  bci.size = std::max<size_t>(bytes, 4);
-  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-              VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-  check(vkCreateBuffer(device_, &bci, nullptr, &raw.buffer), "vkCreateBuffer");
+  raw.buffer = make_storage_buffer(bytes);
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(device_, raw.buffer, &req);
   const uint32_t type = memory_type(req.memoryTypeBits, Memory::device);
