@@ -215,7 +215,12 @@ export function createAppContext(options: AppControllerOptions): AppContext {
       void models.markVerified(name).then(emitModels);
     },
   });
-  const server = new ServerManager(engine, (status) => emit({ type: "server", status }), log);
+  const server = new ServerManager(
+    engine,
+    (status) => emit({ type: "server", status }),
+    () => settings.sampling,
+    log,
+  );
   const power = options.power === undefined ? defaultPowerMeter(env) : options.power;
   const live = new LiveSampler(
     {

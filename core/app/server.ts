@@ -6,17 +6,21 @@
  */
 import { createServer } from "node:net";
 import { startServer, type RedwingServer } from "../server/server.ts";
-import type { AppError, ServerStatus } from "./api.ts";
+import type { AppError, SamplingSettings, ServerStatus } from "./api.ts";
 import type { EngineManager } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 
 export const SERVER_HOST = "127.0.0.1";
 
-/** A ready-to-paste request against the running server. */
+/** What the example asks for at most: a short answer, so that trying it costs seconds. */
+export const EXAMPLE_MAX_TOKENS = 128;
+
+/** A ready-to-paste request against the running server, with a bounded answer. */
 export function curlExample(baseUrl: string, modelId: string): string {
   const body = JSON.stringify({
     model: modelId,
     messages: [{ role: "user", content: "Hello!" }],
+    max_tokens: EXAMPLE_MAX_TOKENS,
   });
   return [
     `curl ${baseUrl}/chat/completions \\`,
@@ -44,6 +48,8 @@ export class ServerManager {
   constructor(
     private readonly engine: EngineManager,
     private readonly onStatus: (status: ServerStatus) => void,
+    /** The app's current Tuning values: what a request that leaves a field out gets. */
+    private readonly sampling: () => SamplingSettings,
     private readonly log: (line: string) => void = () => undefined,
   ) {}
 
@@ -108,6 +114,16 @@ export class ServerManager {
             client: () => this.engine.currentClient(),
             queue: this.engine.queue,
             text: { tokenizer: loaded.tokenizer, template: loaded.template },
+            defaults: () => {
+              const s = this.sampling();
+              return {
+                temperature: s.temperature,
+                topK: s.topK,
+                topP: s.topP,
+                repetitionPenalty: s.repetitionPenalty,
+                maxTokens: s.maxNewTokens,
+              };
+            },
           },
           log: (line) => this.log(`server: ${line}`),
         });

@@ -6,7 +6,6 @@
  */
 import { randomUUID } from "node:crypto";
 import type { FastifyReply } from "fastify";
-import { OPENAI_SAMPLING_DEFAULTS } from "../defaults.ts";
 import { generate, type GenerationRequest, type GenerationResult } from "../generation/generate.ts";
 import { unknownModel, type ServerContext } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
@@ -45,12 +44,12 @@ export function prepare(
     );
   }
   const room = context - tokens.length;
-  const d = OPENAI_SAMPLING_DEFAULTS;
+  const d = ctx.defaults();
   const stop = body.stop === null || body.stop === undefined ? [] : [body.stop].flat();
   return {
     request: {
       tokens,
-      maxNewTokens: Math.min(maxTokens ?? room, room),
+      maxNewTokens: Math.min(maxTokens ?? d.maxTokens ?? room, room),
       sampling: {
         temperature: body.temperature ?? d.temperature,
         topK: body.top_k ?? d.topK,

@@ -23,6 +23,19 @@ export interface ServerMetrics {
   queueWaitMsMax: number;
 }
 
+/**
+ * What a request gets for a field it leaves out. `redwing serve`: OpenAI's defaults and no cap
+ * beyond the context; in the app: its current Tuning values and its max new tokens.
+ */
+export interface RequestDefaults {
+  temperature: number;
+  topK: number;
+  topP: number;
+  repetitionPenalty: number;
+  /** Most tokens a request without `max_tokens` may generate; null: what the context leaves. */
+  maxTokens: number | null;
+}
+
 export interface ServerContext {
   /** The name clients use for the model. */
   modelId: string;
@@ -42,6 +55,8 @@ export interface ServerContext {
   engine: () => EngineClient;
   queue: AdmissionQueue;
   metrics: ServerMetrics;
+  /** Read per request: the values for fields a request leaves out. */
+  defaults: () => RequestDefaults;
 }
 
 export function unknownModel(ctx: ServerContext, name: string): ApiError {

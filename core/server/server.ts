@@ -20,13 +20,13 @@ import Fastify, { type FastifyInstance } from "fastify";
 import { resolveModel, type ResolvedModel } from "../chat/model.ts";
 import { ChatTemplate, loadChatTemplate } from "../chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
-import { ENGINE_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
+import { ENGINE_DEFAULTS, OPENAI_SAMPLING_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
 import { DEMO_MODEL_NAME } from "../demo/demo.ts";
 import { EngineClient, type EngineClientOptions } from "../engine/index.ts";
 import { UserError } from "../errors.ts";
 import { toProtocolLoad } from "../generation/settings.ts";
 import { accessHook, checkBinding, type AccessOptions } from "./access.ts";
-import type { AdmissionQueue, ServerContext, ServerMetrics } from "./context.ts";
+import type { AdmissionQueue, RequestDefaults, ServerContext, ServerMetrics } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import { EngineQueue } from "./queue.ts";
 import { registerChatCompletionsRoute } from "./routes/chat-completions.ts";
@@ -35,7 +35,12 @@ import { registerHealthRoute } from "./routes/health.ts";
 import { registerModelRoutes } from "./routes/models.ts";
 
 export { checkBinding, hostAllowed, isLoopbackHost, originAllowed } from "./access.ts";
-export { parseBody, type AdmissionQueue, type ServerMetrics } from "./context.ts";
+export {
+  parseBody,
+  type AdmissionQueue,
+  type RequestDefaults,
+  type ServerMetrics,
+} from "./context.ts";
 
 export interface ServerOptions extends AccessOptions {
   host?: string;
@@ -88,7 +93,12 @@ export interface SharedEngine {
   queue: AdmissionQueue;
   /** The loaded model's tokenizer and chat template, when the owner has them already. */
   text?: { tokenizer: ChatTokenizer; template: string };
+  /** The owner's settings for fields a request leaves out, read per request. */
+  defaults?: () => RequestDefaults;
 }
+
+/** `redwing serve`: what OpenAI's clients expect, with no cap but the context. */
+const STANDALONE_DEFAULTS: RequestDefaults = { ...OPENAI_SAMPLING_DEFAULTS, maxTokens: null };
 
 export interface RedwingServer {
   url: string;
@@ -154,6 +164,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       queueWaitMsTotal: 0,
       queueWaitMsMax: 0,
     },
+    defaults: shared?.defaults ?? (() => STANDALONE_DEFAULTS),
   };
 
   const app = Fastify({
