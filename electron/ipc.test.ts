@@ -145,7 +145,15 @@ describe("events", () => {
     void pump.resync(); // a second request while the first gathers adds nothing
     backend.emit({
       type: "server",
-      status: { running: true, url: null, modelId: null, example: null, error: null },
+      status: {
+        running: true,
+        url: null,
+        modelId: null,
+        example: null,
+        error: null,
+        requests: [],
+        unavailable: null,
+      },
     });
     expect(sent).toEqual(["engine"]); // held back
     open();

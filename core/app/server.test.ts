@@ -112,6 +112,67 @@ describe.skipIf(!haveService)("the app's server (real engine, demo model)", () =
     expect(seen[1]!.max_new_tokens).toBe(2);
   });
 
+  it("lists running and queued requests with their client and tokens, and cancels them", async () => {
+    await call("settings.update", { sampling: { maxNewTokens: 3000 } });
+    const long = { ignore_eos: true, max_tokens: 3000 };
+    const first = chatRequest(url, long);
+    await until(async () => {
+      const r = (await call("server.status")).requests;
+      return r.length === 1 && r[0]!.state === "running" && r[0]!.tokens > 0;
+    });
+    const second = chatRequest(url, long);
+    await until(async () => (await call("server.status")).requests.length === 2);
+    const [running, queued] = (await call("server.status")).requests;
+    expect(running).toMatchObject({ endpoint: "chat", state: "running", maxTokens: 3000 });
+    expect(running!.client).toMatch(/^(127\.0\.0\.1|::ffff:127\.0\.0\.1|::1):\d+$/);
+    expect(queued).toMatchObject({ state: "queued", tokens: 0 });
+    // The app's status events carry the progress too.
+    expect(
+      events.some((e) => e.type === "server" && e.status.requests.some((r) => r.tokens > 0)),
+    ).toBe(true);
+
+    expect(await call("server.cancel", { id: queued!.id })).toEqual({ ok: true });
+    const queuedAnswer = await second;
+    expect(queuedAnswer.status).toBe(503);
+    expect(((await queuedAnswer.json()) as { error: { code: string } }).error.code).toBe(
+      "request_cancelled",
+    );
+    expect(await call("server.cancel", { id: running!.id })).toEqual({ ok: true });
+    const runningAnswer = await first;
+    expect(runningAnswer.status).toBe(503);
+    await until(async () => (await call("server.status")).requests.length === 0);
+    await expect(call("server.cancel", { id: running!.id })).rejects.toMatchObject({
+      message: expect.stringMatching(/already finished/),
+    });
+  });
+
+  it("answers 503 with Retry-After while the engine restarts after a crash, then serves again", async () => {
+    await call("settings.update", { sampling: { maxNewTokens: 3000 } });
+    const inFlight = chatRequest(url, { ignore_eos: true, max_tokens: 3000 });
+    await until(async () => (await call("server.status")).requests[0]?.state === "running");
+    const pid = (await call("engine.status")).pid!;
+    process.kill(pid, "SIGKILL");
+    const failed = await inFlight;
+    expect(failed.status).toBeGreaterThanOrEqual(500);
+
+    // The server stays up; until the model is back it answers 503 with Retry-After.
+    let sawUnavailable = false;
+    await until(async () => {
+      const res = await chatRequest(url, { max_tokens: 2 });
+      if (res.status === 503) {
+        sawUnavailable = true;
+        expect(Number(res.headers.get("retry-after"))).toBeGreaterThan(0);
+      }
+      await res.body?.cancel();
+      return res.status === 200;
+    }, 60_000);
+    expect(sawUnavailable).toBe(true);
+    const engine = await call("engine.status");
+    expect(engine.state).toBe("ready");
+    expect(engine.pid).not.toBe(pid); // a new engine, restarted without anyone pressing a button
+    expect((await call("server.status")).unavailable).toBeNull();
+  }, 90_000);
+
   it("shows an example that asks for a bounded answer", async () => {
     const status = await call("server.status");
     expect(status.example).toContain(`"max_tokens":${EXAMPLE_MAX_TOKENS}`);

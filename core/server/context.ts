@@ -9,6 +9,7 @@ import type { ChatTokenizer } from "../chat/tokenizer.ts";
 import type { EngineClient } from "../engine/index.ts";
 import { ApiError } from "./errors.ts";
 import type { EngineQueue } from "./queue.ts";
+import type { RequestBook } from "./requests.ts";
 
 /** What the server needs of its admission queue: its own, or the one an owner shares. */
 export type AdmissionQueue = Pick<EngineQueue, "acquire" | "active" | "waiting" | "limit">;
@@ -55,6 +56,10 @@ export interface ServerContext {
   engine: () => EngineClient;
   queue: AdmissionQueue;
   metrics: ServerMetrics;
+  /** The requests in flight (queued or running), for the owner to show and cancel. */
+  requests: RequestBook;
+  /** Why the engine cannot serve now (503), or null. */
+  unavailable: () => string | null;
   /** Read per request: the values for fields a request leaves out. */
   defaults: () => RequestDefaults;
 }

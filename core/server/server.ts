@@ -29,6 +29,7 @@ import { accessHook, checkBinding, type AccessOptions } from "./access.ts";
 import type { AdmissionQueue, RequestDefaults, ServerContext, ServerMetrics } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import { EngineQueue } from "./queue.ts";
+import { RequestBook } from "./requests.ts";
 import { registerChatCompletionsRoute } from "./routes/chat-completions.ts";
 import { registerCompletionsRoute } from "./routes/completions.ts";
 import { registerHealthRoute } from "./routes/health.ts";
@@ -93,6 +94,11 @@ export interface SharedEngine {
   queue: AdmissionQueue;
   /** The loaded model's tokenizer and chat template, when the owner has them already. */
   text?: { tokenizer: ChatTokenizer; template: string };
+  /**
+   * Why the owner's engine cannot serve now (crashed and restarting, loading), or null: requests
+   * then get 503 with Retry-After.
+   */
+  unavailable?: () => string | null;
   /** The owner's settings for fields a request leaves out, read per request. */
   defaults?: () => RequestDefaults;
 }
@@ -107,6 +113,8 @@ export interface RedwingServer {
   engine: EngineClient;
   queue: AdmissionQueue;
   metrics: ServerMetrics;
+  /** The requests in flight: listed, watched (`onChange`) and cancelled here. */
+  requests: RequestBook;
   close(): Promise<void>;
 }
 
@@ -165,6 +173,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       queueWaitMsMax: 0,
     },
     defaults: shared?.defaults ?? (() => STANDALONE_DEFAULTS),
+    requests: new RequestBook(),
+    unavailable: shared?.unavailable ?? (() => null),
   };
 
   const app = Fastify({
@@ -229,6 +239,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     },
     queue: ctx.queue,
     metrics: ctx.metrics,
+    requests: ctx.requests,
     async close() {
       await app.close();
       await closeOwned();
