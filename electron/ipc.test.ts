@@ -38,7 +38,15 @@ class FakeBackend implements AppBackend {
       "settings.get": DEFAULT_SETTINGS,
       "models.list": [],
       "engine.status": engine,
-      "server.status": { running: false, url: null, modelId: null, example: null, error: null },
+      "server.status": {
+        running: false,
+        url: null,
+        modelId: null,
+        example: null,
+        error: null,
+        requests: [],
+        unavailable: null,
+      },
       "chat.list": [{ id: "c1", title: "Hi", updatedAt: "2025-01-01", messageCount: 2 }],
       "models.downloads": [],
       "chat.delete": { ok: true },
@@ -145,7 +153,15 @@ describe("events", () => {
     void pump.resync(); // a second request while the first gathers adds nothing
     backend.emit({
       type: "server",
-      status: { running: true, url: null, modelId: null, example: null, error: null },
+      status: {
+        running: true,
+        url: null,
+        modelId: null,
+        example: null,
+        error: null,
+        requests: [],
+        unavailable: null,
+      },
     });
     expect(sent).toEqual(["engine"]); // held back
     open();

@@ -356,6 +356,25 @@ export const ServerStatusSchema = z.object({
   /** A ready-to-paste curl command against the running server. */
   example: z.string().nullable(),
   error: AppErrorSchema.nullable(),
+  /** Requests in flight, oldest first: waiting for the engine ("queued") or generating. */
+  requests: z.array(
+    z.object({
+      id: z.string(),
+      endpoint: z.enum(["chat", "completion"]),
+      /** The client's address:port. */
+      client: z.string(),
+      state: z.enum(["queued", "running"]),
+      tokens: z.number().int().min(0),
+      maxTokens: z.number().int().min(0),
+      /** ms since the epoch. */
+      receivedAt: z.number(),
+    }),
+  ),
+  /**
+   * Why the running server answers 503 for now (the engine crashed and is restarting, or a model
+   * is loading), or null when it serves.
+   */
+  unavailable: z.string().nullable(),
 });
 export type ServerStatus = z.infer<typeof ServerStatusSchema>;
 
@@ -513,6 +532,8 @@ export const API = {
       .strict(),
     result: ServerStatusSchema,
   },
+  /** Ends a server request (it leaves the queue, or its generation stops; its client gets no answer). */
+  "server.cancel": { params: z.object({ id: z.string().min(1).max(100) }).strict(), result: ok },
 
   /** The last samples (about 2 minutes at 2 per second), oldest first. */
   "live.history": { params: none, result: z.array(LiveSampleSchema) },

@@ -175,6 +175,11 @@ export function createAppContext(options: AppControllerOptions): AppContext {
     log,
     onStatus: (status) => {
       emit({ type: "engine", status });
+      if (!lifecycle.closing) {
+        server.engineChanged(settings.server.enabled, () =>
+          engine.reload(settings.activeModel ?? DEMO_MODEL_NAME),
+        );
+      }
       // The loaded model changed: the model list's "loaded" flags and the server follow.
       const loaded = engine.loaded;
       const key = loaded ? `${loaded.dir}\0${loaded.settings.context}` : null;
@@ -215,7 +220,12 @@ export function createAppContext(options: AppControllerOptions): AppContext {
       void models.markVerified(name).then(emitModels);
     },
   });
-  const server = new ServerManager(engine, (status) => emit({ type: "server", status }), log);
+  const server = new ServerManager(
+    engine,
+    (status) => emit({ type: "server", status }),
+    () => settings.sampling,
+    log,
+  );
   const power = options.power === undefined ? defaultPowerMeter(env) : options.power;
   const live = new LiveSampler(
     {

@@ -6,17 +6,25 @@
  */
 import { createServer } from "node:net";
 import { startServer, type RedwingServer } from "../server/server.ts";
-import type { AppError, ServerStatus } from "./api.ts";
+import type { AppError, SamplingSettings, ServerStatus } from "./api.ts";
 import type { EngineManager } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 
 export const SERVER_HOST = "127.0.0.1";
+/** Least time between two automatic engine restarts. */
+const AUTO_RESTART_GAP_MS = 30_000;
+/** How often token progress of server requests is announced. */
+const PROGRESS_MS = 250;
 
-/** A ready-to-paste request against the running server. */
+/** What the example asks for at most: a short answer, so that trying it costs seconds. */
+export const EXAMPLE_MAX_TOKENS = 128;
+
+/** A ready-to-paste request against the running server, with a bounded answer. */
 export function curlExample(baseUrl: string, modelId: string): string {
   const body = JSON.stringify({
     model: modelId,
     messages: [{ role: "user", content: "Hello!" }],
+    max_tokens: EXAMPLE_MAX_TOKENS,
   });
   return [
     `curl ${baseUrl}/chat/completions \\`,
@@ -40,16 +48,33 @@ export class ServerManager {
   private serving: { dir: string; context: number } | null = null;
   private error: AppError | null = null;
   private chain: Promise<unknown> = Promise.resolve();
+  private lastUnavailable: string | null = null;
+  private lastAutoRestart = 0;
+  private restarting = false;
+  /** A pending status for token progress (published at most every PROGRESS_MS). */
+  private progressTimer: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly engine: EngineManager,
     private readonly onStatus: (status: ServerStatus) => void,
+    /** The app's current Tuning values: what a request that leaves a field out gets. */
+    private readonly sampling: () => SamplingSettings,
     private readonly log: (line: string) => void = () => undefined,
   ) {}
 
   status(): ServerStatus {
     const s = this.server;
-    if (!s) return { running: false, url: null, modelId: null, example: null, error: this.error };
+    if (!s) {
+      return {
+        running: false,
+        url: null,
+        modelId: null,
+        example: null,
+        error: this.error,
+        requests: [],
+        unavailable: null,
+      };
+    }
     const url = `${s.url}/v1`;
     return {
       running: true,
@@ -57,7 +82,57 @@ export class ServerManager {
       modelId: s.modelId,
       example: curlExample(url, s.modelId),
       error: this.error,
+      requests: s.requests.list(),
+      unavailable: this.unavailable(),
     };
+  }
+
+  /**
+   * Why the running server cannot serve now, or null: it stays up (answering 503 with
+   * Retry-After) while the engine restarts after a crash or a model loads, so that clients see a
+   * reason to retry rather than a refused connection.
+   */
+  private unavailable(): string | null {
+    const loaded = this.engine.loaded;
+    const serving = this.serving;
+    if (this.engine.isCrashed) return "the engine stopped unexpectedly and is restarting";
+    if (loaded && serving && loaded.dir === serving.dir) return null;
+    const state = this.engine.status().state;
+    if (state === "loading" || state === "starting") return "the model is loading";
+    return "no model is loaded";
+  }
+
+  /** Ends one server request; false when it is no longer in flight. */
+  cancel(id: string): boolean {
+    return this.server?.requests.cancel(id) ?? false;
+  }
+
+  /**
+   * Follows the engine: announces when the server stops or starts serving, and restarts an
+   * engine that crashed while the server is on (at most once per AUTO_RESTART_GAP_MS, so that a
+   * model that crashes on load does not loop), since its clients cannot press "Restart engine".
+   */
+  engineChanged(wanted: boolean, restart: () => Promise<unknown>): void {
+    if (!this.server) return;
+    const unavailable = this.unavailable();
+    if (unavailable !== this.lastUnavailable) {
+      this.lastUnavailable = unavailable;
+      this.publish();
+    }
+    if (wanted && this.engine.isCrashed && !this.restarting) {
+      const now = Date.now();
+      if (now - this.lastAutoRestart < AUTO_RESTART_GAP_MS) return;
+      this.lastAutoRestart = now;
+      this.restarting = true;
+      this.log("server: the engine crashed; restarting it");
+      void restart()
+        .catch((error: unknown) =>
+          this.log(`server: engine restart failed: ${toAppError(error).message}`),
+        )
+        .finally(() => {
+          this.restarting = false;
+        });
+    }
   }
 
   /** Runs server changes one at a time. */
@@ -83,6 +158,14 @@ export class ServerManager {
         this.serving.context === target.context &&
         Number(new URL(this.server.url).port) === port;
       if (same) return this.publish();
+      // The engine crashed or is loading the model again: the server stays up and answers 503.
+      const restarting =
+        wanted &&
+        !loaded &&
+        this.server &&
+        Number(new URL(this.server.url).port) === port &&
+        this.unavailable() !== "no model is loaded";
+      if (restarting) return this.publish();
       await this.stopServer();
       if (!wanted) {
         this.error = null;
@@ -108,11 +191,23 @@ export class ServerManager {
             client: () => this.engine.currentClient(),
             queue: this.engine.queue,
             text: { tokenizer: loaded.tokenizer, template: loaded.template },
+            unavailable: () => this.unavailable(),
+            defaults: () => {
+              const s = this.sampling();
+              return {
+                temperature: s.temperature,
+                topK: s.topK,
+                topP: s.topP,
+                repetitionPenalty: s.repetitionPenalty,
+                maxTokens: s.maxNewTokens,
+              };
+            },
           },
           log: (line) => this.log(`server: ${line}`),
         });
         this.serving = target;
         this.error = null;
+        this.server.requests.onChange = (progress) => this.requestsChanged(progress);
       } catch (error) {
         const text = (error as Error).message ?? String(error);
         this.error =
@@ -131,6 +226,19 @@ export class ServerManager {
     });
   }
 
+  private requestsChanged(progress: boolean): void {
+    if (!progress) {
+      if (this.progressTimer) clearTimeout(this.progressTimer);
+      this.progressTimer = null;
+      this.publish();
+    } else if (!this.progressTimer) {
+      this.progressTimer = setTimeout(() => {
+        this.progressTimer = null;
+        this.publish();
+      }, PROGRESS_MS);
+    }
+  }
+
   private publish(): ServerStatus {
     const s = this.status();
     this.onStatus(s);
@@ -141,6 +249,8 @@ export class ServerManager {
     const s = this.server;
     this.server = null;
     this.serving = null;
+    if (this.progressTimer) clearTimeout(this.progressTimer);
+    this.progressTimer = null;
     if (s) await s.close();
   }
 

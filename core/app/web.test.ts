@@ -66,6 +66,8 @@ class FakeBackend implements AppBackend {
       modelId: null,
       example: null,
       error: null,
+      requests: [],
+      unavailable: null,
     }),
     "chat.list": () => [{ id: "c1", title: "Hello", updatedAt: "2026-01-01", messageCount: 2 }],
     "models.downloads": () => [download("a"), download("b")],

@@ -6,7 +6,6 @@
  */
 import { randomUUID } from "node:crypto";
 import type { FastifyReply } from "fastify";
-import { OPENAI_SAMPLING_DEFAULTS } from "../defaults.ts";
 import { generate, type GenerationRequest, type GenerationResult } from "../generation/generate.ts";
 import { unknownModel, type ServerContext } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
@@ -24,6 +23,19 @@ export interface Prepared {
 }
 
 type Result = GenerationResult<ParsedToolCalls>;
+
+/** The answer to a request the app's user cancelled (its client is still waiting). */
+function cancelledByOwner(): ApiError {
+  return new ApiError(
+    503,
+    "the request was cancelled in the Redwing app",
+    "service_unavailable",
+    "request_cancelled",
+  );
+}
+
+/** Seconds a client is asked to wait while the engine restarts or loads (Retry-After). */
+const RETRY_AFTER_S = 2;
 
 /** Sampling, stop strings and the token budget from a request of either endpoint. */
 export function prepare(
@@ -45,12 +57,12 @@ export function prepare(
     );
   }
   const room = context - tokens.length;
-  const d = OPENAI_SAMPLING_DEFAULTS;
+  const d = ctx.defaults();
   const stop = body.stop === null || body.stop === undefined ? [] : [body.stop].flat();
   return {
     request: {
       tokens,
-      maxNewTokens: Math.min(maxTokens ?? room, room),
+      maxNewTokens: Math.min(maxTokens ?? d.maxTokens ?? room, room),
       sampling: {
         temperature: body.temperature ?? d.temperature,
         topK: body.top_k ?? d.topK,
@@ -150,9 +162,44 @@ export async function runCompletion(
   prepared: Prepared,
   format: Formatter,
 ): Promise<unknown> {
+  const unavailable = ctx.unavailable();
+  if (unavailable !== null) {
+    throw new ApiError(
+      503,
+      `${unavailable}; retry shortly`,
+      "service_unavailable",
+      "engine_unavailable",
+      null,
+      { "retry-after": String(RETRY_AFTER_S) },
+    );
+  }
+  const abort = new AbortController();
+  const request = reply.request;
+  const bookId = ctx.requests.add(
+    {
+      endpoint: format === completionFormat ? "completion" : "chat",
+      client: `${request.ip}:${request.socket.remotePort ?? 0}`,
+      maxTokens: prepared.request.maxNewTokens,
+    },
+    abort,
+  );
+  try {
+    return await runBooked(ctx, reply, prepared, format, abort, bookId);
+  } finally {
+    ctx.requests.remove(bookId);
+  }
+}
+
+async function runBooked(
+  ctx: ServerContext,
+  reply: FastifyReply,
+  prepared: Prepared,
+  format: Formatter,
+  abort: AbortController,
+  bookId: string,
+): Promise<unknown> {
   const { metrics, queue } = ctx;
   metrics.requests++;
-  const abort = new AbortController();
   // The response closing before we ended it means the client went away: cancel.
   reply.raw.on("close", () => {
     if (!reply.raw.writableEnded) abort.abort();
@@ -170,10 +217,12 @@ export async function runCompletion(
     }
     if (error instanceof QueueAbortedError) {
       metrics.cancelled++;
+      if (ctx.requests.cancelled(bookId)) throw cancelledByOwner();
       return reply.hijack(); // nobody to answer
     }
     throw error;
   }
+  ctx.requests.running(bookId);
   const waited = performance.now() - queuedAt;
   metrics.queueWaitMsTotal += waited;
   metrics.queueWaitMsMax = Math.max(metrics.queueWaitMsMax, waited);
@@ -208,9 +257,13 @@ export async function runCompletion(
     });
     if (!prepared.stream) {
       let result: Result | null = null;
-      for await (const event of events) if (event.type === "done") result = event.result;
+      for await (const event of events) {
+        if (event.type === "tokens") ctx.requests.progress(bookId, event.count);
+        else if (event.type === "done") result = event.result;
+      }
       if (!result || result.finishReason === "cancelled") {
         metrics.cancelled++;
+        if (ctx.requests.cancelled(bookId)) throw cancelledByOwner();
         return reply.hijack();
       }
       finished(result);
@@ -246,10 +299,14 @@ export async function runCompletion(
       for (let next = first; !next.done; next = await events.next()) {
         const event = next.value;
         if (event.type === "text") send(format.piece(event.text));
+        else if (event.type === "tokens") ctx.requests.progress(bookId, event.count);
         else if (event.type === "done") result = event.result;
       }
       if (!result || result.finishReason === "cancelled") {
         metrics.cancelled++;
+        if (ctx.requests.cancelled(bookId) && !raw.destroyed) {
+          raw.write(`data: ${JSON.stringify(cancelledByOwner().body())}\n\n`);
+        }
         raw.end();
         return;
       }

@@ -9,6 +9,7 @@ import type { ChatTokenizer } from "../chat/tokenizer.ts";
 import type { EngineClient } from "../engine/index.ts";
 import { ApiError } from "./errors.ts";
 import type { EngineQueue } from "./queue.ts";
+import type { RequestBook } from "./requests.ts";
 
 /** What the server needs of its admission queue: its own, or the one an owner shares. */
 export type AdmissionQueue = Pick<EngineQueue, "acquire" | "active" | "waiting" | "limit">;
@@ -21,6 +22,19 @@ export interface ServerMetrics {
   completionTokens: number;
   queueWaitMsTotal: number;
   queueWaitMsMax: number;
+}
+
+/**
+ * What a request gets for a field it leaves out. `redwing serve`: OpenAI's defaults and no cap
+ * beyond the context; in the app: its current Tuning values and its max new tokens.
+ */
+export interface RequestDefaults {
+  temperature: number;
+  topK: number;
+  topP: number;
+  repetitionPenalty: number;
+  /** Most tokens a request without `max_tokens` may generate; null: what the context leaves. */
+  maxTokens: number | null;
 }
 
 export interface ServerContext {
@@ -42,6 +56,12 @@ export interface ServerContext {
   engine: () => EngineClient;
   queue: AdmissionQueue;
   metrics: ServerMetrics;
+  /** The requests in flight (queued or running), for the owner to show and cancel. */
+  requests: RequestBook;
+  /** Why the engine cannot serve now (503), or null. */
+  unavailable: () => string | null;
+  /** Read per request: the values for fields a request leaves out. */
+  defaults: () => RequestDefaults;
 }
 
 export function unknownModel(ctx: ServerContext, name: string): ApiError {

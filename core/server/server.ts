@@ -20,22 +20,28 @@ import Fastify, { type FastifyInstance } from "fastify";
 import { resolveModel, type ResolvedModel } from "../chat/model.ts";
 import { ChatTemplate, loadChatTemplate } from "../chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
-import { ENGINE_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
+import { ENGINE_DEFAULTS, OPENAI_SAMPLING_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
 import { DEMO_MODEL_NAME } from "../demo/demo.ts";
 import { EngineClient, type EngineClientOptions } from "../engine/index.ts";
 import { UserError } from "../errors.ts";
 import { toProtocolLoad } from "../generation/settings.ts";
 import { accessHook, checkBinding, type AccessOptions } from "./access.ts";
-import type { AdmissionQueue, ServerContext, ServerMetrics } from "./context.ts";
+import type { AdmissionQueue, RequestDefaults, ServerContext, ServerMetrics } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import { EngineQueue } from "./queue.ts";
+import { RequestBook } from "./requests.ts";
 import { registerChatCompletionsRoute } from "./routes/chat-completions.ts";
 import { registerCompletionsRoute } from "./routes/completions.ts";
 import { registerHealthRoute } from "./routes/health.ts";
 import { registerModelRoutes } from "./routes/models.ts";
 
 export { checkBinding, hostAllowed, isLoopbackHost, originAllowed } from "./access.ts";
-export { parseBody, type AdmissionQueue, type ServerMetrics } from "./context.ts";
+export {
+  parseBody,
+  type AdmissionQueue,
+  type RequestDefaults,
+  type ServerMetrics,
+} from "./context.ts";
 
 export interface ServerOptions extends AccessOptions {
   host?: string;
@@ -88,7 +94,17 @@ export interface SharedEngine {
   queue: AdmissionQueue;
   /** The loaded model's tokenizer and chat template, when the owner has them already. */
   text?: { tokenizer: ChatTokenizer; template: string };
+  /**
+   * Why the owner's engine cannot serve now (crashed and restarting, loading), or null: requests
+   * then get 503 with Retry-After.
+   */
+  unavailable?: () => string | null;
+  /** The owner's settings for fields a request leaves out, read per request. */
+  defaults?: () => RequestDefaults;
 }
+
+/** `redwing serve`: what OpenAI's clients expect, with no cap but the context. */
+const STANDALONE_DEFAULTS: RequestDefaults = { ...OPENAI_SAMPLING_DEFAULTS, maxTokens: null };
 
 export interface RedwingServer {
   url: string;
@@ -97,6 +113,8 @@ export interface RedwingServer {
   engine: EngineClient;
   queue: AdmissionQueue;
   metrics: ServerMetrics;
+  /** The requests in flight: listed, watched (`onChange`) and cancelled here. */
+  requests: RequestBook;
   close(): Promise<void>;
 }
 
@@ -154,6 +172,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
       queueWaitMsTotal: 0,
       queueWaitMsMax: 0,
     },
+    defaults: shared?.defaults ?? (() => STANDALONE_DEFAULTS),
+    requests: new RequestBook(),
+    unavailable: shared?.unavailable ?? (() => null),
   };
 
   const app = Fastify({
@@ -218,6 +239,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RedwingS
     },
     queue: ctx.queue,
     metrics: ctx.metrics,
+    requests: ctx.requests,
     async close() {
       await app.close();
       await closeOwned();

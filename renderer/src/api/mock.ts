@@ -165,6 +165,8 @@ export function createMockClient(): RendererClient {
     modelId: null,
     example: null,
     error: null,
+    requests: [],
+    unavailable: null,
   };
   const downloads = new Map<string, Download>();
   const timers = new Map<string, ReturnType<typeof setInterval>>();
@@ -660,6 +662,7 @@ export function createMockClient(): RendererClient {
       return { ok: true };
     },
     "server.status": () => server,
+    "server.cancel": () => ({ ok: true }),
     "server.set": (p: { enabled: boolean; port?: number }) => {
       const port = p.port ?? settings.server.port;
       server = p.enabled
@@ -667,10 +670,20 @@ export function createMockClient(): RendererClient {
             running: true,
             url: `http://127.0.0.1:${port}/v1`,
             modelId: engine.model,
-            example: `curl http://127.0.0.1:${port}/v1/chat/completions \\\n  -H "Content-Type: application/json" \\\n  -d '{"model": "${engine.model}", "messages": [{"role": "user", "content": "Hello"}]}'`,
+            example: `curl http://127.0.0.1:${port}/v1/chat/completions \\\n  -H "Content-Type: application/json" \\\n  -d '{"model": "${engine.model}", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 128}'`,
             error: null,
+            requests: [],
+            unavailable: null,
           }
-        : { running: false, url: null, modelId: null, example: null, error: null };
+        : {
+            running: false,
+            url: null,
+            modelId: null,
+            example: null,
+            error: null,
+            requests: [],
+            unavailable: null,
+          };
       settings = { ...settings, server: { enabled: p.enabled, port } };
       emit({ type: "server", status: server });
       return server;

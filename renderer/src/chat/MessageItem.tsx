@@ -11,6 +11,7 @@ import { ErrorAlert } from "../components/ErrorAlert.tsx";
 import { Button } from "../components/ui.tsx";
 import { useActions } from "../state/context.tsx";
 import { Markdown } from "./Markdown.tsx";
+import { WaitingNote } from "./WaitingNote.tsx";
 
 const FINISH_NOTES: Partial<Record<NonNullable<Message["finishReason"]>, string>> = {
   cancelled: "Stopped.",
@@ -78,11 +79,7 @@ export const MessageItem = memo(function MessageItem({
         </div>
       ) : (
         <div className="w-full max-w-[min(48rem,100%)] text-sm break-words">
-          {text ? (
-            <Markdown text={text} />
-          ) : streaming ? (
-            <p className="text-muted">Thinking…</p>
-          ) : null}
+          {text ? <Markdown text={text} /> : streaming ? <WaitingNote /> : null}
           {streaming && text && <span aria-hidden="true" className="caret" />}
         </div>
       )}

@@ -3,6 +3,8 @@ import { useState } from "react";
 import { CopyButton } from "../components/CopyButton.tsx";
 import { ErrorAlert } from "../components/ErrorAlert.tsx";
 import { NumberField, numberParser } from "../components/NumberField.tsx";
+import type { ServerStatus } from "../../../core/app/api.ts";
+import { Button } from "../components/ui.tsx";
 import { useActions, useAppState } from "../state/context.tsx";
 
 export function ServerView() {
@@ -83,6 +85,11 @@ export function ServerView() {
           />
         </div>
         {server?.error && <ErrorAlert error={server.error} onRetry={() => void toggle()} />}
+        {running && server?.unavailable && (
+          <p role="status" data-testid="server-unavailable" className="text-sm text-muted">
+            Answering 503 (retry later) for now: {server.unavailable}.
+          </p>
+        )}
         <div className="text-sm">
           <span className="text-muted">Address: </span>
           <span data-testid="server-url" className="font-mono break-all">
@@ -96,6 +103,7 @@ export function ServerView() {
           )}
         </div>
       </section>
+      {running && server && <RequestList requests={server.requests} />}
       {running && server?.example && (
         <section
           aria-labelledby="example-title"
@@ -120,5 +128,61 @@ export function ServerView() {
         </section>
       )}
     </div>
+  );
+}
+
+/** The server's requests in flight: who sent them, how far they are, and Cancel. */
+function RequestList({ requests }: { requests: ServerStatus["requests"] }) {
+  const { client, run } = useActions();
+  const [cancelling, setCancelling] = useState<Set<string>>(new Set());
+  return (
+    <section
+      aria-labelledby="requests-title"
+      className="flex flex-col gap-2 rounded-lg border border-line bg-panel p-4"
+    >
+      <h2 id="requests-title" className="font-semibold">
+        Requests
+      </h2>
+      {requests.length === 0 ? (
+        <p className="text-sm text-muted">None in progress.</p>
+      ) : (
+        <ul data-testid="server-requests" className="flex flex-col divide-y divide-line text-sm">
+          {requests.map((r) => (
+            <li
+              key={r.id}
+              data-state={r.state}
+              className="flex flex-wrap items-center justify-between gap-2 py-2"
+            >
+              <span className="min-w-0 break-all">
+                <span className="font-medium">{r.state === "running" ? "Running" : "Queued"}</span>
+                <span className="text-muted">
+                  {" "}
+                  · {r.endpoint === "chat" ? "chat" : "completion"} from{" "}
+                  <span className="font-mono">{r.client}</span>
+                </span>
+                {r.state === "running" && (
+                  <span className="tabular-nums text-muted">
+                    {" "}
+                    · {r.tokens} of at most {r.maxTokens} tokens
+                  </span>
+                )}
+              </span>
+              <Button
+                small
+                variant="secondary"
+                aria-label={`Cancel the request from ${r.client}`}
+                disabled={cancelling.has(r.id)}
+                onClick={() => {
+                  setCancelling((c) => new Set(c).add(r.id));
+                  void run(() => client.call("server.cancel", { id: r.id }));
+                }}
+              >
+                Cancel
+              </Button>
+            </li>
+          ))}
+        </ul>
+      )}
+    </section>
   );
 }

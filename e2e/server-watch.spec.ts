@@ -1,0 +1,125 @@
+/**
+ * The app's OpenAI-compatible server as a user watches it (issue 18): its requests listed in the
+ * Server view with Cancel, a chat reply that waits behind a server request saying so (and
+ * cancelling it), and the server answering 503 while the engine restarts after a crash, then
+ * serving again without anyone pressing "Restart engine".
+ */
+import { createServer } from "node:net";
+import { expect, test, type RedwingApp } from "./fixtures.ts";
+import { gotoView, lastReply, send, waitReady, waitReply } from "./ui.ts";
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once("error", reject);
+    probe.listen(0, "127.0.0.1", () => {
+      const address = probe.address();
+      const port = typeof address === "object" && address ? address.port : 0;
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/** Switches the server on and answers its /v1 address. */
+async function serverOn(app: RedwingApp): Promise<string> {
+  const status = await app.call("server.set", { enabled: true, port: await freePort() });
+  return status.url!;
+}
+
+/** A request long enough to watch: generated through end-of-turn tokens, to the context's end. */
+function longRequest(url: string): Promise<Response> {
+  return fetch(`${url}/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: "demo",
+      messages: [{ role: "user", content: "Tell me a long story." }],
+      max_tokens: 100_000,
+      ignore_eos: true,
+    }),
+  });
+}
+
+async function errorCode(res: Response): Promise<string> {
+  return ((await res.json()) as { error: { code: string } }).error.code;
+}
+
+async function runningRequest(app: RedwingApp): Promise<void> {
+  await expect
+    .poll(async () => (await app.call("server.status")).requests[0]?.state)
+    .toBe("running");
+}
+
+test("server requests: listed with Cancel, and a chat waiting behind one says so", async ({
+  app,
+}) => {
+  const { page } = app;
+  await waitReady(page, "demo");
+  await app.call("settings.update", { sampling: { maxNewTokens: 8 } });
+  const url = await serverOn(app);
+
+  // The Server view lists a running request with its client and tokens, and cancels it.
+  await gotoView(page, "Server");
+  const first = longRequest(url);
+  const list = page.getByTestId("server-requests");
+  const row = list.locator('li[data-state="running"]');
+  await expect(row).toContainText(/Running · chat from .*127\.0\.0\.1:\d+/);
+  await expect(row).toContainText(/\d+ of at most \d+ tokens/);
+  await row.getByRole("button", { name: /^Cancel the request from / }).click();
+  const cancelled = await first;
+  expect(cancelled.status).toBe(503);
+  expect(await errorCode(cancelled)).toBe("request_cancelled");
+  await expect(page.getByText("None in progress.")).toBeVisible();
+
+  // A chat reply queued behind a server request says what it waits for, and can cancel it.
+  const second = longRequest(url);
+  await runningRequest(app);
+  await gotoView(page, "Chat");
+  await send(page, "Hello");
+  const waiting = lastReply(page).getByTestId("waiting-for-server");
+  await expect(waiting).toContainText("Waiting for a server request to finish");
+  await waiting.getByRole("button", { name: "Cancel it", exact: true }).click();
+  expect((await second).status).toBe(503);
+  await waitReply(page);
+  await expect(waiting).toHaveCount(0);
+});
+
+test("server: 503 with Retry-After while the engine restarts after a crash, then 200 again", async ({
+  app,
+}) => {
+  const { page } = app;
+  await waitReady(page, "demo");
+  const url = await serverOn(app);
+  const inFlight = longRequest(url);
+  await runningRequest(app);
+  const pid = (await app.call("engine.status")).pid!;
+  process.kill(pid, "SIGKILL");
+  expect((await inFlight).status).toBeGreaterThanOrEqual(500);
+
+  // The server never refuses the connection: 503 until the restarted engine has the model.
+  const statuses: number[] = [];
+  await expect
+    .poll(
+      async () => {
+        const res = await fetch(`${url}/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({
+            model: "demo",
+            messages: [{ role: "user", content: "Hi" }],
+            max_tokens: 2,
+          }),
+        });
+        statuses.push(res.status);
+        if (res.status === 503) expect(Number(res.headers.get("retry-after"))).toBeGreaterThan(0);
+        await res.body?.cancel();
+        return res.status;
+      },
+      { timeout: 60_000, intervals: [20] },
+    )
+    .toBe(200);
+  expect(statuses.every((s) => s === 503 || s === 200)).toBe(true);
+  await waitReady(page, "demo");
+  expect((await app.call("engine.status")).pid).not.toBe(pid);
+  expect((await app.call("server.status")).running).toBe(true);
+});
