@@ -29,10 +29,24 @@ export const AppErrorSchema = z.object({
       "retry",
       "load_model",
       "reduce_context",
+      /** Saves `fix.engine` and loads `fix.model` (the button says `fix.label`). */
+      "apply_fix",
     ])
     .nullable(),
   /** Technical detail (file, offset, exit status) shown on request. */
   detail: z.string().optional(),
+  /** With action "apply_fix": the settings that make the failed load work, and its button. */
+  fix: z
+    .object({
+      /** The button, e.g. "Load with 4096". */
+      label: z.string(),
+      model: z.string(),
+      engine: z.object({
+        context: z.number().int().positive().optional(),
+        memoryBudgetBytes: z.number().nonnegative().nullable().optional(),
+      }),
+    })
+    .optional(),
 });
 export type AppError = z.infer<typeof AppErrorSchema>;
 
