@@ -115,6 +115,14 @@ export const SettingsSchema = z.object({
     enabled: z.boolean(),
     port: z.number().int().min(1).max(65535),
   }),
+  /**
+   * Each model's own engine and sampling settings, saved when another model becomes the active
+   * one; `engine` and `sampling` above are always the active model's. A file from before this
+   * field has none: the settings in it become the active model's at its first switch.
+   */
+  models: z
+    .record(modelName, z.object({ engine: EngineSettingsSchema, sampling: SamplingSettingsSchema }))
+    .default({}),
 });
 export type Settings = z.infer<typeof SettingsSchema>;
 
@@ -139,6 +147,7 @@ export const DEFAULT_SETTINGS: Settings = {
   systemPrompt: "",
   activeModel: null,
   server: { enabled: false, port: SERVER_DEFAULTS.port },
+  models: {},
 };
 
 /** A partial update: any subset of fields, nested objects merged. */
@@ -464,7 +473,13 @@ export const API = {
   "engine.status": { params: none, result: EngineStatusSchema },
   /** Loads a model (default: the active one) with the saved engine settings; sets it active. */
   "engine.load": {
-    params: z.object({ model: modelName.optional() }).strict(),
+    params: z
+      .object({
+        model: modelName.optional(),
+        /** Saved as the model's own settings before it loads (an error's fix). */
+        engine: EngineSettingsSchema.partial().optional(),
+      })
+      .strict(),
     result: EngineStatusSchema,
   },
   "engine.unload": { params: none, result: EngineStatusSchema },

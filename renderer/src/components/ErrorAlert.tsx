@@ -71,10 +71,7 @@ export function ErrorAlert({
         const fix = error.fix;
         if (!fix) break;
         onDismiss?.();
-        void run(async () => {
-          await client.call("settings.update", { engine: fix.engine });
-          return client.call("engine.load", { model: fix.model });
-        });
+        void run(() => client.call("engine.load", { model: fix.model, engine: fix.engine }));
         break;
       }
       case "retry":
