@@ -29,10 +29,24 @@ export const AppErrorSchema = z.object({
       "retry",
       "load_model",
       "reduce_context",
+      /** Saves `fix.engine` and loads `fix.model` (the button says `fix.label`). */
+      "apply_fix",
     ])
     .nullable(),
   /** Technical detail (file, offset, exit status) shown on request. */
   detail: z.string().optional(),
+  /** With action "apply_fix": the settings that make the failed load work, and its button. */
+  fix: z
+    .object({
+      /** The button, e.g. "Load with 4096". */
+      label: z.string(),
+      model: z.string(),
+      engine: z.object({
+        context: z.number().int().positive().optional(),
+        memoryBudgetBytes: z.number().nonnegative().nullable().optional(),
+      }),
+    })
+    .optional(),
 });
 export type AppError = z.infer<typeof AppErrorSchema>;
 
@@ -101,6 +115,14 @@ export const SettingsSchema = z.object({
     enabled: z.boolean(),
     port: z.number().int().min(1).max(65535),
   }),
+  /**
+   * Each model's own engine and sampling settings, saved when another model becomes the active
+   * one; `engine` and `sampling` above are always the active model's. A file from before this
+   * field has none: the settings in it become the active model's at its first switch.
+   */
+  models: z
+    .record(modelName, z.object({ engine: EngineSettingsSchema, sampling: SamplingSettingsSchema }))
+    .default({}),
 });
 export type Settings = z.infer<typeof SettingsSchema>;
 
@@ -125,6 +147,7 @@ export const DEFAULT_SETTINGS: Settings = {
   systemPrompt: "",
   activeModel: null,
   server: { enabled: false, port: SERVER_DEFAULTS.port },
+  models: {},
 };
 
 /** A partial update: any subset of fields, nested objects merged. */
@@ -469,7 +492,13 @@ export const API = {
   "engine.status": { params: none, result: EngineStatusSchema },
   /** Loads a model (default: the active one) with the saved engine settings; sets it active. */
   "engine.load": {
-    params: z.object({ model: modelName.optional() }).strict(),
+    params: z
+      .object({
+        model: modelName.optional(),
+        /** Saved as the model's own settings before it loads (an error's fix). */
+        engine: EngineSettingsSchema.partial().optional(),
+      })
+      .strict(),
     result: EngineStatusSchema,
   },
   "engine.unload": { params: none, result: EngineStatusSchema },

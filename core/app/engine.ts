@@ -11,6 +11,7 @@
  */
 import { stat } from "node:fs/promises";
 import { join } from "node:path";
+import { formatBytes } from "../chat/stats.ts";
 import { loadChatTemplate } from "../chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
 import { SERVER_DEFAULTS } from "../defaults.ts";
@@ -71,6 +72,39 @@ export function loadParams(dir: string, s: EngineSettings): LoadParams {
     expertCacheSlots: budget === undefined ? s.expertCacheSlots : undefined,
     memoryBudget: budget,
   });
+}
+
+/** The budget is rounded up to whole MiB: the figure the Tuning field shows. */
+const MIB = 1024 ** 2;
+
+/**
+ * A budget too small for the model: the plan at the smallest expert cache, part by part, in one
+ * unit family (formatBytes), and the budget that holds it as the fix.
+ */
+export function budgetTooSmall(
+  name: string,
+  budgetBytes: number,
+  plan: PlanEvent,
+  kept = "",
+): AppFailure {
+  const need = Math.ceil(plan.total_bytes / MIB) * MIB;
+  const parts = [
+    `weights ${formatBytes(plan.core_bytes)}`,
+    `KV cache ${formatBytes(plan.kv_bytes)}`,
+    ...(plan.expert_bytes > 0 ? [`expert cache ${formatBytes(plan.expert_bytes)}`] : []),
+    `working memory ${formatBytes(plan.work_bytes)}`,
+  ];
+  return new AppFailure(
+    "budget_too_small",
+    `The memory budget of ${formatBytes(budgetBytes)} is too small for "${name}": it needs at least ${formatBytes(need)} (${parts.join(", ")}).${kept}`,
+    "apply_fix",
+    plan.over_budget ?? undefined,
+    {
+      label: `Load with a ${formatBytes(need)} budget`,
+      model: name,
+      engine: { memoryBudgetBytes: need },
+    },
+  );
 }
 
 export class EngineManager {
@@ -313,16 +347,61 @@ export class EngineManager {
       // Structure, sizes and names of every file: a damaged directory is refused before the
       // engine maps it (UserErrors that name the file).
       const { manifest } = await readModelDir(dir);
-      return await this.loadChecked(name, dir, manifest);
+      const settings = structuredClone(this.opts.settings().engine);
+      await this.refuseUnfit(name, dir, manifest, settings);
+      return await this.loadChecked(name, dir, manifest, settings);
     } finally {
       release();
     }
   }
 
-  /** Loads a checked model directory (the caller holds the queue). */
-  private async loadChecked(name: string, dir: string, manifest: Manifest): Promise<EngineStatus> {
+  /**
+   * Refuses a load that cannot work, before anything is unloaded: a context beyond the model's
+   * maximum, or a memory budget smaller than the engine's plan needs. Each refusal carries the
+   * fix (the settings that work) for the error's button. The caller holds the queue.
+   */
+  private async refuseUnfit(
+    name: string,
+    dir: string,
+    manifest: Manifest,
+    settings: EngineSettings,
+  ): Promise<void> {
+    const kept = this.loaded ? ` "${this.loaded.name}" stays loaded.` : "";
+    const maxContext = manifest.architecture.max_position_embeddings;
+    if (settings.context > maxContext) {
+      throw new AppFailure(
+        "context_too_long",
+        `"${name}" supports a context of at most ${maxContext} tokens, but the context length is set to ${settings.context}.${kept}`,
+        "apply_fix",
+        undefined,
+        { label: `Load with ${maxContext}`, model: name, engine: { context: maxContext } },
+      );
+    }
+    if (settings.memoryBudgetBytes === null) return;
+    // The plan is asked of the running service (one is started when none runs: the load needs
+    // it anyway); a refusal puts the status back as it was.
+    const before = { state: this.state };
+    let plan: PlanEvent;
     try {
-      const settings = structuredClone(this.opts.settings().engine);
+      const client = await this.ensureClient();
+      plan = await client.plan(loadParams(dir, settings));
+    } finally {
+      if (!this.crashed) this.state = before.state;
+      this.emit();
+    }
+    if (plan.over_budget !== null)
+      throw budgetTooSmall(name, settings.memoryBudgetBytes, plan, kept);
+  }
+
+  /** Loads a checked model directory (the caller holds the queue). */
+  private async loadChecked(
+    name: string,
+    dir: string,
+    manifest: Manifest,
+    settings: EngineSettings,
+  ): Promise<EngineStatus> {
+    const previous = this.loaded;
+    try {
       this.crashed = false;
       this.modelName = name;
       this.state = "loading";
@@ -366,6 +445,17 @@ export class EngineManager {
       this.emit();
       return this.status();
     } catch (error) {
+      // The user is never left with nothing: the model loaded before comes back when it can.
+      if (!this.crashed && previous && (await this.restore(previous))) {
+        const failed = toAppError(error);
+        throw new AppFailure(
+          failed.code,
+          `${failed.message} "${previous.name}" is loaded again.`,
+          failed.action,
+          failed.detail,
+          failed.fix,
+        );
+      }
       if (!this.crashed) {
         this.state = "stopped";
         this.loaded = null;
@@ -375,6 +465,28 @@ export class EngineManager {
         this.emit();
       }
       throw error;
+    }
+  }
+
+  /** Loads `previous` again after a failed load (true when it is back). */
+  private async restore(previous: LoadedModel): Promise<boolean> {
+    try {
+      const client = await this.ensureClient();
+      this.modelName = previous.name;
+      this.state = "loading";
+      this.emit();
+      const ready = await client.load(loadParams(previous.dir, previous.settings));
+      this.loaded = { ...previous, ready };
+      this.lastModel = previous.name;
+      this.rssBytes = ready.memory.rss_bytes;
+      this.state = "ready";
+      this.loadFraction = null;
+      this.error = null;
+      this.emit();
+      return true;
+    } catch (error) {
+      this.log(`could not load "${previous.name}" again: ${(error as Error).message}`);
+      return false;
     }
   }
 

@@ -14,8 +14,20 @@ type Action = AppError["action"];
 
 /** A failure that already knows how the user should see it. */
 export class AppFailure extends AppCallError {
-  constructor(code: string, message: string, action: Action = null, detail?: string) {
-    super({ code, message, action, ...(detail !== undefined ? { detail } : {}) });
+  constructor(
+    code: string,
+    message: string,
+    action: Action = null,
+    detail?: string,
+    fix?: AppError["fix"],
+  ) {
+    super({
+      code,
+      message,
+      action,
+      ...(detail !== undefined ? { detail } : {}),
+      ...(fix !== undefined ? { fix } : {}),
+    });
     this.name = "AppFailure";
   }
 }

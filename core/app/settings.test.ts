@@ -12,10 +12,12 @@ import { createAppController } from "./controller.ts";
 import {
   applyPatch,
   engineSettingsDiffer,
+  modelDefaults,
   openSettingsStore,
   readSettings,
   saveChanged,
   settingsStoreOptions,
+  switchModel,
 } from "./settings.ts";
 
 let dir: string;
@@ -191,5 +193,49 @@ describe("engineSettingsDiffer", () => {
   it("ignores the slot count while a memory budget picks it", () => {
     const budget = { ...base, memoryBudgetBytes: 2e9 };
     expect(engineSettingsDiffer({ ...budget, expertCacheSlots: 32 }, budget)).toBe(false);
+  });
+});
+
+describe("settings per model", () => {
+  it("an older file without per-model settings reads with none; they go to its model at the first switch", async () => {
+    const old = { ...structuredClone(DEFAULT_SETTINGS), activeModel: "a" } as Partial<
+      typeof DEFAULT_SETTINGS
+    >;
+    delete old.models;
+    old.engine = { ...DEFAULT_SETTINGS.engine, context: 8192 };
+    await writeFile(join(dir, "settings.json"), JSON.stringify(old));
+    const { settings, repaired } = readSettings(openSettingsStore(dir).store);
+    expect(repaired).toEqual([]);
+    expect(settings.models).toEqual({});
+    const defaults = await modelDefaults(dir, 2048);
+    const switched = switchModel(settings, "a", "b", defaults);
+    expect(switched.models.a?.engine.context).toBe(8192);
+    expect(switched.engine.context).toBe(2048);
+    // And back: "a" gets its own settings again, "b" keeps what it had.
+    const back = switchModel(
+      applyPatch(switched, { engine: { kvDtype: "f32" } }),
+      "b",
+      "a",
+      defaults,
+    );
+    expect(back.engine.context).toBe(8192);
+    expect(back.models.b?.engine.kvDtype).toBe("f32");
+  });
+
+  it("defaults come from the model's generation_config.json where its values are in range", async () => {
+    await writeFile(
+      join(dir, "generation_config.json"),
+      JSON.stringify({ temperature: 0.6, top_k: 20, top_p: 0.95, repetition_penalty: 7 }),
+    );
+    const own = await modelDefaults(dir, 131072);
+    expect(own.sampling.temperature).toBe(0.6);
+    expect(own.sampling.topK).toBe(20);
+    expect(own.sampling.topP).toBe(0.95);
+    // Out of range (1..2): the default stands.
+    expect(own.sampling.repetitionPenalty).toBe(DEFAULT_SETTINGS.sampling.repetitionPenalty);
+    expect(own.engine.context).toBe(DEFAULT_SETTINGS.engine.context);
+    const none = await modelDefaults(join(dir, "missing"), 1024);
+    expect(none.sampling).toEqual(DEFAULT_SETTINGS.sampling);
+    expect(none.engine.context).toBe(1024);
   });
 });

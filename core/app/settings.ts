@@ -9,6 +9,7 @@
  * `settings.json.corrupt-<time>` and the app starts from the defaults instead of failing.
  */
 import { existsSync, readFileSync, renameSync, unlinkSync, writeFileSync } from "node:fs";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import Conf, { type Schema } from "conf";
 import { z } from "zod";
@@ -16,6 +17,8 @@ import pkg from "../../package.json" with { type: "json" };
 import {
   DEFAULT_SETTINGS,
   type EngineSettings,
+  type SamplingSettings,
+  SamplingSettingsSchema,
   type Settings,
   type SettingsPatch,
   SettingsSchema,
@@ -184,6 +187,7 @@ export function applyPatch(current: Settings, patch: SettingsPatch): Settings {
     systemPrompt: patch.systemPrompt ?? current.systemPrompt,
     activeModel: patch.activeModel === undefined ? current.activeModel : patch.activeModel,
     server: { ...current.server, ...patch.server },
+    models: current.models,
   };
   return SettingsSchema.parse(next);
 }
@@ -210,4 +214,66 @@ export function engineSettingsDiffer(saved: EngineSettings, loaded: EngineSettin
     saved.backend !== loaded.backend ||
     saved.kvDtype !== loaded.kvDtype
   );
+}
+
+/** A model's own settings: what its `models` entry holds. */
+export interface ModelSettings {
+  engine: EngineSettings;
+  sampling: SamplingSettings;
+}
+
+/** generation_config.json keys and the sampling fields they give. */
+const GENERATION_KEYS = [
+  ["temperature", "temperature"],
+  ["top_k", "topK"],
+  ["top_p", "topP"],
+  ["repetition_penalty", "repetitionPenalty"],
+] as const;
+
+/**
+ * A model's settings before the user changed any: the defaults (DEFAULT_SETTINGS, from
+ * core/defaults.ts) with the context capped at the model's maximum and the sampling its
+ * generation_config.json recommends, where it has one and the values are in range.
+ */
+export async function modelDefaults(dir: string, maxContext: number): Promise<ModelSettings> {
+  const engine = structuredClone(DEFAULT_SETTINGS.engine);
+  engine.context = Math.min(engine.context, maxContext);
+  const sampling = structuredClone(DEFAULT_SETTINGS.sampling);
+  let config: Record<string, unknown> = {};
+  try {
+    const parsed: unknown = JSON.parse(await readFile(join(dir, "generation_config.json"), "utf8"));
+    if (parsed && typeof parsed === "object") config = parsed as Record<string, unknown>;
+  } catch {
+    // No generation_config.json (or an unreadable one): the defaults stand.
+  }
+  for (const [key, field] of GENERATION_KEYS) {
+    const value = config[key];
+    if (SamplingSettingsSchema.shape[field].safeParse(value).success) {
+      (sampling as Record<string, unknown>)[field] = value;
+    }
+  }
+  return { engine, sampling };
+}
+
+/**
+ * The settings with `name` as the active model: the current model's engine and sampling saved
+ * under its name, and `name`'s own (else `defaults`) made the current ones.
+ */
+export function switchModel(
+  current: Settings,
+  currentName: string,
+  name: string,
+  defaults: ModelSettings,
+): Settings {
+  const models = {
+    ...current.models,
+    [currentName]: { engine: current.engine, sampling: current.sampling },
+  };
+  const own = models[name] ?? defaults;
+  return SettingsSchema.parse({
+    ...current,
+    models,
+    engine: own.engine,
+    sampling: own.sampling,
+  });
 }

@@ -33,7 +33,8 @@ export function ErrorAlert({
   const engineAction = useAppState((s) => s.engine?.error?.action ?? null);
   const engineState = useAppState((s) => s.engine?.state ?? null);
   const action = error.action;
-  let label = action ? ACTION_LABELS[action] : null;
+  let label =
+    action === "apply_fix" ? (error.fix?.label ?? null) : action ? ACTION_LABELS[action] : null;
   if (action === "retry" && !onRetry) label = null;
   // Engine actions belong to the engine banner: a failed reply or a toast does not repeat its
   // button (one button per next step on screen), nor offer one once the engine is back.
@@ -66,6 +67,13 @@ export function ErrorAlert({
       case "reduce_context":
         navigate("tuning", "field-context");
         break;
+      case "apply_fix": {
+        const fix = error.fix;
+        if (!fix) break;
+        onDismiss?.();
+        void run(() => client.call("engine.load", { model: fix.model, engine: fix.engine }));
+        break;
+      }
       case "retry":
         onRetry?.();
         break;

@@ -3,6 +3,7 @@ import { ConversationList } from "../chat/ConversationList.tsx";
 import { Composer } from "../chat/Composer.tsx";
 import { DemoNote } from "../chat/DemoNote.tsx";
 import { MessageList } from "../chat/MessageList.tsx";
+import { ModelPicker } from "../chat/ModelPicker.tsx";
 import { SystemPrompt } from "../chat/SystemPrompt.tsx";
 import { useAppState } from "../state/context.tsx";
 import { isReplying, type State } from "../state/store.ts";
@@ -36,6 +37,7 @@ export function ChatView() {
             {current?.title ?? "New conversation"}
             {model && <span> · {model}</span>}
           </p>
+          <ModelPicker />
         </div>
         <DemoNote />
         <SystemPrompt

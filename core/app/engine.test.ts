@@ -1,0 +1,57 @@
+import { describe, expect, it } from "vitest";
+import type { PlanEvent } from "../engine/index.ts";
+import { budgetTooSmall } from "./engine.ts";
+
+const MIB = 1024 ** 2;
+
+function plan(over: Partial<PlanEvent>): PlanEvent {
+  return {
+    type: "plan",
+    id: 1,
+    model: "/models/m",
+    backend: "cpu",
+    context: 4096,
+    chunk: 256,
+    prefix_slack: 0,
+    kv_dtype: "f16",
+    slots: 1,
+    moe_layers: 2,
+    expert_bytes_each: MIB,
+    core_bytes: 30 * MIB,
+    kv_bytes: 2 * MIB,
+    expert_bytes: 4 * MIB,
+    work_bytes: 70 * MIB,
+    total_bytes: 106 * MIB + 5,
+    all_experts_bytes: 64 * MIB,
+    memory_budget: MIB,
+    over_budget: "memory budget of 1 MiB cannot hold the model",
+    device_bytes: 0,
+    ...over,
+  };
+}
+
+describe("budgetTooSmall", () => {
+  it("names the cause part by part in one unit family and offers the budget that holds the plan", () => {
+    const failure = budgetTooSmall("demo", MIB, plan({}), ' "other" stays loaded.');
+    const e = failure.error;
+    expect(e.code).toBe("budget_too_small");
+    expect(e.action).toBe("apply_fix");
+    expect(e.message).toBe(
+      'The memory budget of 1.0 MiB is too small for "demo": it needs at least 107.0 MiB ' +
+        '(weights 30.0 MiB, KV cache 2.0 MiB, expert cache 4.0 MiB, working memory 70.0 MiB). "other" stays loaded.',
+    );
+    // Rounded up to whole MiB, never below the plan's total.
+    expect(e.fix).toEqual({
+      label: "Load with a 107.0 MiB budget",
+      model: "demo",
+      engine: { memoryBudgetBytes: 107 * MIB },
+    });
+    expect(e.fix!.engine.memoryBudgetBytes!).toBeGreaterThanOrEqual(106 * MIB + 5);
+  });
+
+  it("leaves the expert cache out of a dense model's parts", () => {
+    const e = budgetTooSmall("dense", 2 * 1024 ** 3, plan({ expert_bytes: 0 })).error;
+    expect(e.message).toContain("The memory budget of 2.00 GiB");
+    expect(e.message).not.toContain("expert cache");
+  });
+});
