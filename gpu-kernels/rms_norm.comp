@@ -1,5 +1,12 @@
 // Per row: y = x * (mean(x^2) + eps)^-1/2 * (weight_offset + weight), or without the weight
-// factor when has_weight is 0. One workgroup per row; x and y may be the same view.
+// factor when has_weight is 0. Fused variants, one dispatch instead of two or three:
+// - has_weight 2: y = (x * (mean(x^2) + eps)^-1/2 * weight) * col_scale (a weightless norm then
+//   mul_cols: Gemma 4's router input);
+// - accumulate: y = (y + the norm) * acc_scale (a post-norm, the residual add after it and
+//   Gemma 4's layer scalar);
+// - pair: also y2 = x * (mean(x^2) + eps)^-1/2 * (weight_offset + weight2) (two norms of one row,
+//   its mean square computed once).
+// One workgroup per row; x and y may be the same view unless accumulating.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -8,6 +15,8 @@ layout(local_size_x = 64) in;
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
+layout(std430, set = 0, binding = 3) readonly buffer Weight2 { float weight2[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer Y2 { float y2[]; };
 layout(push_constant) uniform Params {
   uint rows;
   uint cols;
@@ -18,6 +27,12 @@ layout(push_constant) uniform Params {
   uint has_weight;
   float weight_offset;
   float eps;
+  uint accumulate;
+  float acc_scale;
+  uint pair;
+  uint y2_offset;
+  uint y2_stride;
+  float col_scale;
 } p;
 
 shared float partial[64];
@@ -37,8 +52,14 @@ void main() {
   }
   const float inv = 1.0 / sqrt(partial[0] / float(p.cols) + p.eps);
   const uint yb = p.y_offset + r * p.y_stride;
+  const uint y2b = p.y2_offset + r * p.y2_stride;
   for (uint c = tid; c < p.cols; c += 64u) {
-    const float scale = p.has_weight != 0u ? p.weight_offset + weight[c] : 1.0;
-    y[yb + c] = x[xb + c] * inv * scale;
+    const float scale = p.has_weight == 1u ? p.weight_offset + weight[c] : 1.0;
+    const float xc = x[xb + c];  // read once: y may be x
+    if (p.pair != 0u) y2[y2b + c] = xc * inv * (p.weight_offset + weight2[c]);
+    const float v = p.has_weight == 2u ? (xc * inv * weight[c]) * p.col_scale : xc * inv * scale;
+    // (y + v) * acc_scale, as the add and scale ops after a separate norm compute it (a scale
+    // of 1 is exact).
+    y[yb + c] = p.accumulate != 0u ? (y[yb + c] + v) * p.acc_scale : v;
   }
 }

@@ -207,6 +207,66 @@ TEST_CASE("gpu: element-wise ops, norms and RoPE match the CPU") {
   }
 }
 
+TEST_CASE(
+    "gpu: the fused norms (add_rms_norm, rms_norm_pair, rms_norm_mul_cols, rms_norm_rope) match "
+    "the CPU's separate "
+    "ops") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  // acc = (acc + rms_norm(x)) * s: the CPU runs the base class's rms_norm, add and scale. x is
+  // left undefined by the op, so it is cleared before the buffers are compared.
+  const int64_t rows = 5, cols = 77, stride = 80;
+  const auto a = randn(static_cast<size_t>(rows * stride), 31);
+  const auto b = randn(static_cast<size_t>(rows * stride), 32);
+  const auto v = randn(static_cast<size_t>(cols), 33);
+  auto m = [&](auto& bufs, int i) { return Mat{bufs[i].get(), 2, rows - 1, cols, stride}; };
+  for (const bool weighted : {true, false}) {
+    const double d = compare(*cpu, *gpu, {a, b, v}, [&](Backend& be, auto& x) {
+      be.add_rms_norm(m(x, 0), weighted ? x[2].get() : nullptr, 1.0f, 1e-6f, m(x, 1),
+                      weighted ? 0.75f : 1.0f);
+      be.fill_zero(m(x, 0));
+    });
+    CHECK(d < 1e-6);
+  }
+  // A weightless norm times a vector and a scalar (the router's input), in place and not.
+  for (const bool in_place : {true, false}) {
+    const double d = compare(*cpu, *gpu, {a, b, v}, [&](Backend& be, auto& x) {
+      be.rms_norm_mul_cols(m(x, 0), 1e-6f, *x[2], 0.125f, in_place ? m(x, 0) : m(x, 1));
+    });
+    CHECK(d < 1e-6);
+  }
+  // Two norms of one x (y1 in place of x, then into another buffer).
+  const auto v2 = randn(static_cast<size_t>(cols), 36);
+  for (const bool in_place : {true, false}) {
+    const double d = compare(*cpu, *gpu, {a, b, v, v2, b}, [&](Backend& be, auto& x) {
+      be.rms_norm_pair(m(x, 0), x[2].get(), x[3].get(), 1.0f, 1e-6f, in_place ? m(x, 0) : m(x, 1),
+                       Mat{x[4].get(), 0, rows - 1, cols, cols});
+    });
+    CHECK(d < 1e-6);
+  }
+  auto g = put(*gpu, a);
+  const Mat same{g.get(), 2, rows - 1, cols, stride};
+  CHECK_THROWS_AS(gpu->add_rms_norm(same, nullptr, 0.0f, 1e-6f, same), std::logic_error);
+
+  // Per-head norm then RoPE: every RoPE variant, with and without a weight, a head longer than
+  // the kernel's 64 threads (d = 130), offset rows.
+  for (const int d : {24, 130}) {
+    const int heads = 3;
+    const int64_t t = 7;
+    const auto q = randn(static_cast<size_t>((t + 1) * heads * d), 34);
+    const auto w = randn(static_cast<size_t>(d), 35, 0.3f);
+    for (RopeParams p : {RopeParams{10000, d / 2, d, 1.0}, RopeParams{1e6, 4, d, 1.0},
+                         RopeParams{1e6, d / 2, d, 8.0}})
+      for (const bool weighted : {true, false}) {
+        const double diff = compare(*cpu, *gpu, {q, w}, [&](Backend& be, auto& x) {
+          be.rms_norm_rope(Mat{x[0].get(), heads * d, t, heads * d, heads * d}, heads, d,
+                           weighted ? x[1].get() : nullptr, 1.0f, 1e-6f, p, 4093);
+        });
+        CHECK(diff < 1e-6);
+      }
+  }
+}
+
 TEST_CASE("gpu: gather, scatter-add and routing match the CPU") {
   auto cpu = make_cpu_backend(2);
   auto gpu = gpu_backend();

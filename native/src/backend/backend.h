@@ -182,6 +182,39 @@ class Backend {
   // Per row: y = x * (mean(x^2) + eps)^-1/2 * (weight_offset + weight); weight is a float32
   // buffer of x.cols values, or null for a weightless norm.
   virtual void rms_norm(Mat x, const Buffer* weight, float weight_offset, float eps, Mat y) = 0;
+  // y = (rms_norm(x) without a weight * v) * s, v a float32 buffer of x.cols values (Gemma 4's
+  // router input). The default runs rms_norm then mul_cols; a GPU fuses them.
+  virtual void rms_norm_mul_cols(Mat x, float eps, const Buffer& v, float s, Mat y) {
+    rms_norm(x, nullptr, 0.0f, eps, y);
+    mul_cols(y, v, s);
+  }
+  // Two norms of the same x with different weights: y1 = rms_norm(x, weight1), y2 =
+  // rms_norm(x, weight2) (Gemma 4's dense-MLP and experts' pre-norms of the residual); y1 may
+  // be x, y2 may not. The default runs rms_norm twice (y2 first); a GPU computes the mean square
+  // once, in one dispatch.
+  virtual void rms_norm_pair(Mat x, const Buffer* weight1, const Buffer* weight2,
+                             float weight_offset, float eps, Mat y1, Mat y2) {
+    rms_norm(x, weight2, weight_offset, eps, y2);
+    rms_norm(x, weight1, weight_offset, eps, y1);
+  }
+  // acc = (acc + rms_norm(x)) * acc_scale (x and acc distinct views of the same shape). x is
+  // left undefined: the default normalizes it in place, adds, then scales (when acc_scale != 1),
+  // exactly as those ops; a GPU fuses them into one dispatch (a post-norm, the residual add
+  // after it and Gemma 4's layer scalar).
+  virtual void add_rms_norm(Mat x, const Buffer* weight, float weight_offset, float eps, Mat acc,
+                            float acc_scale = 1.0f) {
+    rms_norm(x, weight, weight_offset, eps, x);
+    add(acc, x, acc);
+    if (acc_scale != 1.0f) scale(acc, acc_scale);
+  }
+  // rms_norm over each head of x (rows of n_heads * head_dim values; weight has head_dim values),
+  // then rope: the q/k norm and rotation of attention. The default runs the two ops; a GPU fuses
+  // them into one dispatch.
+  virtual void rms_norm_rope(Mat x, int n_heads, int head_dim, const Buffer* weight,
+                             float weight_offset, float eps, const RopeParams& p, int64_t pos0) {
+    rms_norm(x.split_rows(head_dim), weight, weight_offset, eps, x.split_rows(head_dim));
+    rope(x, n_heads, head_dim, p, pos0);
+  }
   // out = gelu_tanh(gate) * up
   virtual void gelu_tanh_mul(Mat gate, Mat up, Mat out) = 0;
   // x = cap * tanh(x / cap)

@@ -59,8 +59,7 @@ class Gemma3 final : public Model {
       Mat m = scratch_.get(gemma::kBranch, T, hidden);
       backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
       gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
-      backend_.rms_norm(m, l.post_ffn_norm.get(), off, eps, m);
-      backend_.add(x, m, x);
+      backend_.add_rms_norm(m, l.post_ffn_norm.get(), off, eps, x);  // x += post_ffn_norm(m)
     }
     cache.advance(T);
 

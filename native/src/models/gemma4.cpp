@@ -135,20 +135,26 @@ class Gemma4 final : public Model {
       }
       Mat h = scratch_.get(gemma::kNormed, T, hidden);
       Mat m = scratch_.get(kFfnOut, T, hidden);
+      Mat e_in;  // the experts' input, pre_feedforward_layernorm_2(x), beside the dense MLP's
       timed(parts_.dense_mlp_ms, [&] {
-        backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
+        if (moe) {
+          e_in = scratch_.get(kExpertIn, T, hidden);
+          backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
+                                 e_in);
+        } else {
+          backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
+        }
         gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
       });
       if (moe) {
         backend_.rms_norm(m, l.post_ffn_norm_1.get(), off, eps, m);  // h1
         timed(parts_.experts_ms, [&] {
-          Mat h2 = banked ? banked_experts(i, l, x) : moe_branch(i, l, x, routing);
-          backend_.add(m, h2, m);
+          Mat sum = banked ? banked_experts(i, e_in) : moe_branch(i, e_in, routing);
+          backend_.add_rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, m);  // m += h2
         });
       }
-      backend_.rms_norm(m, l.post_ffn_norm.get(), off, eps, m);
-      backend_.add(x, m, x);
-      if (l.layer_scalar != 1.0f) backend_.scale(x, l.layer_scalar);
+      // x = (x + post_ffn_norm(m)) * layer_scalar
+      backend_.add_rms_norm(m, l.post_ffn_norm.get(), off, eps, x, l.layer_scalar);
     }
     cache.advance(T);
 
@@ -182,9 +188,8 @@ class Gemma4 final : public Model {
   Mat router_logits(const Layer& l, Mat r) {
     const int64_t hidden = arch_.hidden_size;
     Mat z = scratch_.get(kRouterIn, r.rows, hidden);
-    backend_.rms_norm(r, nullptr, 0.0f, arch_.rms_norm_eps, z);
-    backend_.mul_cols(z, *l.router_scale,
-                      static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)));
+    backend_.rms_norm_mul_cols(r, arch_.rms_norm_eps, *l.router_scale,
+                               static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)), z);
     Mat rl = scratch_.get(kRouterLogits, r.rows, arch_.moe->num_experts);
     backend_.qmatmul(*l.router_proj, z, rl);
     return rl;
@@ -206,16 +211,11 @@ class Gemma4 final : public Model {
     }
   }
 
-  // h2 of moe_branch with the layer's experts in one bank and the routing in routes_.
-  Mat banked_experts(int layer, const Layer& l, Mat r) {
-    const float eps = arch_.rms_norm_eps;
-    const float off = arch_.norm_weight_offset;
-    Mat e_in = scratch_.get(kExpertIn, r.rows, arch_.hidden_size);
-    backend_.rms_norm(r, l.pre_ffn_norm_2.get(), off, eps, e_in);
-    Mat sum = scratch_.get(kExpertSum, r.rows, arch_.hidden_size);
+  // moe_branch's sum with the layer's experts in one bank and the routing in routes_.
+  Mat banked_experts(int layer, Mat e_in) {
+    Mat sum = scratch_.get(kExpertSum, e_in.rows, arch_.hidden_size);
     backend_.routed_experts(*banks_[static_cast<size_t>(layer)], e_in, *routes_, arch_.moe->top_k,
                             sum);
-    backend_.rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, sum);
     return sum;
   }
 
@@ -250,16 +250,14 @@ class Gemma4 final : public Model {
   // the residual r [T, hidden]. Each chosen expert runs once over all the rows that picked it.
   // The experts may arrive in any order (cached ones first); each one's output is kept in its
   // own rows of kExpertOut and summed in ascending expert id afterwards, so the result is the
-  // same bits whatever the arrival order.
-  Mat moe_branch(int layer, const Layer& l, Mat r, const Routing& routing) {
+  // same bits whatever the arrival order. e_in is pre_feedforward_layernorm_2 of the residual.
+  // Returns the weighted sum before post_ffn_norm_2 (the
+  // caller applies it fused with its add: h2 = post_ffn_norm_2(sum)).
+  Mat moe_branch(int layer, Mat e_in, const Routing& routing) {
     const MoeConfig& moe = *arch_.moe;
-    const int64_t T = r.rows;
+    const int64_t T = e_in.rows;
     const int64_t hidden = arch_.hidden_size;
-    const float eps = arch_.rms_norm_eps;
-    const float off = arch_.norm_weight_offset;
 
-    Mat e_in = scratch_.get(kExpertIn, T, hidden);
-    backend_.rms_norm(r, l.pre_ffn_norm_2.get(), off, eps, e_in);
     Mat sum = scratch_.get(kExpertSum, T, hidden);
     backend_.fill_zero(sum);
 
@@ -291,7 +289,6 @@ class Gemma4 final : public Model {
       backend_.scatter_add_rows(y_all.row_range(first_row[k], first_row[k + 1] - first_row[k]),
                                 routing.rows[k], routing.weights[k], sum);
 
-    backend_.rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, sum);
     return sum;
   }
 

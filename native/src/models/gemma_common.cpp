@@ -86,11 +86,8 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
       {w.q_proj.get(), h, q}, {w.k_proj.get(), h, k}, {w.v_proj.get(), h, v}};
   backend.qmatmul_batch(std::span(qkv, lc.k_eq_v ? 2 : 3));
   if (lc.k_eq_v) backend.copy(k, v);  // the raw projection, before k_norm and RoPE
-  backend.rms_norm(q.split_rows(d), w.q_norm.get(), off, eps, q.split_rows(d));
-  backend.rope(q, heads, d, rope, pos0);
-
-  backend.rms_norm(k.split_rows(d), w.k_norm.get(), off, eps, k.split_rows(d));
-  backend.rope(k, lc.num_kv_heads, d, rope, pos0);
+  backend.rms_norm_rope(q, heads, d, w.q_norm.get(), off, eps, rope, pos0);
+  backend.rms_norm_rope(k, lc.num_kv_heads, d, w.k_norm.get(), off, eps, rope, pos0);
   if (arch.v_norm) backend.rms_norm(v.split_rows(d), nullptr, 0.0f, eps, v.split_rows(d));
 
   backend.kv_store(kv, k, v, pos0);
@@ -99,8 +96,7 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
 
   Mat o = scratch.get(kBranch, T, arch.hidden_size);
   backend.qmatmul(*w.o_proj, a, o);
-  backend.rms_norm(o, w.post_norm.get(), off, eps, o);
-  backend.add(x, o, x);
+  backend.add_rms_norm(o, w.post_norm.get(), off, eps, x);  // x += post_norm(o)
 }
 
 void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& scratch) {

@@ -39,6 +39,7 @@ enum class Kernel : int {
   penalize,
   topk_partial,
   topk_merge,
+  norm_rope,
   count,
 };
 const char* kernel_name(Kernel k);

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -96,6 +97,14 @@ struct EmbedParams {
 };
 struct NormParams {
   uint32_t rows, cols, x_offset, x_stride, y_offset, y_stride, has_weight;
+  float weight_offset, eps;
+  uint32_t accumulate;
+  float acc_scale;
+  uint32_t pair, y2_offset, y2_stride;
+  float col_scale;
+};
+struct NormRopeParams {
+  uint32_t rows, n_heads, half_dim, x_offset, x_stride, has_weight;
   float weight_offset, eps;
 };
 struct ElementParams {
@@ -263,19 +272,28 @@ class GpuBackend final : public Backend {
   void softcap(Mat x, float cap) override { elementwise(kSoftcap, x, x, x, nullptr, cap); }
 
   void rms_norm(Mat x, const Buffer* weight, float offset, float eps, Mat y) override {
-    check_same_shape(x, y, "rms_norm");
-    if (weight && weight->size_bytes() < sizeof(float) * x.cols)
-      throw std::logic_error("rms_norm: weight too short");
-    if (x.rows == 0) return;
-    const View vx = view(x), vy = view(y);
-    NormParams p{u32(x.rows),      u32(x.cols), vx.offset, u32(x.stride), vy.offset, u32(y.stride),
-                 weight ? 1u : 0u, offset,      eps};
-    const Binding wb = weight ? whole(dev_of(*weight)) : Binding{};
-    std::vector<const DeviceBuffer*> reads{vx.b.buffer};
-    if (weight) reads.push_back(&dev_of(*weight));
-    touch(reads, {vy.b.buffer});
-    const Binding binds[] = {vx.b, wb, vy.b};
-    dispatch_linear(Kernel::rms_norm, binds, &p, sizeof p, static_cast<uint64_t>(x.rows));
+    norm(x, weight, offset, eps, y, false, 1.0f);
+  }
+
+  void rms_norm_mul_cols(Mat x, float eps, const Buffer& v, float s, Mat y) override {
+    norm(x, &v, 0.0f, eps, y, false, 1.0f, nullptr, nullptr, s);
+  }
+
+  void rms_norm_pair(Mat x, const Buffer* weight1, const Buffer* weight2, float offset, float eps,
+                     Mat y1, Mat y2) override {
+    if (!weight1 || !weight2)
+      return Backend::rms_norm_pair(x, weight1, weight2, offset, eps, y1, y2);
+    check_same_shape(x, y2, "rms_norm_pair");
+    if (weight2->size_bytes() < sizeof(float) * x.cols)
+      throw std::logic_error("rms_norm_pair: weight too short");
+    norm(x, weight1, offset, eps, y1, false, 1.0f, weight2, &y2);
+  }
+
+  void add_rms_norm(Mat x, const Buffer* weight, float offset, float eps, Mat acc,
+                    float acc_scale) override {
+    if (x.buf == acc.buf && x.offset == acc.offset)
+      throw std::logic_error("add_rms_norm: x and acc are the same view");
+    norm(x, weight, offset, eps, acc, true, acc_scale);
   }
 
   void rope(Mat x, int n_heads, int head_dim, const RopeParams& rp, int64_t pos0) override {
@@ -283,21 +301,34 @@ class GpuBackend final : public Backend {
       throw std::logic_error("rope: bad width");
     if (x.rows == 0) return;
     const int half = head_dim / 2;
-    // The table exactly as the CPU backend computes it (backend.h), so both rotate by the same
-    // bits: per row, cos of every pair then sin of every pair.
-    const std::vector<float> inv_freq = rope_inv_freq(rp, head_dim);
-    std::vector<float> table(static_cast<size_t>(x.rows) * 2 * static_cast<size_t>(half));
-    for (int64_t r = 0; r < x.rows; ++r) {
-      float* c = table.data() + r * 2 * half;
-      rope_cos_sin(inv_freq, pos0 + r, c, c + half);
-    }
-    const Binding tb = upload_host(table.data(), table.size() * sizeof(float));
+    const Binding tb = rope_table(x.rows, head_dim, rp, pos0);
     const View vx = view(x);
     RopeKernelParams p{u32(x.rows), u32(n_heads), u32(half), vx.offset, u32(x.stride)};
     touch({tb.buffer, vx.b.buffer}, {vx.b.buffer});
     const Binding binds[] = {vx.b, tb};
     dispatch_linear(Kernel::rope, binds, &p, sizeof p,
                     (static_cast<uint64_t>(x.rows) * n_heads * half + 63) / 64);
+  }
+
+  void rms_norm_rope(Mat x, int n_heads, int head_dim, const Buffer* weight, float offset,
+                     float eps, const RopeParams& rp, int64_t pos0) override {
+    if (x.cols != static_cast<int64_t>(n_heads) * head_dim || head_dim % 2 != 0)
+      throw std::logic_error("rms_norm_rope: bad width");
+    if (weight && weight->size_bytes() < sizeof(float) * static_cast<size_t>(head_dim))
+      throw std::logic_error("rms_norm_rope: weight too short");
+    if (x.rows == 0) return;
+    const Binding tb = rope_table(x.rows, head_dim, rp, pos0);
+    const View vx = view(x);
+    NormRopeParams p{
+        u32(x.rows), u32(n_heads), u32(head_dim / 2), vx.offset, u32(x.stride), weight ? 1u : 0u,
+        offset,      eps};
+    const Binding wb = weight ? whole(dev_of(*weight)) : Binding{};
+    std::vector<const DeviceBuffer*> reads{tb.buffer, vx.b.buffer};
+    if (weight) reads.push_back(&dev_of(*weight));
+    touch(reads, {vx.b.buffer});
+    const Binding binds[] = {vx.b, wb, tb};
+    dispatch_linear(Kernel::norm_rope, binds, &p, sizeof p,
+                    static_cast<uint64_t>(x.rows) * static_cast<uint64_t>(n_heads));
   }
 
   // ---- products ----
@@ -857,6 +888,61 @@ class GpuBackend final : public Backend {
     if (groups == 0) return;
     const auto [gx, gy] = grid(groups);
     dispatch(k, binds, push, bytes, gx, gy, 1);
+  }
+
+  // rms_norm, or y = (y + rms_norm(x)) * acc_scale with accumulate (add_rms_norm).
+  // With weight2 and y2, also y2 = rms_norm(x, weight2) (rms_norm_pair); with col_scale,
+  // y = (rms_norm(x) * weight) * col_scale instead (rms_norm_mul_cols).
+  void norm(Mat x, const Buffer* weight, float offset, float eps, Mat y, bool accumulate,
+            float acc_scale, const Buffer* weight2 = nullptr, const Mat* y2 = nullptr,
+            std::optional<float> col_scale = std::nullopt) {
+    check_same_shape(x, y, "rms_norm");
+    if (weight && weight->size_bytes() < sizeof(float) * x.cols)
+      throw std::logic_error("rms_norm: weight too short");
+    if (x.rows == 0) return;
+    const View vx = view(x), vy = view(y);
+    const View vy2 = y2 ? view(*y2) : View{};
+    NormParams p{u32(x.rows),
+                 u32(x.cols),
+                 vx.offset,
+                 u32(x.stride),
+                 vy.offset,
+                 u32(y.stride),
+                 col_scale ? 2u
+                 : weight  ? 1u
+                           : 0u,
+                 offset,
+                 eps,
+                 accumulate ? 1u : 0u,
+                 acc_scale,
+                 y2 ? 1u : 0u,
+                 y2 ? vy2.offset : 0u,
+                 y2 ? u32(y2->stride) : 0u,
+                 col_scale.value_or(1.0f)};
+    const Binding wb = weight ? whole(dev_of(*weight)) : Binding{};
+    const Binding wb2 = weight2 ? whole(dev_of(*weight2)) : Binding{};
+    std::vector<const DeviceBuffer*> reads{vx.b.buffer};
+    if (weight) reads.push_back(&dev_of(*weight));
+    if (weight2) reads.push_back(&dev_of(*weight2));
+    if (accumulate) reads.push_back(vy.b.buffer);
+    std::vector<const DeviceBuffer*> writes{vy.b.buffer};
+    if (y2) writes.push_back(vy2.b.buffer);
+    touch(reads, writes);
+    const Binding binds[] = {vx.b, wb, vy.b, wb2, vy2.b};
+    dispatch_linear(Kernel::rms_norm, binds, &p, sizeof p, static_cast<uint64_t>(x.rows));
+  }
+
+  // The RoPE table exactly as the CPU backend computes it (backend.h), so both rotate by the
+  // same bits: per row, cos of every pair then sin of every pair; in the upload ring.
+  Binding rope_table(int64_t rows, int head_dim, const RopeParams& rp, int64_t pos0) {
+    const int half = head_dim / 2;
+    const std::vector<float> inv_freq = rope_inv_freq(rp, head_dim);
+    std::vector<float> table(static_cast<size_t>(rows) * 2 * static_cast<size_t>(half));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* c = table.data() + r * 2 * half;
+      rope_cos_sin(inv_freq, pos0 + r, c, c + half);
+    }
+    return upload_host(table.data(), table.size() * sizeof(float));
   }
 
   void elementwise(ElementOp op, Mat a, Mat b, Mat out, const Buffer* v, float s) {

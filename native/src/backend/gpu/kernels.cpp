@@ -12,6 +12,7 @@
 #include "gpu_kernels/kv_store.h"
 #include "gpu_kernels/moe_combine.h"
 #include "gpu_kernels/moe_matvec.h"
+#include "gpu_kernels/norm_rope.h"
 #include "gpu_kernels/penalize.h"
 #include "gpu_kernels/qmatmul.h"
 #include "gpu_kernels/qmatvec.h"
@@ -49,6 +50,7 @@ const KernelCode kKernels[] = {
     {"penalize", spirv_penalize},
     {"topk_partial", spirv_topk_partial},
     {"topk_merge", spirv_topk_merge},
+    {"norm_rope", spirv_norm_rope},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
