@@ -86,6 +86,22 @@ export function backendOption(): Option {
   ).choices(["cpu", "metal", "vulkan", "auto"]);
 }
 
+/**
+ * Adds the options of the correctness tools that run forward passes (`logits`, `perplexity`):
+ * KV precision, the quantized products' input precision, prefill chunk and threads.
+ */
+export function addForwardPassOptions(cmd: Command): Command {
+  return cmd
+    .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
+    .option(
+      "--activations <precision>",
+      "input precision of the quantized products: exact, or int8 (faster on the CPU, approximate)",
+      ENGINE_DEFAULTS.activations,
+    )
+    .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
+    .option("--threads <n>", "CPU threads (default: all)");
+}
+
 /** Adds the engine options (expert cache, memory budget, threads, backend) to a command. */
 export function addEngineOptions(cmd: Command): Command {
   return cmd

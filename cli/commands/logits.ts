@@ -1,8 +1,7 @@
 import type { Command } from "commander";
 import { UserError } from "../../core/errors.ts";
-import { ENGINE_DEFAULTS } from "../../core/defaults.ts";
 import { runNative } from "../../core/native.ts";
-import { backendOption } from "./chat.ts";
+import { addForwardPassOptions, backendOption } from "./chat.ts";
 
 interface LogitsOptions {
   model: string;
@@ -26,55 +25,47 @@ function positiveInteger(value: string, flag: string): string {
  * it runs the native engine (`redwing-engine logits`) and passes its output through.
  */
 export function registerLogitsCommand(program: Command): void {
-  program
+  const cmd = program
     .command("logits")
     .description("Print the model's logits at every position of a token sequence (JSON)")
     .requiredOption("--model <model-dir>", "an installed Redwing model directory")
     .requiredOption("--tokens <ids>", "comma-separated token ids, e.g. 2,17,99")
     .option("--mode <mode>", "prefill (batched chunks) or decode (one token at a time)", "prefill")
-    .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
-    .option(
-      "--activations <precision>",
-      "input precision of the quantized products: exact, or int8 (faster on the CPU, approximate)",
-      ENGINE_DEFAULTS.activations,
-    )
-    .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
-    .option("--threads <n>", "CPU threads (default: all)")
-    .addOption(backendOption())
-    .action(async (options: LogitsOptions) => {
-      const tokens = options.tokens.replace(/\s+/g, "");
-      if (!/^\d+(,\d+)*$/.test(tokens)) {
-        throw new UserError("--tokens must be comma-separated token ids, e.g. 2,17,99");
-      }
-      if (options.mode !== "prefill" && options.mode !== "decode") {
-        throw new UserError("--mode must be prefill or decode");
-      }
-      if (options.kvDtype !== "f16" && options.kvDtype !== "f32") {
-        throw new UserError("--kv-dtype must be f16 or f32");
-      }
-      if (options.activations !== "exact" && options.activations !== "int8") {
-        throw new UserError("--activations must be exact or int8");
-      }
-      const args = [
-        "logits",
-        "--model",
-        options.model,
-        "--tokens",
-        tokens,
-        "--mode",
-        options.mode,
-        "--kv-dtype",
-        options.kvDtype,
-        "--activations",
-        options.activations,
-        "--chunk",
-        positiveInteger(options.chunk, "--chunk"),
-      ];
-      if (options.threads !== undefined) {
-        args.push("--threads", positiveInteger(options.threads, "--threads"));
-      }
-      if (options.backend !== undefined) args.push("--backend", options.backend);
-      const status = await runNative("redwing-engine", args);
-      if (status !== 0) process.exitCode = status;
-    });
+    .addOption(backendOption());
+  addForwardPassOptions(cmd).action(async (options: LogitsOptions) => {
+    const tokens = options.tokens.replace(/\s+/g, "");
+    if (!/^\d+(,\d+)*$/.test(tokens)) {
+      throw new UserError("--tokens must be comma-separated token ids, e.g. 2,17,99");
+    }
+    if (options.mode !== "prefill" && options.mode !== "decode") {
+      throw new UserError("--mode must be prefill or decode");
+    }
+    if (options.kvDtype !== "f16" && options.kvDtype !== "f32") {
+      throw new UserError("--kv-dtype must be f16 or f32");
+    }
+    if (options.activations !== "exact" && options.activations !== "int8") {
+      throw new UserError("--activations must be exact or int8");
+    }
+    const args = [
+      "logits",
+      "--model",
+      options.model,
+      "--tokens",
+      tokens,
+      "--mode",
+      options.mode,
+      "--kv-dtype",
+      options.kvDtype,
+      "--activations",
+      options.activations,
+      "--chunk",
+      positiveInteger(options.chunk, "--chunk"),
+    ];
+    if (options.threads !== undefined) {
+      args.push("--threads", positiveInteger(options.threads, "--threads"));
+    }
+    if (options.backend !== undefined) args.push("--backend", options.backend);
+    const status = await runNative("redwing-engine", args);
+    if (status !== 0) process.exitCode = status;
+  });
 }

@@ -8,7 +8,7 @@ import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { UserError } from "../../core/errors.ts";
 import { captureOutput, nativeBinary } from "../../core/native.ts";
 import { ENGINE_DEFAULTS, expertCacheSlotsFor, PERPLEXITY_DEFAULTS } from "../../core/defaults.ts";
-import { parseByteSize } from "./chat.ts";
+import { addForwardPassOptions, parseByteSize } from "./chat.ts";
 
 interface PerplexityOptions {
   model?: string;
@@ -54,7 +54,7 @@ function positiveInteger(value: string, flag: string, min = 1): number {
  * token predicted once from the tokens before it in its window.
  */
 export function registerPerplexityCommand(program: Command): void {
-  program
+  const cmd = program
     .command("perplexity")
     .description("Perplexity of a model on a text file (scored by the engine)")
     .option(
@@ -67,15 +67,8 @@ export function registerPerplexityCommand(program: Command): void {
       "tokens a prediction may look back on (window size)",
       String(PERPLEXITY_DEFAULTS.window),
     )
-    .option("--stride <n>", "start a new window every n tokens (default: half the context)")
-    .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
-    .option(
-      "--activations <precision>",
-      "input precision of the quantized products: exact, or int8 (faster on the CPU, approximate)",
-      ENGINE_DEFAULTS.activations,
-    )
-    .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
-    .option("--threads <n>", "CPU threads (default: all)")
+    .option("--stride <n>", "start a new window every n tokens (default: half the context)");
+  addForwardPassOptions(cmd)
     .option(
       "--expert-cache-slots <n>",
       `experts kept in memory per MoE layer (default: ${ENGINE_DEFAULTS.expertCacheSlots}; 0: all)`,

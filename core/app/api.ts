@@ -324,6 +324,7 @@ export const MessageVersionSchema = z.object({
   id,
   content: z.string(),
   createdAt: z.string(),
+  /** Assistant messages: the model that wrote it. */
   model: z.string().optional(),
   stats: MessageStatsSchema.optional(),
   finishReason: FinishReasonSchema.optional(),
@@ -331,16 +332,8 @@ export const MessageVersionSchema = z.object({
 });
 export type MessageVersion = z.infer<typeof MessageVersionSchema>;
 
-export const MessageSchema = z.object({
-  id,
+export const MessageSchema = MessageVersionSchema.extend({
   role: z.enum(["user", "assistant"]),
-  content: z.string(),
-  createdAt: z.string(),
-  /** Assistant messages: the model that wrote it. */
-  model: z.string().optional(),
-  stats: MessageStatsSchema.optional(),
-  finishReason: FinishReasonSchema.optional(),
-  error: AppErrorSchema.optional(),
   /**
    * Assistant messages that Regenerate wrote again: the other replies, oldest first. The message
    * itself is the one shown (and the one the model sees in later turns), at `versionIndex` among
