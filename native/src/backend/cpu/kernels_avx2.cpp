@@ -14,6 +14,8 @@
 // bias term b * sum(x) uses group sums of x computed once per call.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include <math.h>
 
 #include "backend/cpu/kernels_impl.h"
@@ -386,8 +388,11 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
         if constexpr (kGroup >= L::kValues) {
           sc = _mm256_set1_ps(sbuf[i * (gpr + 8) + g0]);
         } else {
-          const __m256 two = _mm256_castpd_ps(
-              _mm256_broadcast_sd(reinterpret_cast<const double*>(sbuf + i * (gpr + 8) + g0)));
+          // Two adjacent float scales, broadcast as one 8-byte value (memcpy: the pair need
+          // not be 8-byte aligned, which _mm256_broadcast_sd's double load would require).
+          double pair;
+          std::memcpy(&pair, sbuf + i * (gpr + 8) + g0, sizeof pair);
+          const __m256 two = _mm256_castpd_ps(_mm256_set1_pd(pair));
           sc = _mm256_permutevar8x32_ps(two, idx);
         }
         acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(sc, d), acc[i]);
