@@ -347,6 +347,23 @@ struct TokenStats {
   redwing::ForwardParts parts;  // wall time per part (experts include io_wait_ms)
   // A GPU backend's command submissions and kernel dispatches (zero on the CPU).
   uint64_t submissions = 0, dispatches = 0;
+
+  TokenStats& operator+=(const TokenStats& o) {
+    expert_hits += o.expert_hits;
+    expert_misses += o.expert_misses;
+    bytes_read += o.bytes_read;
+    io_wait_ms += o.io_wait_ms;
+    compute_ms += o.compute_ms;
+    submissions += o.submissions;
+    dispatches += o.dispatches;
+    parts.embed_ms += o.parts.embed_ms;
+    parts.attention_ms += o.parts.attention_ms;
+    parts.router_ms += o.parts.router_ms;
+    parts.dense_mlp_ms += o.parts.dense_mlp_ms;
+    parts.experts_ms += o.parts.experts_ms;
+    parts.head_ms += o.parts.head_ms;
+    return *this;
+  }
 };
 
 // Per forward pass of a generation: expert counters and time, split into I/O wait and the rest,
@@ -379,20 +396,7 @@ class ForwardRecorder {
     parts_before_ = p;
     experts_before_ = now;
     if (prefill && !stats_.empty()) {  // another chunk of the prompt
-      TokenStats& t = stats_.back();
-      t.expert_hits += s.expert_hits;
-      t.expert_misses += s.expert_misses;
-      t.bytes_read += s.bytes_read;
-      t.io_wait_ms += s.io_wait_ms;
-      t.compute_ms += s.compute_ms;
-      t.submissions += s.submissions;
-      t.dispatches += s.dispatches;
-      t.parts.embed_ms += s.parts.embed_ms;
-      t.parts.attention_ms += s.parts.attention_ms;
-      t.parts.router_ms += s.parts.router_ms;
-      t.parts.dense_mlp_ms += s.parts.dense_mlp_ms;
-      t.parts.experts_ms += s.parts.experts_ms;
-      t.parts.head_ms += s.parts.head_ms;
+      stats_.back() += s;
     } else {
       stats_.push_back(s);
     }
@@ -424,20 +428,7 @@ std::string expert_stats_json(const redwing::Engine& engine,
   const redwing::ExpertStats run = engine.expert_stats();
   TokenStats decode;
   size_t steps = 0;
-  for (size_t i = 1; i < token_stats.size(); ++i, ++steps) {
-    const auto& t = token_stats[i];
-    decode.expert_hits += t.expert_hits;
-    decode.expert_misses += t.expert_misses;
-    decode.bytes_read += t.bytes_read;
-    decode.io_wait_ms += t.io_wait_ms;
-    decode.compute_ms += t.compute_ms;
-    decode.parts.embed_ms += t.parts.embed_ms;
-    decode.parts.attention_ms += t.parts.attention_ms;
-    decode.parts.router_ms += t.parts.router_ms;
-    decode.parts.dense_mlp_ms += t.parts.dense_mlp_ms;
-    decode.parts.experts_ms += t.parts.experts_ms;
-    decode.parts.head_ms += t.parts.head_ms;
-  }
+  for (size_t i = 1; i < token_stats.size(); ++i, ++steps) decode += token_stats[i];
   const double n = steps ? static_cast<double>(steps) : 1.0;
   const uint64_t uses = decode.expert_hits + decode.expert_misses;
   char buf[768];
@@ -484,11 +475,6 @@ std::string expert_stats_json(const redwing::Engine& engine,
   out += "]";
   // A GPU backend's work per step (a submission is a host wait) and, with
   // REDWING_GPU_PROFILE=1, device time per kernel over the whole run.
-  uint64_t decode_submissions = 0, decode_dispatches = 0;
-  for (size_t i = 1; i < token_stats.size(); ++i) {
-    decode_submissions += token_stats[i].submissions;
-    decode_dispatches += token_stats[i].dispatches;
-  }
   const TokenStats none;
   const TokenStats& prefill = token_stats.empty() ? none : token_stats[0];
   std::snprintf(
@@ -498,7 +484,7 @@ std::string expert_stats_json(const redwing::Engine& engine,
       "\"decode_dispatches_per_token\": %.3f",
       engine.backend().name().c_str(), static_cast<unsigned long long>(prefill.submissions),
       static_cast<unsigned long long>(prefill.dispatches),
-      static_cast<double>(decode_submissions) / n, static_cast<double>(decode_dispatches) / n);
+      static_cast<double>(decode.submissions) / n, static_cast<double>(decode.dispatches) / n);
   out += buf;
   out += ", \"device\": \"" + json_escape(engine.backend().describe()) + "\"";
   out += ", \"kernel_times\": [";
