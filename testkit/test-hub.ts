@@ -2,6 +2,10 @@
  * A local stand-in for the Hugging Face hub, for tests and benchmarks: listens on 127.0.0.1 on
  * ephemeral ports only. It serves repositories held in memory like the hub does:
  *
+ * - `GET /api/models?search=&filter=&sort=downloads&limit=&expand=`: the model search, over the
+ *   repositories' ids, with each repository's card facts (RepoOptions.info), its files and a
+ *   digest of its config.json (`architectures`, `model_type`, `quantization_config`) as the hub
+ *   gives them; gated repositories are listed (their files need the token);
  * - `GET /api/models/{repo}/revision/{rev}?blobs=true` (sha, siblings with size, blobId, lfs);
  * - `HEAD|GET /{repo}/resolve/{rev}/{path}`: LFS files (`*.safetensors`, `tokenizer.json`) get
  *   a 302 to a separate CDN origin with `X-Repo-Commit`, `X-Linked-Etag`, `X-Linked-Size`;
@@ -72,6 +76,21 @@ export interface RepoOptions {
   token?: string;
   /** Which files are stored in LFS (default *.safetensors and tokenizer.json). */
   lfs?: (path: string) => boolean;
+  /** What the search API says about the repository besides its files. */
+  info?: RepoInfo;
+}
+
+/** A repository's card facts, as the hub's model search lists them. */
+export interface RepoInfo {
+  downloads?: number;
+  likes?: number;
+  tags?: string[];
+  /** The model card's YAML header (`license`, `license_name`, `license_link`...). */
+  cardData?: Record<string, unknown>;
+  library_name?: string;
+  pipeline_tag?: string;
+  /** Default: "manual" for a repository with a token, else false. */
+  gated?: false | "auto" | "manual";
 }
 
 interface StoredFile {
@@ -86,6 +105,7 @@ interface Repo {
   commits: Map<string, Map<string, StoredFile>>;
   refs: Map<string, string>;
   token: string | null;
+  info: RepoInfo;
 }
 
 export interface LoggedRequest {
@@ -164,10 +184,16 @@ export class TestHub {
       commitHash.update(`${path}\0${f.sha256}\0`);
     }
     const commit = commitHash.digest("hex");
-    const r = this.repos.get(repo) ?? { commits: new Map(), refs: new Map(), token: null };
+    const r = this.repos.get(repo) ?? {
+      commits: new Map(),
+      refs: new Map(),
+      token: null,
+      info: {},
+    };
     r.commits.set(commit, stored);
     r.refs.set(options.branch ?? "main", commit);
     if (options.token !== undefined) r.token = options.token;
+    if (options.info !== undefined) r.info = options.info;
     this.repos.set(repo, r);
     return commit;
   }
@@ -256,6 +282,10 @@ export class TestHub {
       .filter((p) => p !== "")
       .map(decodeURIComponent);
     const api = parts[0] === "api" && parts[1] === "models";
+    if (api && parts.length === 2) {
+      this.search(req, res, url);
+      return;
+    }
     const found = this.splitRepo(api ? parts.slice(2) : parts);
     if (!found) {
       this.error(req, res, 401, "RepoNotFound", "Repository not found");
@@ -374,6 +404,74 @@ export class TestHub {
       { "x-repo-commit": commitHeader },
       `"${file.blobId}"`,
     );
+  }
+
+  /** The model search: ids containing `search`, with every `filter` tag, by `sort`. */
+  private search(req: IncomingMessage, res: ServerResponse, url: URL): void {
+    const action = this.fault("api", "search", req, null);
+    if (action?.kind === "status") {
+      this.record("hub", req, action.status);
+      res.writeHead(action.status, {
+        "content-type": "application/json",
+        ...(action.retryAfter ? { "retry-after": action.retryAfter } : {}),
+      });
+      res.end(JSON.stringify({ error: `status ${action.status}` }));
+      return;
+    }
+    const q = (url.searchParams.get("search") ?? "").toLowerCase();
+    const filters = url.searchParams.getAll("filter");
+    const limit = Number(url.searchParams.get("limit") ?? "50");
+    const items: Record<string, unknown>[] = [];
+    for (const [id, repo] of this.repos) {
+      if (!id.toLowerCase().includes(q)) continue;
+      const commit = repo.refs.get("main") ?? [...repo.refs.values()][0]!;
+      const files = repo.commits.get(commit)!;
+      const info = repo.info;
+      const tags = [...(info.tags ?? [])];
+      if ([...files.keys()].some((p) => p.endsWith(".safetensors"))) tags.push("safetensors");
+      if ([...files.keys()].some((p) => p.endsWith(".gguf"))) tags.push("gguf");
+      if (!filters.every((f) => tags.includes(f))) continue;
+      let config: Record<string, unknown> | undefined;
+      const configFile = files.get("config.json");
+      if (configFile) {
+        try {
+          const c = JSON.parse(configFile.data.toString("utf8")) as Record<string, unknown>;
+          config = {
+            ...(c.architectures !== undefined ? { architectures: c.architectures } : {}),
+            ...(c.model_type !== undefined ? { model_type: c.model_type } : {}),
+            ...(c.quantization_config !== undefined
+              ? { quantization_config: c.quantization_config }
+              : {}),
+          };
+        } catch {
+          config = undefined;
+        }
+      }
+      items.push({
+        _id: createHash("sha1").update(id).digest("hex").slice(0, 24),
+        id,
+        author: id.includes("/") ? id.split("/")[0] : undefined,
+        downloads: info.downloads ?? 0,
+        likes: info.likes ?? 0,
+        lastModified: "2026-11-01T00:00:00.000Z",
+        private: false,
+        gated: info.gated ?? (repo.token !== null ? "manual" : false),
+        pipeline_tag: info.pipeline_tag ?? "text-generation",
+        library_name: info.library_name,
+        tags,
+        cardData: info.cardData,
+        config,
+        sha: commit,
+        siblings: [...files.keys()].map((rfilename) => ({ rfilename })),
+      });
+    }
+    const sort = url.searchParams.get("sort");
+    if (sort === "downloads" || sort === "likes") {
+      items.sort((a, b) => (b[sort] as number) - (a[sort] as number));
+    }
+    this.record("hub", req, 200);
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end(JSON.stringify(items.slice(0, limit)));
   }
 
   private async handleCdn(req: IncomingMessage, res: ServerResponse): Promise<void> {

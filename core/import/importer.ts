@@ -80,7 +80,7 @@ export const ROUTER_QUANT: QuantParams = { bits: 8, groupSize: 64 };
 
 const FLOAT_ST: Partial<Record<StDType, FloatDType>> = { BF16: "bf16", F16: "f16", F32: "f32" };
 
-interface QuantConfig {
+export interface QuantConfig {
   /** The checkpoint family's tensor-name prefixes (overrides may be keyed with any of them). */
   prefixes: readonly string[];
   bits: number;
@@ -468,7 +468,7 @@ function shapeProblem(t: TensorInfo, expected: readonly number[]): string {
 }
 
 /** The quantization block of an MLX config (`quantization` or `quantization_config`). */
-function readQuantConfig(
+export function readQuantConfig(
   config: Record<string, unknown>,
   mlx: boolean,
   prefixes: readonly string[],
@@ -527,7 +527,7 @@ function readQuantConfig(
 }
 
 /** Override for a module path; configs key them by the checkpoint's module path. */
-function lookupOverride(
+export function lookupOverride(
   qc: QuantConfig,
   module: string,
 ): { bits: number; group_size: number } | false | undefined {

@@ -1,0 +1,42 @@
+import { readFile, readdir } from "node:fs/promises";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { layoutImport, planImport } from "../import/importer.ts";
+import { SafetensorsCheckpoint } from "../import/safetensors.ts";
+import { normalizeConfig } from "../import/config.ts";
+import { describeQuantization, layoutFromConfig } from "./layout-from-config.ts";
+
+const FIXTURES = join(import.meta.dirname, "..", "..", "fixtures");
+
+describe("layoutFromConfig", () => {
+  for (const fixture of [
+    "gemma3/mlx",
+    "gemma3/bf16",
+    "gemma4-moe/mlx",
+    "gemma4-moe/bf16",
+    "gemma4-dense/mlx",
+    "gemma4-dense/bf16",
+  ]) {
+    it(`gives the layout the real headers give (${fixture})`, async () => {
+      const dir = join(FIXTURES, fixture);
+      const config = JSON.parse(await readFile(join(dir, "config.json"), "utf8")) as Record<
+        string,
+        unknown
+      >;
+      const fromConfig = layoutFromConfig(config);
+      const ckpt = await SafetensorsCheckpoint.open(dir, (await readdir(dir)).sort());
+      try {
+        const { architecture } = normalizeConfig(config);
+        const real = planImport(architecture, ckpt, config);
+        expect(fromConfig.layout).toEqual(layoutImport(real, architecture));
+        expect(fromConfig.importPlan.kind).toBe(real.kind);
+        expect(fromConfig.importPlan.defaultQuant).toEqual(real.defaultQuant);
+      } finally {
+        await ckpt.close();
+      }
+      expect(describeQuantization(fromConfig.importPlan)).toMatch(
+        fixture.endsWith("mlx") ? /^MLX 4/ : /^bf16 \(quantized to 4-bit at install\)$/,
+      );
+    });
+  }
+});
