@@ -201,6 +201,47 @@ export const CatalogItemSchema = z.object({
 });
 export type CatalogItem = z.infer<typeof CatalogItemSchema>;
 
+/** A model found by `models.search` (core/install/discover.ts says how each field is found). */
+export const DiscoveredModelSchema = z.object({
+  repo: z.string(),
+  url: z.string(),
+  downloads: z.number().int().nonnegative(),
+  likes: z.number().int().nonnegative(),
+  updatedAt: z.string().nullable(),
+  /** "unsupported": Redwing cannot run it (`reason`); "unknown": its files could not be read. */
+  status: z.enum(["runnable", "unsupported", "unknown"]),
+  reason: z.string().nullable(),
+  family: z.string().nullable(),
+  architecture: z.string().nullable(),
+  format: z.string().nullable(),
+  downloadBytes: bytes.nullable(),
+  installBytes: bytes.nullable(),
+  /** The engine's memory plan at the current engine settings (as in `models.list`). */
+  memoryBytes: bytes.nullable(),
+  /** Whether it fits in this machine's total memory. */
+  fits: z.boolean().nullable(),
+  licence: z.object({
+    id: z.string().nullable(),
+    name: z.string().nullable(),
+    url: z.string().nullable(),
+  }),
+  gated: z.boolean(),
+  access: z.enum(["open", "granted", "needs_token", "denied"]),
+  /** The installed model's name when this repository is installed, or null. */
+  installedAs: z.string().nullable(),
+});
+export type DiscoveredModel = z.infer<typeof DiscoveredModelSchema>;
+
+export const ModelSearchSchema = z.object({
+  query: z.string(),
+  /** The hub searched (HF_ENDPOINT or huggingface.co). */
+  endpoint: z.string(),
+  /** Whether a hub token (HF_TOKEN or the token file) is set. */
+  tokenSet: z.boolean(),
+  models: z.array(DiscoveredModelSchema),
+});
+export type ModelSearch = z.infer<typeof ModelSearchSchema>;
+
 export const VerifyStateSchema = z.object({
   state: z.enum(["unchecked", "checking", "ok", "corrupt"]),
   /** Files hashed so far while checking. */
@@ -463,6 +504,19 @@ export const API = {
 
   "models.catalog": { params: none, result: z.array(CatalogItemSchema) },
   "models.list": { params: none, result: z.array(InstalledModelSchema) },
+  /**
+   * Searches the hub for models and says which Redwing can run (sizes, memory, fit, licence,
+   * gating). A newer search ends an unfinished one (it fails with `search_superseded`).
+   */
+  "models.search": {
+    params: z
+      .object({
+        query: z.string().max(200),
+        limit: z.number().int().min(1).max(100).optional(),
+      })
+      .strict(),
+    result: ModelSearchSchema,
+  },
   /** Starts a download: a catalog id or `owner/repo[@revision]`; `name` the directory. */
   "models.install": {
     params: z.object({ ref: z.string().min(1).max(300), name: modelName.optional() }).strict(),

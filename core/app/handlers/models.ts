@@ -1,13 +1,16 @@
-/** `models.*`: the catalog, installed models, downloads, verify, remove and reveal. */
+/** `models.*`: the catalog, hub search, installed models, downloads, verify, remove and reveal. */
 import type { AppContext } from "../context.ts";
 import { AppFailure } from "../errors.ts";
+import { ModelSearcher } from "../search.ts";
 import type { HandlerGroup } from "./group.ts";
 
 export function modelsHandlers(ctx: AppContext): HandlerGroup<"models"> {
   const { models, downloads, engine } = ctx;
+  const searcher = new ModelSearcher(ctx);
   return {
     "models.catalog": async () => models.catalog(ctx.settings().engine),
     "models.list": async () => models.list(ctx.settings().engine, engine.loaded?.name ?? null),
+    "models.search": async ({ query, limit }) => searcher.search(query, limit),
     "models.install": async ({ ref, name }) => downloads.install(ref, name),
     "models.downloads": async () => downloads.list(),
     "models.pause": async ({ taskId }) => downloads.pause(taskId),

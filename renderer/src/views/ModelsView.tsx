@@ -1,9 +1,18 @@
 /**
- * Models: the catalog (what can be downloaded, what it costs on this machine), downloads in
- * progress, and the installed models.
+ * Models: the catalog (what can be downloaded, what it costs on this machine), a search of the
+ * hub for more (what Redwing can run, and why not the rest), downloads in progress, and the
+ * installed models.
  */
-import { useMemo, useState, type FormEvent } from "react";
-import type { CatalogItem, Download, InstalledModel } from "../../../core/app/api.ts";
+import { useEffect, useMemo, useRef, useState, type FormEvent } from "react";
+import {
+  AppCallError,
+  type AppError,
+  type CatalogItem,
+  type DiscoveredModel,
+  type Download,
+  type InstalledModel,
+  type ModelSearch,
+} from "../../../core/app/api.ts";
 import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { ErrorAlert } from "../components/ErrorAlert.tsx";
 import { Badge, Button } from "../components/ui.tsx";
@@ -23,6 +32,7 @@ export function ModelsView() {
       <InstalledSection />
       <DownloadsSection />
       <CatalogSection />
+      <SearchSection />
     </div>
   );
 }
@@ -160,6 +170,240 @@ function CatalogCard({
             Download
           </Button>
         )}
+        {downloading && <span className="text-xs text-muted">Downloading…</span>}
+      </div>
+    </article>
+  );
+}
+
+// ---- hub search ---------------------------------------------------------------------------------
+
+/** Typing pauses this long before a search goes out. */
+const SEARCH_DEBOUNCE_MS = 400;
+
+function SearchSection() {
+  const downloads = useAppState((s) => s.downloads);
+  const models = useAppState((s) => s.models);
+  const { client, store, run } = useActions();
+  const [query, setQuery] = useState("");
+  const [runnableOnly, setRunnableOnly] = useState(false);
+  const [result, setResult] = useState<ModelSearch | null>(null);
+  const [error, setError] = useState<AppError | null>(null);
+  const [busy, setBusy] = useState(false);
+  const pending = useRef<AbortController | null>(null);
+  const [attempt, setAttempt] = useState(0);
+
+  // Debounced and cancellable: each new query aborts the previous one (the app ends that search
+  // too), and an aborted search's answer is dropped.
+  useEffect(() => {
+    const text = query.trim();
+    pending.current?.abort();
+    if (text.length < 2) return;
+    const controller = new AbortController();
+    pending.current = controller;
+    const timer = setTimeout(() => {
+      setBusy(true);
+      client.call("models.search", { query: text }).then(
+        (found) => {
+          if (controller.signal.aborted) return;
+          setResult(found);
+          setError(null);
+          setBusy(false);
+        },
+        (e: unknown) => {
+          if (controller.signal.aborted) return;
+          const appError =
+            e instanceof AppCallError
+              ? e.error
+              : { code: "internal", message: String(e), action: null };
+          if (appError.code === "search_superseded") return;
+          setError({ ...appError, action: "retry" });
+          setBusy(false);
+        },
+      );
+    }, SEARCH_DEBOUNCE_MS);
+    controller.signal.addEventListener("abort", () => clearTimeout(timer));
+    return () => controller.abort();
+  }, [query, attempt, client]);
+
+  async function install(repo: string): Promise<void> {
+    const download = await run(() => client.call("models.install", { ref: repo }));
+    if (download) store.dispatch({ type: "event", event: { type: "download", download } });
+  }
+
+  const active = (repo: string) =>
+    downloads.some((d) => d.ref === repo && (d.state === "running" || d.state === "paused"));
+  const installedNow = (m: DiscoveredModel) =>
+    m.installedAs !== null && (models?.some((x) => x.name === m.installedAs) ?? true);
+  const installedByDownload = (repo: string) =>
+    downloads.some((d) => d.ref === repo && d.state === "done");
+  const shown = result?.models.filter((m) => !runnableOnly || m.status === "runnable") ?? [];
+
+  return (
+    <section aria-label="Search the hub">
+      <SectionTitle id="search-title">Search the hub</SectionTitle>
+      <form
+        role="search"
+        onSubmit={(e) => {
+          e.preventDefault();
+          setAttempt((n) => n + 1);
+        }}
+        className="flex flex-col gap-2 rounded-lg border border-line bg-panel p-4"
+      >
+        <label htmlFor="hub-search" className="text-sm font-medium">
+          Find models on {result ? result.endpoint.replace(/^https?:\/\//, "") : "the hub"}
+        </label>
+        <div className="flex flex-wrap items-center gap-3">
+          <input
+            id="hub-search"
+            type="search"
+            value={query}
+            onChange={(e) => setQuery(e.target.value)}
+            placeholder="gemma, mlx-community/gemma-3…"
+            spellCheck={false}
+            autoComplete="off"
+            className="min-w-0 flex-1 basis-56 rounded-md border border-line bg-bg px-3 py-1.5 text-sm"
+          />
+          <label className="flex items-center gap-1.5 text-sm">
+            <input
+              type="checkbox"
+              checked={runnableOnly}
+              onChange={(e) => setRunnableOnly(e.target.checked)}
+            />
+            Only what Redwing runs
+          </label>
+        </div>
+        <p className="text-xs text-muted" aria-live="polite">
+          {busy && query.trim().length >= 2
+            ? "Searching…"
+            : result
+              ? `${result.models.length} result${result.models.length === 1 ? "" : "s"} for “${result.query}”, most downloaded first; memory at your engine settings.${result.tokenSet ? "" : " No HF_TOKEN set: gated models need one."}`
+              : "Type at least two characters."}
+        </p>
+      </form>
+      {error && (
+        <ErrorAlert
+          className="mt-3"
+          error={error}
+          onRetry={() => setAttempt((n) => n + 1)}
+          onDismiss={() => setError(null)}
+        />
+      )}
+      {shown.length > 0 && (
+        <div className="mt-3 grid gap-3 sm:grid-cols-2" aria-label="Search results" role="list">
+          {shown.map((m) => (
+            <SearchResultCard
+              key={m.repo}
+              model={m}
+              installed={installedNow(m) || installedByDownload(m.repo)}
+              downloading={active(m.repo)}
+              onInstall={() => void install(m.repo)}
+            />
+          ))}
+        </div>
+      )}
+    </section>
+  );
+}
+
+function SearchResultCard({
+  model: m,
+  installed,
+  downloading,
+  onInstall,
+}: {
+  model: DiscoveredModel;
+  installed: boolean;
+  downloading: boolean;
+  onInstall: () => void;
+}) {
+  const unsupported = m.status === "unsupported";
+  return (
+    <article
+      role="listitem"
+      aria-label={m.repo}
+      aria-disabled={unsupported || undefined}
+      className={`flex flex-col gap-2 rounded-lg border border-line bg-panel p-4 ${unsupported ? "opacity-60" : ""}`}
+    >
+      <div className="flex items-start justify-between gap-2">
+        <h3 className="font-semibold break-all">
+          <a href={m.url} target="_blank" rel="noreferrer noopener">
+            {m.repo}
+          </a>
+        </h3>
+        <span className="flex shrink-0 gap-1">
+          {m.architecture && <Badge>{m.architecture}</Badge>}
+          {m.gated && <Badge tone="warn">gated</Badge>}
+        </span>
+      </div>
+      {m.reason && (
+        <p className={`text-sm ${unsupported ? "text-muted" : "text-warn"}`}>
+          {unsupported ? "Redwing can't run this: " : ""}
+          {m.reason}
+        </p>
+      )}
+      <dl className="grid grid-cols-[auto_1fr] gap-x-3 gap-y-0.5 text-sm">
+        {m.format && (
+          <>
+            <dt className="text-muted">Format</dt>
+            <dd>{m.format}</dd>
+          </>
+        )}
+        {m.downloadBytes !== null && (
+          <>
+            <dt className="text-muted">Download</dt>
+            <dd className="tabular-nums">{formatBytes(m.downloadBytes)}</dd>
+          </>
+        )}
+        {m.installBytes !== null && (
+          <>
+            <dt className="text-muted">On disk</dt>
+            <dd className="tabular-nums">{formatBytes(m.installBytes)}</dd>
+          </>
+        )}
+        {m.memoryBytes !== null && (
+          <>
+            <dt className="text-muted">Memory</dt>
+            <dd className="tabular-nums">
+              {formatBytes(m.memoryBytes)}{" "}
+              {m.fits ? (
+                <Badge tone="ok">fits this machine</Badge>
+              ) : (
+                <Badge tone="danger">more than this machine has</Badge>
+              )}
+            </dd>
+          </>
+        )}
+        <dt className="text-muted">Licence</dt>
+        <dd>
+          {m.licence.url ? (
+            <a href={m.licence.url} target="_blank" rel="noreferrer noopener">
+              {m.licence.name ?? m.licence.id ?? "see the model page"}
+            </a>
+          ) : (
+            (m.licence.name ?? m.licence.id ?? "not stated")
+          )}
+          {m.gated && (
+            <span className="ml-1 text-xs text-muted">
+              {m.access === "granted"
+                ? "(your token has access)"
+                : m.access === "denied"
+                  ? "(accept the licence on the model page)"
+                  : "(needs HF_TOKEN and the licence accepted)"}
+            </span>
+          )}
+        </dd>
+        <dt className="text-muted">Downloads</dt>
+        <dd className="tabular-nums">{m.downloads.toLocaleString()}</dd>
+      </dl>
+      <div className="mt-auto flex items-center gap-2 pt-1">
+        {installed ? (
+          <span className="text-sm font-medium text-ok">Installed</span>
+        ) : m.status === "runnable" ? (
+          <Button variant="primary" onClick={onInstall} disabled={downloading}>
+            Install
+          </Button>
+        ) : null}
         {downloading && <span className="text-xs text-muted">Downloading…</span>}
       </div>
     </article>
