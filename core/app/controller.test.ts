@@ -511,6 +511,31 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect((await call("models.downloads")).map((x) => x.taskId)).toEqual([d.taskId]);
   });
 
+  it("models.search: the installed repository with the memory models.list shows; a newer search ends the older", async () => {
+    const found = await call("models.search", { query: "tiny" });
+    expect(found.endpoint).toBe(hub.url);
+    const tiny = found.models.find((m) => m.repo === "test/tiny")!;
+    expect(tiny).toMatchObject({ status: "runnable", family: "gemma4", installedAs: "test--tiny" });
+    const listed = (await call("models.list")).find((m) => m.name === "test--tiny")!;
+    expect(tiny.memoryBytes).toBe(listed.memoryEstimateBytes);
+    // The install also writes the chat template it extracts from tokenizer_config.json, which
+    // discovery does not fetch: the only difference allowed, and small.
+    const templateBytes = listed.sizeBytes - tiny.installBytes!;
+    expect(templateBytes).toBeGreaterThanOrEqual(0);
+    expect(templateBytes).toBeLessThan(16 * 1024);
+
+    const first = callError("models.search", { query: "tiny" });
+    const second = call("models.search", { query: "tiny" });
+    expect((await first).code).toBe("search_superseded");
+    expect((await second).models.map((m) => m.repo)).toContain("test/tiny");
+
+    hub.faults.push({ on: "api", path: "search", action: { kind: "status", status: 429 } });
+    const limited = await callError("models.search", { query: "tiny" });
+    hub.faults.length = 0;
+    expect(limited.code).toBe("hub_rate_limited");
+    expect(limited.message).toMatch(/^The hub at .* is limiting requests \(429/);
+  });
+
   it("installing a checkpoint whose config claims 1e9 layers fails clearly; the app still answers", async () => {
     const ckpt = join(root, "ckpt");
     const files = new Map<string, Buffer>();

@@ -87,7 +87,10 @@ export interface DiscoveredModel {
   format: string | null;
   /** Bytes the install downloads (the config, tokenizer and index files and every shard). */
   downloadBytes: number | null;
-  /** Bytes of the installed model directory. */
+  /**
+   * Bytes of the installed model directory, less a chat template the install extracts from
+   * tokenizer_config.json (a few kB; that file is not fetched to judge a result).
+   */
   installBytes: number | null;
   /** The engine's memory plan at this machine's settings. */
   memoryBytes: number | null;
