@@ -11,6 +11,7 @@ import { registerServeCommand } from "./serve.ts";
 import { registerUiCommand } from "./ui.ts";
 import { registerPromptCommand } from "./prompt.ts";
 import { registerPerplexityCommand } from "./perplexity.ts";
+import { registerSearchCommand } from "./search.ts";
 
 /** Each command lives in its own file and registers itself here. */
 export function registerCommands(program: Command): void {
@@ -23,6 +24,7 @@ export function registerCommands(program: Command): void {
   registerCompleteCommand(program);
   registerModelsCommand(program);
   registerInstallCommand(program);
+  registerSearchCommand(program);
   registerServeCommand(program);
   registerUiCommand(program);
   registerPromptCommand(program);
