@@ -17,6 +17,7 @@ import {
   type InstalledModel,
   type LiveSample,
   type MemoryPlan,
+  type ModelSearch,
   type Message,
   type Method,
   type Result,
@@ -466,6 +467,54 @@ export function createMockClient(): RendererClient {
     },
     "models.catalog": () => catalog(),
     "models.list": () => structuredClone(models),
+    "models.search": (p: { query: string }): ModelSearch => {
+      const base = {
+        url: "https://huggingface.co/",
+        likes: 0,
+        updatedAt: null,
+        installedAs: null,
+        gated: false,
+        access: "open" as const,
+      };
+      return {
+        query: p.query,
+        endpoint: "https://huggingface.co",
+        tokenSet: false,
+        models: [
+          {
+            ...base,
+            repo: `mlx-community/${p.query}-it-4bit`,
+            downloads: 12_000,
+            status: "runnable",
+            reason: null,
+            family: "gemma3",
+            architecture: "Gemma 3",
+            format: "MLX 4-bit",
+            downloadBytes: 3.4 * GB,
+            installBytes: 2.2 * GB,
+            memoryBytes: 2.9 * GB,
+            fits: true,
+            licence: { id: "gemma", name: "gemma", url: null },
+          },
+          {
+            ...base,
+            repo: `someone/${p.query}-GGUF`,
+            downloads: 9_000,
+            status: "unsupported",
+            reason:
+              "GGUF only: Redwing reads safetensors checkpoints (MLX 4/8-bit, or bf16/f16/f32)",
+            family: null,
+            architecture: null,
+            format: "GGUF",
+            downloadBytes: null,
+            installBytes: null,
+            memoryBytes: null,
+            fits: null,
+            licence: { id: null, name: null, url: null },
+          },
+        ],
+      };
+    },
     "models.install": (p: { ref: string; name?: string }) => {
       const name = p.name ?? p.ref.split("/").pop()!.replace(/@.*/, "");
       const item = catalog().find((c) => c.id === p.ref);
