@@ -64,6 +64,16 @@ test("search the hub: runnable models with size, memory and fit; why not the oth
     path: join(RESULTS, "screenshots", `${app.shell}-discover-1280x800.png`),
   });
 
+  // The hub's errors are said plainly, and Retry searches again.
+  const region = page.getByRole("region", { name: "Search the hub" });
+  hub.faults.push({ on: "api", path: "search", action: { kind: "status", status: 429 }, times: 1 });
+  await search.fill("tiny-gemma");
+  await expect(region.getByRole("alert")).toContainText("is limiting requests (429");
+  await expect(results).toHaveCount(0);
+  await region.getByRole("button", { name: "Retry", exact: true }).click();
+  await expect(card(E2E_REPO)).toBeVisible();
+  await expect(region.getByRole("alert")).toHaveCount(0);
+
   // The figure before the install is the one the installed model gets.
   const found = await app.call("models.search", { query: E2E_REPO });
   const before = found.models.find((m) => m.repo === E2E_REPO)!;

@@ -217,6 +217,7 @@ function SearchSection() {
               ? e.error
               : { code: "internal", message: String(e), action: null };
           if (appError.code === "search_superseded") return;
+          setResult(null);
           setError({ ...appError, action: "retry" });
           setBusy(false);
         },
