@@ -205,6 +205,12 @@ describe("discoverModels", () => {
       licence: { id: "gemma" },
       reason: expect.stringContaining("set HF_TOKEN"),
     });
+    // The skeletons the engine planned are weightless: sparse files of the install's sizes.
+    for (const dir of await readdir(join(work, "plans"))) {
+      const weights = await stat(join(work, "plans", dir, "weights.bin"));
+      expect(weights.size).toBeGreaterThan(0);
+      expect(weights.blocks * 512).toBeLessThan(weights.size);
+    }
     // Unsupported results cost no request beyond the search.
     expect(hub.log.some((r) => r.url.includes("llama-tiny"))).toBe(false);
     expect(hub.log.some((r) => r.url.includes("gguf"))).toBe(false);

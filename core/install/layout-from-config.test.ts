@@ -40,3 +40,28 @@ describe("layoutFromConfig", () => {
     });
   }
 });
+
+describe("layoutFromConfig refuses what the engine does not run, saying why", () => {
+  async function config(fixture: string): Promise<Record<string, unknown>> {
+    return JSON.parse(await readFile(join(FIXTURES, fixture, "config.json"), "utf8")) as Record<
+      string,
+      unknown
+    >;
+  }
+
+  it("MLX bits other than 4 and 8, and odd group sizes", async () => {
+    const c = await config("gemma3/mlx");
+    expect(() => layoutFromConfig({ ...c, quantization: { group_size: 64, bits: 6 } })).toThrow(
+      /^MLX 6-bit: Redwing runs 4- and 8-bit MLX checkpoints/,
+    );
+    expect(() => layoutFromConfig({ ...c, quantization: { group_size: 16, bits: 4 } })).toThrow(
+      /^MLX group size 16: Redwing runs group sizes 32, 64 and 128/,
+    );
+  });
+
+  it("an architecture Redwing does not run", () => {
+    expect(() => layoutFromConfig({ model_type: "llama", hidden_size: 64 })).toThrow(
+      /model_type llama; Redwing imports Gemma 4/,
+    );
+  });
+});

@@ -152,6 +152,25 @@ export function layoutFromConfig(config: unknown, generationConfig?: unknown): C
   }
   const cfg = config as Record<string, unknown>;
   const { architecture } = normalizeConfig(cfg, generationConfig);
+  if (isMlxQuantization(cfg)) {
+    const naming = modelFamily(architecture.family).checkpoint;
+    const quant = readQuantConfig(cfg, true, naming.prefixes)!;
+    const used = [quant, ...[...quant.overrides.values()].filter((o) => o !== false)];
+    const bits = [...new Set(used.map((q) => q.bits))].sort();
+    const groups = [...new Set(used.map((q) => q.group_size))].sort();
+    if (bits.some((b) => b !== 4 && b !== 8)) {
+      throw new UserError(
+        `MLX ${bits.join("/")}-bit: Redwing runs 4- and 8-bit MLX checkpoints (or bf16/f16/f32 ones, quantized to 4-bit at install)`,
+        "unsupported_model",
+      );
+    }
+    if (groups.some((g) => g !== 32 && g !== 64 && g !== 128)) {
+      throw new UserError(
+        `MLX group size ${groups.join("/")}: Redwing runs group sizes 32, 64 and 128`,
+        "unsupported_model",
+      );
+    }
+  }
   const importPlan = planImport(architecture, tensorTableFromConfig(architecture, cfg), cfg);
   return { architecture, importPlan, layout: layoutImport(importPlan, architecture) };
 }
