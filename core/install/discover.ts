@@ -207,7 +207,9 @@ function searchError(
   if (typeof status === "number") {
     if (status === 401 || status === 403) {
       return new UserError(
-        `the hub at ${endpoint} refused the search (${status}): the token in HF_TOKEN is not valid; create a new one at ${endpoint}/settings/tokens or unset HF_TOKEN`,
+        tokenSet
+          ? `the hub at ${endpoint} refused the search (${status}): the token in HF_TOKEN is not valid; create a new one at ${endpoint}/settings/tokens or unset HF_TOKEN`
+          : `the hub at ${endpoint} refused the search (${status}): it wants a token; create one at ${endpoint}/settings/tokens and set HF_TOKEN to it`,
         "hub_unauthorized",
       );
     }
@@ -385,9 +387,11 @@ async function readDetails(
   try {
     planned = layoutFromConfig(config);
   } catch (error) {
-    if (!(error instanceof UserError)) throw error;
-    result.status = "unsupported";
-    result.reason = error.message;
+    // The importer's refusal is the reason; anything else (a config no importer check foresaw)
+    // leaves this result unjudged rather than failing the whole search.
+    result.status = error instanceof UserError ? "unsupported" : "unknown";
+    result.reason =
+      error instanceof UserError ? error.message : `could not judge it: ${String(error)}`;
     return result;
   }
   result.format = describeQuantization(planned.importPlan);
