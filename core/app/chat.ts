@@ -393,7 +393,10 @@ export class ChatManager {
           generated += result.tokens.length;
           if (result.stats && result.tokens.length > 0) total = addStats(total, result.stats);
           // "length" with less room than Max new tokens left: the context filled, not the limit.
-          const contextFilled = result.finishReason === "length" && maxNewTokens < remaining;
+          const contextFilled =
+            result.finishReason === "length" &&
+            maxNewTokens < remaining &&
+            result.tokens.length >= maxNewTokens;
           if (contextFilled && policy !== "stop" && !signal.aborted) continue;
           finishReason = contextFilled ? "context_full" : APP_FINISH_REASON[result.finishReason];
           break;

@@ -240,7 +240,7 @@ async function overflow(
   const maxNote =
     maxContext > context
       ? ` (this model supports up to ${n(maxContext)})`
-      : ", this model's maximum";
+      : " (this model's maximum)";
   if (ids === null && prompt.length > text.maxCharsFor(maxContext)) {
     // Not tokenized: no context this model supports could hold it.
     const chars = whole ? prompt.length : (req.history.at(-1)?.content.length ?? prompt.length);
