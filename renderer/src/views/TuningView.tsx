@@ -418,7 +418,7 @@ function SelectField({
 }) {
   return (
     <div className="flex flex-col gap-1">
-      <label htmlFor={id} className="truncate text-sm font-medium">
+      <label htmlFor={id} className="text-sm font-medium">
         {label}
       </label>
       <select
