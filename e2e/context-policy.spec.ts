@@ -5,20 +5,18 @@
  * Rolling window and Truncate middle (earlier messages are left out, the reply goes on past a full
  * context, and a note under it says what happened).
  *
- * Sampling at temperature 2 with a fixed seed: the demo model then writes past the few tokens of
- * room the context leaves (at its usual 0.2 it may end a reply first). A system prompt of about
+ * Sampling at temperature 2 with a repetition penalty of 2 (which falls on the end-of-turn token
+ * the prompt holds) and a fixed seed: the demo model then writes past the few tokens of room the
+ * context leaves (at its usual settings it may end a reply first). A system prompt of about
  * 130 tokens takes half the context, so a few short exchanges outgrow it.
  */
 import type { Page } from "@playwright/test";
 import { expect, test, type RedwingApp } from "./fixtures.ts";
 import { gotoView, lastReply, messages, send, waitReady, waitReply } from "./ui.ts";
 
-const BALLAST = "You answer in the words of the King James Bible, plainly and at length. ".repeat(
-  7,
-);
-const LONG_QUESTION = "Tell me of the river and the stone and the light upon the waters, ".repeat(
-  5,
-);
+const BALLAST = "You answer in the words of the King James Bible, plainly, at length. ".repeat(7);
+/** With the system prompt, about 236 of the 256 tokens. */
+const LONG_QUESTION = "Tell me of the river and the stone and the light upon it. ".repeat(7);
 
 /** Loads the demo model again with a 256-token context (the setting and the reload as the API has them). */
 async function context256(app: RedwingApp): Promise<void> {
@@ -48,7 +46,14 @@ test("context policies: stop with Raise context, rolling window and truncate mid
   await waitReady(page, "demo");
   await app.call("settings.update", {
     systemPrompt: BALLAST,
-    sampling: { temperature: 2, topK: 0, topP: 1, seed: 7, maxNewTokens: 300 },
+    sampling: {
+      temperature: 2,
+      topK: 0,
+      topP: 1,
+      repetitionPenalty: 2,
+      seed: 7,
+      maxNewTokens: 300,
+    },
   });
   expect((await app.call("settings.get")).engine.contextOverflow).toBe("rolling_window");
   await context256(app);

@@ -333,9 +333,9 @@ export class ChatManager {
             partial: text,
             context,
             maxContext: model.manifest.architecture.max_position_embeddings,
-            // Room for a quarter of the context at most: more would leave out turns the reply
-            // may never need (it leaves out more when it does).
-            replyRoom: Math.min(remaining, Math.max(1, Math.floor(context / 4))),
+            // Room for an eighth of the context at most: more would leave out turns the reply
+            // may never need, and a longer reply leaves out more when it gets there.
+            replyRoom: Math.min(remaining, Math.max(1, Math.floor(context / 8))),
             minDropped: pass === 0 ? 0 : droppedExchanges + 1,
           });
           if (!fit) {
