@@ -85,7 +85,11 @@ describe("toAppError", () => {
   });
 
   it("reads a stored reply's old reduce_context as raise_context (its text said to raise it)", () => {
-    const stored = { code: "context_overflow", message: "raise the context", action: "reduce_context" };
+    const stored = {
+      code: "context_overflow",
+      message: "raise the context",
+      action: "reduce_context",
+    };
     expect(AppErrorSchema.parse(stored).action).toBe("raise_context");
   });
 
