@@ -55,6 +55,18 @@ export const ENGINE_DEFAULTS = {
   prefillChunk: 128,
 } as const;
 
+/** The app's chat. */
+export const CHAT_DEFAULTS = {
+  /**
+   * When the conversation is longer than the context (per model; core/app/context-fit.ts): the
+   * oldest exchanges are left out, the system prompt kept. It never dead-ends: every turn gets an
+   * answer while the newest message fits, and a reply is built on the recent turns it follows.
+   * ("stop" refuses the turn; "truncate_middle" keeps the first exchange, which may itself be
+   * what no longer fits.)
+   */
+  contextOverflow: "rolling_window",
+} as const;
+
 /** `redwing perplexity`: the window (tokens a prediction may look back on). */
 export const PERPLEXITY_DEFAULTS = { window: 512 } as const;
 

@@ -8,7 +8,7 @@
  * channel, in order, to every connected window.
  */
 import { z } from "zod";
-import { ENGINE_DEFAULTS, SAMPLING_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
+import { CHAT_DEFAULTS, ENGINE_DEFAULTS, SAMPLING_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
 
 // ---- shared shapes ----------------------------------------------------------------------------
 
@@ -20,19 +20,26 @@ export const AppErrorSchema = z.object({
   /** Stable machine-readable code (`engine_crashed`, `model_corrupt`, `disk_full`, ...). */
   code: z.string(),
   message: z.string(),
-  action: z
-    .enum([
-      "restart_engine",
-      "verify_model",
-      "reinstall_model",
-      "free_space",
-      "retry",
-      "load_model",
-      "reduce_context",
-      /** Saves `fix.engine` and loads `fix.model` (the button says `fix.label`). */
-      "apply_fix",
-    ])
-    .nullable(),
+  action: z.preprocess(
+    // Replies stored before 0.2 carry "reduce_context" under text that says to raise it.
+    (value) => (value === "reduce_context" ? "raise_context" : value),
+    z
+      .enum([
+        "restart_engine",
+        "verify_model",
+        "reinstall_model",
+        "free_space",
+        "retry",
+        "load_model",
+        /** Opens the context length in Tuning. */
+        "raise_context",
+        /** Starts a new conversation. */
+        "new_chat",
+        /** Saves `fix.engine` and loads `fix.model` (the button says `fix.label`). */
+        "apply_fix",
+      ])
+      .nullable(),
+  ),
   /** Technical detail (file, offset, exit status) shown on request. */
   detail: z.string().optional(),
   /** With action "apply_fix": the settings that make the failed load work, and its button. */
@@ -88,7 +95,14 @@ export const SamplingSettingsSchema = z.object({
 });
 export type SamplingSettings = z.infer<typeof SamplingSettingsSchema>;
 
-/** Settings the engine is loaded with: changing any of them needs a reload. */
+/**
+ * What a reply does when the conversation is longer than the context: refuse ("stop"), leave out
+ * the oldest exchanges ("rolling_window"), or those after the first ("truncate_middle").
+ */
+export const ContextOverflowSchema = z.enum(["stop", "rolling_window", "truncate_middle"]);
+export type ContextOverflowPolicy = z.infer<typeof ContextOverflowSchema>;
+
+/** Settings the engine is loaded with: changing any of them needs a reload (but one, below). */
 export const EngineSettingsSchema = z.object({
   /** KV-cache positions (prompt plus reply). */
   context: z.number().int().min(256).max(131072),
@@ -101,8 +115,21 @@ export const EngineSettingsSchema = z.object({
   /** Where the engine runs the model (docs/gpu.md): the CPU, a Vulkan GPU, or a GPU if any. */
   backend: z.enum(["cpu", "metal", "vulkan", "auto"]),
   kvDtype: z.enum(["f16", "f32"]),
+  /**
+   * When the conversation is longer than the context (core/app/context-fit.ts). The one field
+   * here that needs no reload: the next reply reads it. A file from before it has none.
+   */
+  contextOverflow: ContextOverflowSchema.default(CHAT_DEFAULTS.contextOverflow),
 });
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;
+
+/**
+ * Engine settings as a patch: any subset. Without the default: a patch that leaves
+ * `contextOverflow` out keeps the saved choice.
+ */
+const EngineSettingsPartialSchema = EngineSettingsSchema.extend({
+  contextOverflow: ContextOverflowSchema,
+}).partial();
 
 export const SettingsSchema = z.object({
   sampling: SamplingSettingsSchema,
@@ -143,6 +170,7 @@ export const DEFAULT_SETTINGS: Settings = {
     threads: ENGINE_DEFAULTS.threads,
     backend: ENGINE_DEFAULTS.backend,
     kvDtype: ENGINE_DEFAULTS.kvDtype,
+    contextOverflow: CHAT_DEFAULTS.contextOverflow,
   },
   systemPrompt: "",
   activeModel: null,
@@ -154,7 +182,7 @@ export const DEFAULT_SETTINGS: Settings = {
 export const SettingsPatchSchema = z.object({
   // Without the default: a patch that leaves `stop` out keeps the saved stop strings.
   sampling: SamplingSettingsSchema.extend({ stop: stopStrings }).partial().optional(),
-  engine: EngineSettingsSchema.partial().optional(),
+  engine: EngineSettingsPartialSchema.optional(),
   systemPrompt: SettingsSchema.shape.systemPrompt.optional(),
   activeModel: SettingsSchema.shape.activeModel.optional(),
   server: SettingsSchema.shape.server.partial().optional(),
@@ -358,7 +386,25 @@ export const MessageStatsSchema = z.object({
 });
 export type MessageStats = z.infer<typeof MessageStatsSchema>;
 
-const FinishReasonSchema = z.enum(["eos", "stop", "length", "cancelled", "error"]);
+/**
+ * Why a reply ended: an end-of-turn token, a stop string, "Max new tokens", the context full
+ * ("context_full": nothing more could be left out, or the policy is "stop"), Stop, a failure.
+ */
+const FinishReasonSchema = z.enum(["eos", "stop", "length", "context_full", "cancelled", "error"]);
+
+/** What a reply left out of the conversation to fit the context (core/app/context-fit.ts). */
+export const ContextNoteSchema = z.object({
+  policy: ContextOverflowSchema,
+  /** Messages left out of the prompt (at the reply's last continuation). */
+  droppedMessages: z.number().int().min(0),
+  /** Tokens of their text; null when one was too long to count. */
+  droppedTokens: z.number().int().min(0).nullable(),
+  /** The context length, in tokens. */
+  context: z.number().int().positive(),
+  /** Times the reply filled the context and went on after leaving out more. */
+  continued: z.number().int().min(0),
+});
+export type ContextNote = z.infer<typeof ContextNoteSchema>;
 
 /** One reply to the same question kept by Regenerate (see Message.otherVersions). */
 export const MessageVersionSchema = z.object({
@@ -370,6 +416,8 @@ export const MessageVersionSchema = z.object({
   stats: MessageStatsSchema.optional(),
   finishReason: FinishReasonSchema.optional(),
   error: AppErrorSchema.optional(),
+  /** Assistant messages that left part of the conversation out to fit the context. */
+  contextNote: ContextNoteSchema.optional(),
 });
 export type MessageVersion = z.infer<typeof MessageVersionSchema>;
 
@@ -497,7 +545,7 @@ export const API = {
   /** Memory a model would need at the given engine settings (default: saved ones). */
   "settings.memoryPlan": {
     params: z
-      .object({ model: modelName.optional(), engine: EngineSettingsSchema.partial().optional() })
+      .object({ model: modelName.optional(), engine: EngineSettingsPartialSchema.optional() })
       .strict(),
     result: MemoryPlanSchema,
   },
@@ -543,7 +591,7 @@ export const API = {
       .object({
         model: modelName.optional(),
         /** Saved as the model's own settings before it loads (an error's fix). */
-        engine: EngineSettingsSchema.partial().optional(),
+        engine: EngineSettingsPartialSchema.optional(),
       })
       .strict(),
     result: EngineStatusSchema,

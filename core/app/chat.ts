@@ -10,17 +10,27 @@
  */
 import { randomUUID } from "node:crypto";
 import { formatStats, type GenerationStats } from "../chat/stats.ts";
-import { renderChat, type ChatMessage } from "../chat/template.ts";
+import type { ChatTokenizer } from "../chat/tokenizer.ts";
 import type { StatsEvent } from "../engine/index.ts";
 import {
   generate,
   type GenerationFinishReason,
+  type GenerationResult,
   type MemoryReading,
 } from "../generation/generate.ts";
 import { QueueAbortedError } from "../server/queue.ts";
-import type { AppError, AppEvent, Conversation, Message, MessageStats, Settings } from "./api.ts";
+import type {
+  AppError,
+  AppEvent,
+  ContextNote,
+  Conversation,
+  Message,
+  MessageStats,
+  Settings,
+} from "./api.ts";
+import { fitPrompt, promptTextFor, type FitRequest, type PromptText } from "./context-fit.ts";
 import { regeneratedReply, type ConversationStore } from "./conversations.ts";
-import type { EngineManager } from "./engine.ts";
+import type { EngineManager, LoadedModel } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import type { HitRateBook } from "./memory.ts";
 
@@ -123,8 +133,29 @@ export function messageStats(s: GenerationStats): MessageStats {
   };
 }
 
+/**
+ * Statistics of a reply written in several passes (continued after the context filled): the first
+ * pass's prompt and time to first token; the later passes' prefill counts as writing time.
+ */
+function addStats(total: GenerationStats | null, pass: GenerationStats): GenerationStats {
+  if (!total) return { ...pass };
+  return {
+    promptTokens: total.promptTokens,
+    generatedTokens: total.generatedTokens + pass.generatedTokens,
+    ttftSeconds: total.ttftSeconds,
+    decodeSeconds: total.decodeSeconds + pass.ttftSeconds + pass.decodeSeconds,
+    peakMemoryBytes:
+      pass.peakMemoryBytes != null && total.peakMemoryBytes != null
+        ? Math.max(pass.peakMemoryBytes, total.peakMemoryBytes)
+        : (pass.peakMemoryBytes ?? total.peakMemoryBytes),
+    cacheHitRate: pass.cacheHitRate ?? total.cacheHitRate,
+  };
+}
+
 export class ChatManager {
   private readonly replies = new Map<string, Reply>();
+  /** Token counts of message texts per tokenizer (context-fit's estimates). */
+  private readonly textCounts = new WeakMap<ChatTokenizer, Map<string, number>>();
   readonly tracker: GenerationTracker = idleTracker();
   private readonly now: () => Date;
 
@@ -234,10 +265,9 @@ export class ChatManager {
     return saved;
   }
 
-  /** The messages the model sees: the system prompt, then everything before the reply. */
-  private chatMessages(c: Conversation, replyId: string): ChatMessage[] {
-    const out: ChatMessage[] = [];
-    if (c.systemPrompt.trim() !== "") out.push({ role: "system", content: c.systemPrompt });
+  /** The conversation before the reply (the system prompt apart). */
+  private history(c: Conversation, replyId: string): FitRequest["history"] {
+    const out: { role: "user" | "assistant"; content: string }[] = [];
     for (const m of c.messages) {
       if (m.id === replyId) break;
       out.push({ role: m.role, content: m.content });
@@ -245,6 +275,23 @@ export class ChatManager {
     return out;
   }
 
+  /** The model's template and tokenizer as context-fit counts with them. */
+  private promptText(model: LoadedModel): PromptText {
+    let textCounts = this.textCounts.get(model.tokenizer);
+    if (!textCounts) {
+      textCounts = new Map();
+      this.textCounts.set(model.tokenizer, textCounts);
+    }
+    return promptTextFor(model.template, model.tokenizer, textCounts);
+  }
+
+  /**
+   * Writes the reply. The prompt is what the model's "When the conversation is longer than the
+   * context" setting leaves of the conversation (context-fit.ts); when the context fills during
+   * the reply, the rolling and truncating policies leave out more and go on: the conversation is
+   * rendered again with the reply so far opened as the model's turn, prefilled through the same
+   * generation loop, and the new text streams into the same message, up to "Max new tokens".
+   */
   private async run(conversationId: string, messageId: string, signal: AbortSignal): Promise<void> {
     const { engine, emit } = this.opts;
     const deltas = new DeltaCoalescer((text) =>
@@ -254,6 +301,7 @@ export class ChatManager {
     let finishReason: Message["finishReason"];
     let stats: MessageStats | undefined;
     let error: AppError | undefined;
+    let contextNote: ContextNote | undefined;
     const tracker = this.tracker;
     // The engine's turn is held until the reply is saved and announced, so a request queued
     // behind this chat (the OpenAI server's) never answers before the chat's `chat.done`.
@@ -264,75 +312,118 @@ export class ChatManager {
       try {
         const { client, model } = engine.requireLoaded();
         const c = await this.opts.store.get(conversationId);
-        const prompt = renderChat(model.template, this.chatMessages(c, messageId), {
-          bosToken: model.tokenizer.bosToken,
-          eosToken: model.tokenizer.eosToken,
-        });
+        const settings = this.opts.settings();
+        const s = settings.sampling;
+        const policy = settings.engine.contextOverflow;
         const context = model.settings.context;
-        // A length check first (free), then tokenizing off the event loop: a huge message must
-        // not stall every other call for seconds.
-        if (prompt.length > model.tokenizer.maxCharsFor(context)) {
-          throw new AppFailure(
-            "context_overflow",
-            `The conversation (${prompt.length} characters) is far longer than the context length (${context} tokens) can hold. Start a new chat, or raise the context length in Tuning.`,
-            "reduce_context",
-          );
-        }
-        const tokens = await model.tokenizer.encodeAsync(prompt, { addBos: true });
-        if (tokens.length >= context) {
-          throw new AppFailure(
-            "context_overflow",
-            `The conversation (${tokens.length} tokens) no longer fits the context length (${context}). Start a new chat, or raise the context length in Tuning.`,
-            "reduce_context",
-          );
-        }
-        const s = this.opts.settings().sampling;
-        Object.assign(tracker, {
-          generating: true,
-          startedAt: Date.now(),
-          firstTokenAt: null,
-          tokens: 0,
-          stats: null,
-        });
-        const events = generate(
-          client,
-          model.tokenizer,
-          {
-            tokens,
-            maxNewTokens: Math.min(s.maxNewTokens, context - tokens.length),
-            sampling: s,
-            stopIds: model.stopIds,
-            stopStrings: s.stop,
-            statsIntervalMs: STATS_INTERVAL_MS,
-          },
-          { signal, readMemory: async () => memoryReading(await engine.stats()) },
-        );
-        for await (const event of events) {
-          if (event.type === "tokens") {
-            tracker.firstTokenAt ??= Date.now();
-            tracker.tokens += event.count;
-          } else if (event.type === "text") {
-            text += event.text;
-            deltas.push(event.text);
-          } else if (event.type === "stats") {
-            tracker.stats = event.stats;
-          } else {
-            const r = event.result;
-            finishReason = APP_FINISH_REASON[r.finishReason];
-            // Stopped before the first token: no statistics ("0.0 t/s, 0 tokens" says nothing).
-            if (r.stats && r.tokens.length > 0) {
-              stats = messageStats(r.stats);
-              const slots = model.ready.expert_cache_slots;
-              if (stats.hitRate !== null && slots > 0) {
-                this.opts.hitRates.record(model.name, slots, stats.hitRate);
-              }
-              tracker.last = {
-                decodeTokensPerSecond: stats.decodeTokensPerSecond,
-                ttftMs: stats.ttftMs,
-                tokens: stats.generatedTokens,
-              };
-            }
+        const history = this.history(c, messageId);
+        const promptText = this.promptText(model);
+        let generated = 0;
+        let droppedExchanges = 0;
+        let continued = 0;
+        let total: GenerationStats | null = null;
+        let generating = false;
+        for (let pass = 0; ; pass++) {
+          const remaining = s.maxNewTokens - generated;
+          const fit = await fitPrompt(promptText, {
+            policy,
+            model: model.name,
+            systemPrompt: c.systemPrompt,
+            history,
+            partial: text,
+            context,
+            maxContext: model.manifest.architecture.max_position_embeddings,
+            // Room for an eighth of the context at most: more would leave out turns the reply
+            // may never need, and a longer reply leaves out more when it gets there.
+            replyRoom: Math.min(remaining, Math.max(1, Math.floor(context / 8))),
+            minDropped: pass === 0 ? 0 : droppedExchanges + 1,
+          });
+          if (!fit) {
+            finishReason = "context_full";
+            break;
           }
+          if (pass > 0) continued++;
+          droppedExchanges = fit.droppedExchanges;
+          if (fit.droppedMessages > 0) {
+            contextNote = {
+              policy,
+              droppedMessages: fit.droppedMessages,
+              droppedTokens: fit.droppedTokens,
+              context,
+              continued,
+            };
+          }
+          const maxNewTokens = Math.min(remaining, context - fit.tokens.length);
+          if (!generating) {
+            generating = true;
+            Object.assign(tracker, {
+              generating: true,
+              startedAt: Date.now(),
+              firstTokenAt: null,
+              tokens: 0,
+              stats: null,
+            });
+          }
+          const events = generate(
+            client,
+            model.tokenizer,
+            {
+              tokens: fit.tokens,
+              maxNewTokens,
+              sampling: s,
+              stopIds: model.stopIds,
+              stopStrings: s.stop,
+              statsIntervalMs: STATS_INTERVAL_MS,
+            },
+            { signal, readMemory: async () => memoryReading(await engine.stats()) },
+          );
+          let result: GenerationResult | null = null;
+          for await (const event of events) {
+            if (event.type === "tokens") {
+              tracker.firstTokenAt ??= Date.now();
+              tracker.tokens += event.count;
+            } else if (event.type === "text") {
+              text += event.text;
+              deltas.push(event.text);
+            } else if (event.type === "stats") {
+              tracker.stats = event.stats;
+            } else result = event.result;
+          }
+          if (!result) throw new Error("the generation loop ended without a result");
+          generated += result.tokens.length;
+          if (result.stats && result.tokens.length > 0) total = addStats(total, result.stats);
+          // "length" with less room than Max new tokens left: the context filled, not the limit.
+          const contextFilled =
+            result.finishReason === "length" &&
+            maxNewTokens < remaining &&
+            result.tokens.length >= maxNewTokens;
+          if (contextFilled && policy !== "stop" && !signal.aborted) continue;
+          finishReason = contextFilled ? "context_full" : APP_FINISH_REASON[result.finishReason];
+          break;
+        }
+        if (contextNote) contextNote = { ...contextNote, continued };
+        // The note under the reply names the context it filled.
+        if (finishReason === "context_full") {
+          contextNote ??= {
+            policy,
+            droppedMessages: 0,
+            droppedTokens: 0,
+            context,
+            continued,
+          };
+        }
+        // Stopped before the first token: no statistics ("0.0 t/s, 0 tokens" says nothing).
+        if (total) {
+          stats = messageStats(total);
+          const slots = model.ready.expert_cache_slots;
+          if (stats.hitRate !== null && slots > 0) {
+            this.opts.hitRates.record(model.name, slots, stats.hitRate);
+          }
+          tracker.last = {
+            decodeTokensPerSecond: stats.decodeTokensPerSecond,
+            ttftMs: stats.ttftMs,
+            tokens: stats.generatedTokens,
+          };
         }
       } finally {
         tracker.generating = false;
@@ -347,7 +438,13 @@ export class ChatManager {
     }
     deltas.flush();
     try {
-      await this.finish(conversationId, messageId, { text, finishReason, stats, error });
+      await this.finish(conversationId, messageId, {
+        text,
+        finishReason,
+        stats,
+        error,
+        contextNote,
+      });
     } finally {
       release?.();
     }
@@ -362,6 +459,7 @@ export class ChatManager {
       finishReason: Message["finishReason"];
       stats?: MessageStats;
       error?: AppError;
+      contextNote?: ContextNote;
     },
   ): Promise<void> {
     let c: Conversation;
@@ -378,6 +476,7 @@ export class ChatManager {
       finishReason: r.finishReason,
       ...(r.stats ? { stats: r.stats } : {}),
       ...(r.error ? { error: r.error } : {}),
+      ...(r.contextNote ? { contextNote: r.contextNote } : {}),
     };
     c.messages[i] = message;
     try {

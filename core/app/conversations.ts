@@ -40,6 +40,7 @@ function versionOf(m: Message): MessageVersion {
   if (m.stats !== undefined) v.stats = m.stats;
   if (m.finishReason !== undefined) v.finishReason = m.finishReason;
   if (m.error !== undefined) v.error = m.error;
+  if (m.contextNote !== undefined) v.contextNote = m.contextNote;
   return v;
 }
 

@@ -31,7 +31,7 @@ describe("toAppError", () => {
       "overflow",
       new EngineError("too long", "context_overflow"),
       "context_overflow",
-      "reduce_context",
+      "raise_context",
     ],
     [
       "load failed",
@@ -82,6 +82,15 @@ describe("toAppError", () => {
     expect(e.action).toBe(action);
     // Plain words: a sentence, capitalized, ending with a full stop.
     expect(e.message).toMatch(/^[A-Z"].*[.)]$/s);
+  });
+
+  it("reads a stored reply's old reduce_context as raise_context (its text said to raise it)", () => {
+    const stored = {
+      code: "context_overflow",
+      message: "raise the context",
+      action: "reduce_context",
+    };
+    expect(AppErrorSchema.parse(stored).action).toBe("raise_context");
   });
 
   it("passes AppFailures through and names zod's complaint", () => {

@@ -91,8 +91,8 @@ function fromEngineError(error: EngineError): AppError {
       return {
         code: "context_overflow",
         message:
-          "The conversation no longer fits the context length. Start a new chat, or raise the context length in Tuning.",
-        action: "reduce_context",
+          "The conversation no longer fits the context length. Raise the context length in Tuning, or start a new chat.",
+        action: "raise_context",
         detail,
       };
     case "not_loaded":
@@ -153,7 +153,7 @@ function fromUserError(error: UserError): AppError {
     case "interrupted":
       return { code: error.code, message, action: "retry" };
     case "context_overflow":
-      return { code: error.code, message, action: "reduce_context" };
+      return { code: error.code, message, action: "raise_context" };
     default:
       return { code: error.code, message, action: null };
   }

@@ -311,9 +311,11 @@ export function createMockClient(): RendererClient {
       }
       if (prompt.trim() === "/fail" && i === 5) {
         finish("error", {
-          code: "generation_failed",
-          message: "The reply failed: the context is full.",
-          action: "reduce_context",
+          code: "context_overflow",
+          message:
+            "This conversation is 4,300 tokens, more than the 4,096-token context holds (this model supports up to 8,192). Raise the context to 4,608, or start a new chat.",
+          action: "apply_fix",
+          fix: { label: "Raise context to 4,608", model: "demo", engine: { context: 4608 } },
         });
         return;
       }

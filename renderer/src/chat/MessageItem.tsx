@@ -9,14 +9,10 @@ import type { Message } from "../../../core/app/api.ts";
 import { CopyButton } from "../components/CopyButton.tsx";
 import { ErrorAlert } from "../components/ErrorAlert.tsx";
 import { Button } from "../components/ui.tsx";
+import { droppedNote, finishNote } from "../lib/context-note.ts";
 import { useActions } from "../state/context.tsx";
 import { Markdown } from "./Markdown.tsx";
 import { WaitingNote } from "./WaitingNote.tsx";
-
-const FINISH_NOTES: Partial<Record<NonNullable<Message["finishReason"]>, string>> = {
-  cancelled: "Stopped.",
-  length: "Stopped at the “Max new tokens” limit (Tuning).",
-};
 
 export const MessageItem = memo(function MessageItem({
   message,
@@ -37,7 +33,8 @@ export const MessageItem = memo(function MessageItem({
   const { client, store, run } = useActions();
   const [editing, setEditing] = useState(false);
   const isUser = message.role === "user";
-  const note = message.finishReason ? FINISH_NOTES[message.finishReason] : undefined;
+  const note = finishNote(message);
+  const dropped = message.contextNote ? droppedNote(message.contextNote) : null;
   const interrupted = !isUser && !message.finishReason && !streaming;
   const versions = (message.otherVersions?.length ?? 0) + 1;
   const versionIndex = Math.min(message.versionIndex ?? versions - 1, versions - 1);
@@ -82,6 +79,11 @@ export const MessageItem = memo(function MessageItem({
           {text ? <Markdown text={text} /> : streaming ? <WaitingNote /> : null}
           {streaming && text && <span aria-hidden="true" className="caret" />}
         </div>
+      )}
+      {dropped && (
+        <p data-testid="context-note" className="text-xs text-muted">
+          {dropped}
+        </p>
       )}
       {note && <p className="text-xs text-muted">{note}</p>}
       {interrupted && <p className="text-xs text-muted">This reply was interrupted.</p>}

@@ -28,7 +28,7 @@ export function ErrorAlert({
   floating?: boolean;
   className?: string;
 }) {
-  const { client, navigate, run } = useActions();
+  const { client, navigate, run, newChat } = useActions();
   const engineModel = useAppState((s) => s.engine?.model ?? s.settings?.activeModel ?? null);
   const engineAction = useAppState((s) => s.engine?.error?.action ?? null);
   const engineState = useAppState((s) => s.engine?.state ?? null);
@@ -64,14 +64,23 @@ export function ErrorAlert({
       case "reinstall_model":
         navigate("models", "installed-models");
         break;
-      case "reduce_context":
+      case "raise_context":
         navigate("tuning", "field-context");
+        break;
+      case "new_chat":
+        navigate("chat");
+        void newChat();
         break;
       case "apply_fix": {
         const fix = error.fix;
         if (!fix) break;
         onDismiss?.();
-        void run(() => client.call("engine.load", { model: fix.model, engine: fix.engine }));
+        void run(() => client.call("engine.load", { model: fix.model, engine: fix.engine })).then(
+          (status) => {
+            // A reply refused for its context is written once the larger context is loaded.
+            if (status && error.code === "context_overflow") onRetry?.();
+          },
+        );
         break;
       }
       case "retry":

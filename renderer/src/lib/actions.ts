@@ -9,7 +9,8 @@ export const ACTION_LABELS: Record<ErrorAction, string | null> = {
   verify_model: "Verify model",
   reinstall_model: "Reinstall model",
   retry: "Retry",
-  reduce_context: "Reduce context",
+  raise_context: "Raise context length",
+  new_chat: "Start a new chat",
   // Labelled by the error's own fix ("Load with 4096").
   apply_fix: null,
   // Nothing the app can do: a hint instead of a button.
@@ -18,6 +19,5 @@ export const ACTION_LABELS: Record<ErrorAction, string | null> = {
 
 export const ACTION_HINTS: Partial<Record<ErrorAction, string>> = {
   free_space: "Free some disk space (or remove a model you no longer use), then try again.",
-  reduce_context: "A shorter context length needs less memory.",
   reinstall_model: "Remove the model and download it again from the Models view.",
 };

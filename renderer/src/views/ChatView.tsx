@@ -15,6 +15,7 @@ function replyStatus(s: State): string {
   if (!last || last.role !== "assistant" || !last.finishReason) return "";
   if (last.finishReason === "error") return "The reply failed.";
   if (last.finishReason === "cancelled") return "Reply stopped.";
+  if (last.finishReason === "context_full") return "Reply stopped: the context is full.";
   return "Reply finished.";
 }
 

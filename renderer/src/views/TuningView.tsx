@@ -18,6 +18,23 @@ import { useActions, useAppState } from "../state/context.tsx";
 
 const PLAN_DELAY_MS = 250;
 
+/** The choices of "When the conversation is longer than the context", each with what it does. */
+const OVERFLOW_CHOICES: Record<EngineSettings["contextOverflow"], { label: string; help: string }> =
+  {
+    rolling_window: {
+      label: "Rolling window",
+      help: "Leaves out the oldest messages (never the system prompt) and keeps writing when the context fills.",
+    },
+    truncate_middle: {
+      label: "Truncate middle",
+      help: "Keeps the system prompt and the first exchange, and leaves out messages after them.",
+    },
+    stop: {
+      label: "Stop",
+      help: "Sends the whole conversation or nothing: a reply stops when the context is full.",
+    },
+  };
+
 function parseBudget(text: string): Parsed {
   const v = parseGigabytes(text);
   return v === undefined
@@ -211,6 +228,14 @@ export function TuningView() {
             help="Tokens of prompt and reply the model can see."
             extra={<Cost label="KV cache" bytes={plan?.kvBytes} />}
           />
+          <SelectField
+            id="field-context-overflow"
+            label="When the conversation is longer than the context"
+            value={e.contextOverflow}
+            options={Object.entries(OVERFLOW_CHOICES).map(([v, c]) => [v, c.label])}
+            onChange={(v) => engineSet({ contextOverflow: v as EngineSettings["contextOverflow"] })}
+            help={`${OVERFLOW_CHOICES[e.contextOverflow].help} Applies to the next reply.`}
+          />
           <NumberField
             id="field-expert-cache-slots"
             label="Expert cache slots"
@@ -381,6 +406,7 @@ function SelectField({
   options,
   onChange,
   badge,
+  help,
 }: {
   id: string;
   label: string;
@@ -388,17 +414,21 @@ function SelectField({
   options: [string, string][];
   onChange: (v: string) => void;
   badge?: ReactNode;
+  help?: string;
 }) {
   return (
     <div className="flex flex-col gap-1">
-      <label htmlFor={id} className="truncate text-sm font-medium">
+      <label htmlFor={id} className="text-sm font-medium">
         {label}
       </label>
       <select
         id={id}
         value={value}
         onChange={(e) => onChange(e.target.value)}
-        aria-describedby={badge ? `${id}-badge` : undefined}
+        aria-describedby={
+          [badge ? `${id}-badge` : "", help ? `${id}-help` : ""].filter(Boolean).join(" ") ||
+          undefined
+        }
         className="w-full rounded-md border border-line bg-bg px-3 py-1.5 text-sm"
       >
         {options.map(([v, text]) => (
@@ -408,6 +438,11 @@ function SelectField({
         ))}
       </select>
       {badge && <span id={`${id}-badge`}>{badge}</span>}
+      {help && (
+        <p id={`${id}-help`} className="text-xs text-muted">
+          {help}
+        </p>
+      )}
     </div>
   );
 }
