@@ -11,7 +11,7 @@
  */
 import OpenAI from "openai";
 import { formatStats, type GenerationStats } from "../chat/stats.ts";
-import { connectionError, RemoteError, retryAfterSeconds, statusError } from "./errors.ts";
+import { connectionError, RemoteError, statusError } from "./errors.ts";
 import type { Endpoint } from "./store.ts";
 
 export { RemoteError } from "./errors.ts";
@@ -259,7 +259,7 @@ export async function streamChat(
   const internal = new AbortController();
   const onAbort = (): void => internal.abort();
   options.signal?.addEventListener("abort", onAbort, { once: true });
-  let startedAt = 0;
+  let startedAt: number;
   try {
     for (let attempt = 0; ; attempt++) {
       if (options.signal?.aborted) return cancelled();
