@@ -5,11 +5,13 @@
  * tiny local servers that stall on purpose.
  */
 import { existsSync } from "node:fs";
+import { writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { enterTempHome, type TempHome } from "../../testkit/home.ts";
+import { runCli } from "../../testkit/run-cli.ts";
 import { startRemoteServe, type RemoteServe } from "../../testkit/remote-serve.ts";
 import { nativeBuildDir } from "../native.ts";
 import { listModels, RemoteError, streamChat } from "./client.ts";
@@ -108,6 +110,56 @@ describe.skipIf(!haveService)("remote client against redwing serve", () => {
     expect(wrong.code).toBe("remote_auth");
     expect(wrong.message).toContain("The API key was refused");
     expect(await listModels(endpoint(keyed.url, "sesame"))).toHaveLength(1);
+  });
+
+  it("chats from the CLI: bin/redwing chat --endpoint, with the key from --api-key-env", async () => {
+    const messages = join(home.dir, "messages.json");
+    await writeFile(messages, JSON.stringify(hello));
+    process.env.REDWING_TEST_REMOTE_KEY = "sesame";
+    try {
+      // No --model: the server's only model.
+      const ok = await runCli(
+        "chat",
+        "--endpoint",
+        keyed.url,
+        "--api-key-env",
+        "REDWING_TEST_REMOTE_KEY",
+        "--messages-file",
+        messages,
+        "--max-new",
+        "8",
+      );
+      expect(ok.code, ok.err).toBe(0);
+      expect(ok.out.trim().length).toBeGreaterThan(0);
+      expect(ok.err).toContain(`chatting with "demo" at ${keyed.url}`);
+      expect(ok.err).toMatch(
+        /^\d+\.\d t\/s, TTFT: \d+\.\dms \(\d+\.\d t\/s, \d+ tokens\), \d+ tokens \(server's count\)$/m,
+      );
+      const json = await runCli(
+        "chat",
+        "--endpoint",
+        keyed.url,
+        "--api-key-env",
+        "REDWING_TEST_REMOTE_KEY",
+        "--model",
+        "demo",
+        "--messages-file",
+        messages,
+        "--max-new",
+        "4",
+        "--json",
+      );
+      expect(JSON.parse(json.out)).toMatchObject({
+        model: "demo",
+        error: null,
+        token_source: "usage",
+      });
+    } finally {
+      delete process.env.REDWING_TEST_REMOTE_KEY;
+    }
+    const refused = await runCli("chat", "--endpoint", keyed.url, "--messages-file", messages);
+    expect(refused.code).toBe(1);
+    expect(refused.err).toContain(`redwing: ${keyed.url} needs an API key (HTTP 401)`);
   });
 
   it("waits out a 429's Retry-After once, then says the server is busy", async () => {
