@@ -14,7 +14,8 @@ export function connectionsHandlers(ctx: AppContext): HandlerGroup<"connections"
     "connections.update": async ({ id, ...patch }) => connections.update(id, patch),
     "connections.test": async ({ id }) => {
       const c = await connections.refresh(id);
-      if (c.error) throw new AppFailure(c.error.code, c.error.message, c.error.action, c.error.detail);
+      if (c.error)
+        throw new AppFailure(c.error.code, c.error.message, c.error.action, c.error.detail);
       return c;
     },
     "connections.remove": async ({ id }) => {
