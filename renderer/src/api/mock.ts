@@ -689,6 +689,7 @@ export function createMockClient(): RendererClient {
       return server;
     },
     "live.history": () => [],
+    "connections.list": () => [],
   };
 
   return {

@@ -67,6 +67,9 @@ export function ErrorAlert({
       case "reduce_context":
         navigate("tuning", "field-context");
         break;
+      case "open_connections":
+        navigate("connections");
+        break;
       case "apply_fix": {
         const fix = error.fix;
         if (!fix) break;

@@ -10,6 +10,7 @@ export const ACTION_LABELS: Record<ErrorAction, string | null> = {
   reinstall_model: "Reinstall model",
   retry: "Retry",
   reduce_context: "Reduce context",
+  open_connections: "Open Connections",
   // Labelled by the error's own fix ("Load with 4096").
   apply_fix: null,
   // Nothing the app can do: a hint instead of a button.
