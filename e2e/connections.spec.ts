@@ -2,7 +2,8 @@
  * Connections (issue 20): a second Redwing (`redwing serve` in its own process) added as an
  * OpenAI-compatible endpoint in the Connections view, its model picked in Chat, a reply that
  * streams with the statistics line measured on this side, then the plain error (with Retry) once
- * that server is stopped. The connections view is saved to e2e/results/connections.png.
+ * that server is stopped. The Connections view and the chat are saved to
+e2e/results/connections.png and connections-chat.png.
  */
 import { join } from "node:path";
 import { startRemoteServe } from "../testkit/remote-serve.ts";
@@ -37,6 +38,7 @@ test("a second redwing serve: add it, chat with its model, and a clear error onc
     expect(line).toMatch(STATS_LINE);
     expect(line).toContain("(server's count)");
     await expect(lastReply(page)).toContainText("demo (Second Redwing)");
+    await page.screenshot({ path: join(RESULTS, "connections-chat.png") });
 
     await remote.stop();
     await send(page, "Are you still there?");
