@@ -8,7 +8,7 @@
 import type { Connection } from "../../../core/app/api.ts";
 import { useActions, useAppState } from "../state/context.tsx";
 
-/** An option's value: `local:<name>` or `remote:<connection id>|<model id>`. */
+/** A remote option's value (a local model's is its name, as before connections existed). */
 function remoteValue(connectionId: string, model: string): string {
   return `remote:${connectionId}|${model}`;
 }
@@ -30,11 +30,7 @@ export function ModelPicker() {
   const remote = useAppState((s) => s.settings?.remote ?? null);
   const connections = useAppState((s) => s.connections);
   const listed = (connections ?? []).filter((c) => (c.models?.length ?? 0) > 0);
-  const selected = remote
-    ? remoteValue(remote.connectionId, remote.model)
-    : engine?.model
-      ? `local:${engine.model}`
-      : "";
+  const selected = remote ? remoteValue(remote.connectionId, remote.model) : (engine?.model ?? "");
   const busy = engine?.state === "loading" || engine?.state === "starting";
   if ((!models || models.length === 0) && listed.length === 0) return null;
 
@@ -50,13 +46,15 @@ export function ModelPicker() {
   }
 
   async function choose(value: string): Promise<void> {
-    if (value.startsWith("remote:")) {
-      const rest = value.slice("remote:".length);
-      const bar = rest.indexOf("|");
-      await saveRemote({ connectionId: rest.slice(0, bar), model: rest.slice(bar + 1) });
+    // A remote option only when it names a listed connection: a local name may hold anything.
+    const rest = value.startsWith("remote:") ? value.slice("remote:".length) : null;
+    const bar = rest?.indexOf("|") ?? -1;
+    const connectionId = rest !== null && bar > 0 ? rest.slice(0, bar) : null;
+    if (rest !== null && connectionId && listed.some((c) => c.id === connectionId)) {
+      await saveRemote({ connectionId, model: rest.slice(bar + 1) });
       return;
     }
-    const model = value.slice("local:".length);
+    const model = value;
     if (!model) return;
     if (remote && !(await saveRemote(null))) return;
     if (model !== engine?.model) await run(() => client.call("engine.load", { model }));
@@ -78,7 +76,7 @@ export function ModelPicker() {
         )}
         <optgroup label="On this machine">
           {(models ?? []).map((m) => (
-            <option key={m.name} value={`local:${m.name}`}>
+            <option key={m.name} value={m.name}>
               {m.name}
             </option>
           ))}
