@@ -24,6 +24,7 @@ import {
   ipcMain,
   powerMonitor,
   protocol,
+  safeStorage,
   session,
   shell,
   type IpcMainEvent,
@@ -58,6 +59,21 @@ const PRELOAD = join(ROOT, "electron", "dist", "preload.cjs");
 const CLOSE_TIMEOUT_MS = 8_000;
 
 type Controller = Awaited<ReturnType<typeof createAppController>>;
+
+/**
+ * Connections' API keys sealed by the OS keychain (docs/remote.md). On Linux without a keyring
+ * Electron falls back to "basic_text", a fixed key that protects nothing: that counts as no
+ * keychain, and the keys go to the 0600 file instead, which says what it is.
+ */
+function keychain() {
+  return {
+    isAvailable: () =>
+      safeStorage.isEncryptionAvailable() &&
+      (process.platform !== "linux" || safeStorage.getSelectedStorageBackend() !== "basic_text"),
+    encrypt: (plain: string) => safeStorage.encryptString(plain),
+    decrypt: (sealed: Buffer) => safeStorage.decryptString(sealed),
+  };
+}
 
 // ---- before ready: paths, scheme, sandbox, single instance -----------------------------------
 
@@ -151,6 +167,7 @@ async function start(): Promise<void> {
     settingsStore: settings.store,
     reveal: (path: string) => shell.showItemInFolder(path),
     thermal: () => thermalState,
+    secretBox: keychain(),
   });
 
   ipcMain.handle(CALL_CHANNEL, (event, method: unknown, params: unknown) =>

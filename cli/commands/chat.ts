@@ -16,6 +16,7 @@ import { ENGINE_DEFAULTS, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
 import { UserError } from "../../core/errors.ts";
 import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
 import { toProtocolLoad } from "../../core/generation/settings.ts";
+import { remoteChat } from "./chat-remote.ts";
 
 /** Options shared by `chat` and `complete`. */
 export interface GenerationCliOptions {
@@ -266,6 +267,8 @@ export function resultJson(result: GenerationResult, promptTokens: number): stri
 interface ChatOptions extends GenerationCliOptions {
   messagesFile?: string;
   system?: string;
+  endpoint?: string;
+  apiKeyEnv?: string;
 }
 
 async function readStdin(): Promise<string> {
@@ -362,7 +365,15 @@ export function registerChatCommand(program: Command): void {
       "--messages-file <file>",
       'JSON array of {"role", "content"} messages ("-": stdin); the reply is printed',
     )
-    .option("--system <text>", "system prompt");
+    .option("--system <text>", "system prompt")
+    .option(
+      "--endpoint <url>",
+      "chat with a model on an OpenAI-compatible server instead (e.g. http://gpu-box:8000/v1; --model names its model; docs/remote.md)",
+    )
+    .option(
+      "--api-key-env <var>",
+      "with --endpoint: the environment variable that holds the server's API key",
+    );
   addGenerationOptions(cmd).action(async (opts: ChatOptions) => {
     const messages: ChatMessage[] = opts.messagesFile ? await readMessages(opts.messagesFile) : [];
     if (opts.system !== undefined) {
@@ -373,6 +384,13 @@ export function registerChatCommand(program: Command): void {
       throw new UserError(
         "chat needs --messages-file, or a terminal for an interactive conversation; for raw text use `redwing complete --prompt`",
       );
+    }
+    if (opts.endpoint !== undefined) {
+      await remoteChat({ ...opts, endpoint: opts.endpoint }, messages);
+      return;
+    }
+    if (opts.apiKeyEnv !== undefined) {
+      throw new UserError("--api-key-env goes with --endpoint (a server's API key)");
     }
     const loaded = await loadModel(opts);
     const template = await loadChatTemplate(

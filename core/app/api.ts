@@ -35,6 +35,8 @@ export const AppErrorSchema = z.object({
         "raise_context",
         /** Starts a new conversation. */
         "new_chat",
+        /** Opens Connections (a remote endpoint's key or URL needs changing). */
+        "open_connections",
         /** Saves `fix.engine` and loads `fix.model` (the button says `fix.label`). */
         "apply_fix",
       ])
@@ -71,6 +73,14 @@ const modelName = z
 const id = z.string().min(1).max(100);
 
 // ---- settings ---------------------------------------------------------------------------------
+
+/** A model on a saved connection (an OpenAI-compatible endpoint, docs/remote.md). */
+export const RemoteTargetSchema = z.object({
+  connectionId: id,
+  /** The model's id at that endpoint. */
+  model: z.string().min(1).max(300),
+});
+export type RemoteTarget = z.infer<typeof RemoteTargetSchema>;
 
 /** Text that ends a reply (not shown). */
 const stopStrings = z.array(z.string().min(1).max(200)).max(8);
@@ -150,6 +160,11 @@ export const SettingsSchema = z.object({
   models: z
     .record(modelName, z.object({ engine: EngineSettingsSchema, sampling: SamplingSettingsSchema }))
     .default({}),
+  /**
+   * The remote model chats go to instead of the local engine (chosen in the model picker), or
+   * null: the local model. Sampling settings apply to it as far as the endpoint takes them.
+   */
+  remote: RemoteTargetSchema.nullable().default(null),
 });
 export type Settings = z.infer<typeof SettingsSchema>;
 
@@ -176,6 +191,7 @@ export const DEFAULT_SETTINGS: Settings = {
   activeModel: null,
   server: { enabled: false, port: SERVER_DEFAULTS.port },
   models: {},
+  remote: null,
 };
 
 /** A partial update: any subset of fields, nested objects merged. */
@@ -186,6 +202,7 @@ export const SettingsPatchSchema = z.object({
   systemPrompt: SettingsSchema.shape.systemPrompt.optional(),
   activeModel: SettingsSchema.shape.activeModel.optional(),
   server: SettingsSchema.shape.server.partial().optional(),
+  remote: RemoteTargetSchema.nullable().optional(),
 });
 export type SettingsPatch = z.infer<typeof SettingsPatchSchema>;
 
@@ -523,6 +540,30 @@ export const LiveSampleSchema = z.object({
 });
 export type LiveSample = z.infer<typeof LiveSampleSchema>;
 
+// ---- connections ------------------------------------------------------------------------------
+
+/** A saved OpenAI-compatible endpoint as the UI sees it: never its API key. */
+export const ConnectionSchema = z.object({
+  id,
+  name: z.string(),
+  /** The API's base URL, e.g. http://gpu-box:8000/v1. */
+  baseUrl: z.string(),
+  /** Where its API key is kept: the OS keychain, a file only this user can read, or none. */
+  keyStorage: z.enum(["keychain", "file"]).nullable(),
+  /** A risk to know about (the key or the conversation sent in clear over http), or null. */
+  warning: z.string().nullable(),
+  /** Its models as last listed, sorted; null: not listed yet. */
+  models: z.array(z.string()).nullable(),
+  /** Why the last listing failed, or null. */
+  error: AppErrorSchema.nullable(),
+});
+export type Connection = z.infer<typeof ConnectionSchema>;
+
+const connectionName = z.string().min(1).max(100);
+const baseUrl = z.string().min(1).max(2000);
+/** "" or null removes the key; absent keeps it. */
+const apiKey = z.string().max(4096);
+
 // ---- calls ------------------------------------------------------------------------------------
 
 const none = z.object({}).strict();
@@ -661,6 +702,28 @@ export const API = {
 
   /** The last samples (about 2 minutes at 2 per second), oldest first. */
   "live.history": { params: none, result: z.array(LiveSampleSchema) },
+
+  "connections.list": { params: none, result: z.array(ConnectionSchema) },
+  /** Saves an endpoint (URL checked; key to the OS keychain, else a 0600 file), then lists its models. */
+  "connections.add": {
+    params: z.object({ name: connectionName, baseUrl, apiKey: apiKey.optional() }).strict(),
+    result: ConnectionSchema,
+  },
+  "connections.update": {
+    params: z
+      .object({
+        id,
+        name: connectionName.optional(),
+        baseUrl: baseUrl.optional(),
+        apiKey: apiKey.nullable().optional(),
+      })
+      .strict(),
+    result: ConnectionSchema,
+  },
+  /** Lists the endpoint's models again: fails with the endpoint's error in plain words. */
+  "connections.test": { params: z.object({ id }).strict(), result: ConnectionSchema },
+  /** Forgets the endpoint and its key; chats on one of its models go back to the local model. */
+  "connections.remove": { params: z.object({ id }).strict(), result: ok },
 } as const;
 
 export type Method = keyof typeof API;
@@ -695,6 +758,8 @@ export const AppEventSchema = z.discriminatedUnion("type", [
   z.object({ type: z.literal("server"), status: ServerStatusSchema }),
   /** About twice a second while the app runs. */
   z.object({ type: z.literal("live"), sample: LiveSampleSchema }),
+  /** The saved connections or their model lists changed. */
+  z.object({ type: z.literal("connections"), connections: z.array(ConnectionSchema) }),
 ]);
 export type AppEvent = z.infer<typeof AppEventSchema>;
 

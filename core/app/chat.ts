@@ -11,6 +11,7 @@
 import { randomUUID } from "node:crypto";
 import { formatStats, type GenerationStats } from "../chat/stats.ts";
 import type { ChatTokenizer } from "../chat/tokenizer.ts";
+import type { ChatMessage } from "../chat/template.ts";
 import type { StatsEvent } from "../engine/index.ts";
 import {
   generate,
@@ -33,6 +34,7 @@ import { regeneratedReply, type ConversationStore } from "./conversations.ts";
 import type { EngineManager, LoadedModel } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import type { HitRateBook } from "./memory.ts";
+import type { ReplyOutcome, ReplySource } from "./remote-reply.ts";
 
 /** Deltas are sent at most this often (about 30 a second). */
 export const DELTA_INTERVAL_MS = 33;
@@ -72,6 +74,11 @@ export interface ChatManagerOptions {
   onConversations: () => void;
   hitRates: HitRateBook;
   now?: () => Date;
+  /**
+   * The reply source of the chosen model when it is not the local engine (a model on a
+   * connection, remote-reply.ts), or null for the local engine.
+   */
+  replySource?: () => Promise<ReplySource | null>;
 }
 
 interface Reply {
@@ -188,9 +195,16 @@ export class ChatManager {
     if (engine.status().state === "stopped" && !engine.loadPending) engine.requireLoaded();
   }
 
+  /** A remote model's reply source, or null for the local engine (which must have a model). */
+  private async chooseSource(): Promise<ReplySource | null> {
+    const remote = (await this.opts.replySource?.()) ?? null;
+    if (!remote) this.refuseWithoutModel();
+    return remote;
+  }
+
   async send(conversationId: string, content: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
-    this.refuseWithoutModel();
+    const source = await this.chooseSource();
     const c = await this.opts.store.get(conversationId);
     c.messages.push({
       id: randomUUID(),
@@ -198,24 +212,24 @@ export class ChatManager {
       content,
       createdAt: this.now().toISOString(),
     });
-    return this.begin(c);
+    return this.begin(c, undefined, source);
   }
 
   async regenerate(conversationId: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
-    this.refuseWithoutModel();
+    const source = await this.chooseSource();
     const c = await this.opts.store.get(conversationId);
     // The reply written again keeps the earlier ones as its other versions.
     const previous = c.messages.at(-1)?.role === "assistant" ? c.messages.pop() : undefined;
     if (c.messages.at(-1)?.role !== "user") {
       throw new AppFailure("nothing_to_regenerate", "There is no message to reply to.", null);
     }
-    return this.begin(c, previous);
+    return this.begin(c, previous, source);
   }
 
   async edit(conversationId: string, messageId: string, content: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
-    this.refuseWithoutModel();
+    const source = await this.chooseSource();
     const c = await this.opts.store.get(conversationId);
     const i = c.messages.findIndex((m) => m.id === messageId);
     if (i === -1 || c.messages[i]!.role !== "user") {
@@ -227,7 +241,7 @@ export class ChatManager {
     }
     c.messages[i] = { ...c.messages[i]!, content, createdAt: this.now().toISOString() };
     c.messages.splice(i + 1);
-    return this.begin(c);
+    return this.begin(c, undefined, source);
   }
 
   /** Stops the reply being written in a conversation (no-op when there is none). */
@@ -243,14 +257,18 @@ export class ChatManager {
   }
 
   /** Appends the empty assistant message, saves, and starts the reply in the background. */
-  private async begin(c: Conversation, previous?: Message): Promise<Conversation> {
+  private async begin(
+    c: Conversation,
+    previous?: Message,
+    source: ReplySource | null = null,
+  ): Promise<Conversation> {
     const engine = this.opts.engine;
     const fresh: Message = {
       id: randomUUID(),
       role: "assistant",
       content: "",
       createdAt: this.now().toISOString(),
-      model: engine.loaded?.name ?? engine.status().model ?? "demo",
+      model: source?.label ?? engine.loaded?.name ?? engine.status().model ?? "demo",
     };
     const reply = previous ? regeneratedReply(previous, fresh) : fresh;
     c.messages.push(reply);
@@ -259,7 +277,10 @@ export class ChatManager {
     const abort = new AbortController();
     const entry: Reply = { abort, messageId: reply.id, done: Promise.resolve() };
     this.replies.set(c.id, entry);
-    entry.done = this.run(c.id, reply.id, abort.signal).finally(() => {
+    const running = source
+      ? this.runElsewhere(source, c.id, reply.id, abort.signal)
+      : this.run(c.id, reply.id, abort.signal);
+    entry.done = running.finally(() => {
       if (this.replies.get(c.id) === entry) this.replies.delete(c.id);
     });
     return saved;
@@ -448,6 +469,36 @@ export class ChatManager {
     } finally {
       release?.();
     }
+  }
+
+  /** A reply from another source than the local engine (a remote model): same events, same save. */
+  private async runElsewhere(
+    source: ReplySource,
+    conversationId: string,
+    messageId: string,
+    signal: AbortSignal,
+  ): Promise<void> {
+    const deltas = new DeltaCoalescer((text) =>
+      this.opts.emit({ type: "chat.delta", conversationId, messageId, text }),
+    );
+    let outcome: ReplyOutcome;
+    try {
+      const c = await this.opts.store.get(conversationId);
+      // The whole conversation: the remote server applies its own context limit.
+      const messages: ChatMessage[] = [
+        ...(c.systemPrompt.trim() !== ""
+          ? [{ role: "system" as const, content: c.systemPrompt }]
+          : []),
+        ...this.history(c, messageId),
+      ];
+      outcome = await source.reply(messages, signal, (text) => deltas.push(text));
+    } catch (e) {
+      outcome = signal.aborted
+        ? { text: "", finishReason: "cancelled" }
+        : { text: "", finishReason: "error", error: toAppError(e) };
+    }
+    deltas.flush();
+    await this.finish(conversationId, messageId, outcome);
   }
 
   /** Saves the finished reply and announces it. */

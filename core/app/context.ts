@@ -6,19 +6,23 @@
  */
 import { join, resolve } from "node:path";
 import { DEMO_MODEL_NAME } from "../demo/demo.ts";
+import type { RemoteTimeouts } from "../connections/client.ts";
+import type { SecretBox } from "../connections/secrets.ts";
 import type { EngineClientOptions } from "../engine/index.ts";
 import type { IsolatedInstallOptions } from "../install/isolated.ts";
 import { modelsDir as defaultModelsDir } from "../paths.ts";
 import type { AppEvent, Settings } from "./api.ts";
 import { ChatManager } from "./chat.ts";
+import { ConnectionsManager } from "./connections.ts";
 import { ConversationStore } from "./conversations.ts";
 import { DownloadManager } from "./downloads.ts";
 import { defaultPowerMeter, type PowerMeter } from "./energy.ts";
 import { EngineManager } from "./engine.ts";
-import { toAppError } from "./errors.ts";
+import { AppFailure, toAppError } from "./errors.ts";
 import { LiveSampler } from "./live.ts";
 import { HitRateBook } from "./memory.ts";
 import { ModelsManager } from "./models.ts";
+import { remoteReplySource } from "./remote-reply.ts";
 import { ServerManager } from "./server.ts";
 import {
   APP_VERSION,
@@ -54,6 +58,13 @@ export interface AppControllerOptions {
   autoLoad?: boolean;
   /** Where diagnostics go (default: stderr). */
   log?: (line: string) => void;
+  /**
+   * Seals connections' API keys with the OS keychain (Electron's safeStorage); absent or null:
+   * keys are kept in `<dataDir>/connections.json`, readable only by the user (docs/remote.md).
+   */
+  secretBox?: SecretBox | null;
+  /** Remote endpoints' timeouts (tests: short ones). */
+  remoteTimeouts?: RemoteTimeouts;
 }
 
 export interface AppContext {
@@ -87,6 +98,7 @@ export interface AppContext {
   readonly conversations: ConversationStore;
   readonly chat: ChatManager;
   readonly server: ServerManager;
+  readonly connections: ConnectionsManager;
   readonly live: LiveSampler;
   /** Expert-cache hit rates measured this session, for the memory plan. */
   readonly hitRates: HitRateBook;
@@ -200,6 +212,12 @@ export function createAppContext(options: AppControllerOptions): AppContext {
       (error: unknown) => log(`cannot list models: ${(error as Error).message}`),
     );
   };
+  const connections = new ConnectionsManager({
+    dataDir,
+    secretBox: options.secretBox ?? null,
+    notice,
+    onChange: (list) => emit({ type: "connections", connections: list }),
+  });
   const chat = new ChatManager({
     engine,
     store: conversations,
@@ -207,6 +225,26 @@ export function createAppContext(options: AppControllerOptions): AppContext {
     emit,
     onConversations: emitConversations,
     hitRates,
+    // A model on a connection, when one is chosen in the picker.
+    replySource: async () => {
+      const target = settings.remote;
+      if (!target) return null;
+      const connection = await connections.get(target.connectionId).catch(() => null);
+      if (!connection) {
+        throw new AppFailure(
+          "remote_missing",
+          "The connection of the chosen model no longer exists. Pick another model.",
+          "open_connections",
+        );
+      }
+      return remoteReplySource(
+        await connections.endpoint(target.connectionId),
+        connection.name,
+        target.model,
+        settings.sampling,
+        options.remoteTimeouts,
+      );
+    },
   });
   const downloads = new DownloadManager({
     modelsDir,
@@ -268,6 +306,7 @@ export function createAppContext(options: AppControllerOptions): AppContext {
     conversations,
     chat,
     server,
+    connections,
     live,
     hitRates,
     power,

@@ -36,6 +36,8 @@ export async function createAppController(options: AppControllerOptions): Promis
   const ready = engine.track(startUp(ctx));
 
   live.start();
+  // Each connection's models, for the picker; failures stay with their connection.
+  ctx.connections.refreshAll().catch((e: unknown) => log(`connections: ${toAppError(e).message}`));
 
   return {
     ready,

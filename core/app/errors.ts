@@ -6,6 +6,7 @@
  */
 import { ZodError } from "zod";
 import { AppCallError, type AppError } from "./api.ts";
+import { RemoteError } from "../connections/errors.ts";
 import { EngineCrashError, EngineError } from "../engine/index.ts";
 import { UserError } from "../errors.ts";
 import { QueueFullError } from "../server/queue.ts";
@@ -154,14 +155,33 @@ function fromUserError(error: UserError): AppError {
       return { code: error.code, message, action: "retry" };
     case "context_overflow":
       return { code: error.code, message, action: "raise_context" };
+    case "remote_key_unreadable":
+      return { code: error.code, message, action: "open_connections" };
     default:
       return { code: error.code, message, action: null };
   }
 }
 
+/** A remote endpoint's failure (core/connections/errors.ts): its message already says what to do. */
+function fromRemoteError(error: RemoteError): AppError {
+  const action: Action =
+    error.code === "remote_auth" || error.code === "remote_not_found"
+      ? "open_connections"
+      : error.code === "remote_bad_request" || error.code === "remote_protocol"
+        ? null
+        : "retry";
+  return {
+    code: error.code,
+    message: error.message,
+    action,
+    ...(error.detail ? { detail: error.detail } : {}),
+  };
+}
+
 /** Any thrown value as the AppError the user sees. */
 export function toAppError(error: unknown): AppError {
   if (error instanceof AppCallError) return error.error;
+  if (error instanceof RemoteError) return fromRemoteError(error);
   if (error instanceof EngineError) return fromEngineError(error);
   if (error instanceof UserError) return fromUserError(error);
   if (error instanceof QueueFullError) {

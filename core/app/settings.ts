@@ -188,6 +188,7 @@ export function applyPatch(current: Settings, patch: SettingsPatch): Settings {
     activeModel: patch.activeModel === undefined ? current.activeModel : patch.activeModel,
     server: { ...current.server, ...patch.server },
     models: current.models,
+    remote: patch.remote === undefined ? current.remote : patch.remote,
   };
   return SettingsSchema.parse(next);
 }

@@ -19,13 +19,14 @@ import {
 import { isNewChatKey } from "./lib/keys.ts";
 import { loadAll } from "./state/load.ts";
 import { ChatView } from "./views/ChatView.tsx";
+import { ConnectionsView } from "./views/ConnectionsView.tsx";
 import { LiveView } from "./views/LiveView.tsx";
 import { ModelsView } from "./views/ModelsView.tsx";
 import { ServerView } from "./views/ServerView.tsx";
 import { TuningView } from "./views/TuningView.tsx";
 
 const VIEW_KEY = "redwing.view";
-const VIEWS: View[] = ["models", "chat", "tuning", "live", "server"];
+const VIEWS: View[] = ["models", "chat", "tuning", "live", "server", "connections"];
 const MAX_TOASTS = 4;
 
 function initialView(): View {
@@ -193,6 +194,7 @@ export function App({ client }: { client: RendererClient }) {
             {view === "tuning" && <TuningView />}
             {view === "live" && <LiveView />}
             {view === "server" && <ServerView />}
+            {view === "connections" && <ConnectionsView />}
           </div>
         </main>
         <LiveAside />

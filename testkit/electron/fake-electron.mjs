@@ -202,8 +202,17 @@ export const session = {
   },
 };
 
+/** A Linux desktop without a keyring: Electron's "basic_text" fallback, which main treats as none. */
+export const safeStorage = {
+  isEncryptionAvailable: () => true,
+  getSelectedStorageBackend: () => "basic_text",
+  encryptString: (plain) => Buffer.from(plain, "utf8"),
+  decryptString: (sealed) => sealed.toString("utf8"),
+};
+
 export default {
   app,
+  safeStorage,
   protocol,
   ipcMain,
   BrowserWindow,

@@ -6,6 +6,7 @@
 import type { AppContext } from "../context.ts";
 import { appHandlers } from "./app.ts";
 import { chatHandlers } from "./chat.ts";
+import { connectionsHandlers } from "./connections.ts";
 import { engineHandlers } from "./engine.ts";
 import type { Handlers } from "./group.ts";
 import { modelsHandlers } from "./models.ts";
@@ -22,5 +23,6 @@ export function createHandlers(ctx: AppContext): Handlers {
     ...engineHandlers(ctx),
     ...chatHandlers(ctx),
     ...serverHandlers(ctx),
+    ...connectionsHandlers(ctx),
   };
 }

@@ -17,11 +17,13 @@ export function settingsHandlers(ctx: AppContext): HandlerGroup<"settings"> {
       return { settings: ctx.settings(), reloadNeeded: engine.status().reloadNeeded };
     },
     "settings.reset": async () => {
-      // Back to the defaults, except which model is active and whether the server is on.
+      // Back to the defaults, except which model is active (local or on a connection) and
+      // whether the server is on.
       const settings = ctx.settings();
       ctx.updateSettings({
         ...structuredClone(DEFAULT_SETTINGS),
         activeModel: settings.activeModel,
+        remote: settings.remote,
         server: { ...DEFAULT_SETTINGS.server, enabled: settings.server.enabled },
       });
       engine.emit();

@@ -740,6 +740,7 @@ export function createMockClient(): RendererClient {
       return server;
     },
     "live.history": () => [],
+    "connections.list": () => [],
   };
 
   return {

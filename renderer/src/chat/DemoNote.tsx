@@ -14,6 +14,7 @@ const DISMISSED_KEY = "redwing.demoNoteDismissed";
 /** The loaded model is the demo: the catalog's demo entry as installed, else the name "demo". */
 export function demoLoaded(s: State): boolean {
   const model = s.engine?.model;
+  if (s.settings?.remote) return false; // chatting with a model on a connection
   if (!model || s.engine?.state === "stopped" || s.engine?.state === "crashed") return false;
   const demo = s.catalog?.find((c) => c.kind === "demo");
   return model === (demo?.installedAs ?? "demo");

@@ -71,6 +71,9 @@ export function ErrorAlert({
         navigate("chat");
         void newChat();
         break;
+      case "open_connections":
+        navigate("connections");
+        break;
       case "apply_fix": {
         const fix = error.fix;
         if (!fix) break;

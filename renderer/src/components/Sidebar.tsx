@@ -10,6 +10,7 @@ const ITEMS: { view: View; label: string; icon: string }[] = [
   { view: "tuning", label: "Tuning", icon: "⚙" },
   { view: "live", label: "Live", icon: "∿" },
   { view: "server", label: "Server", icon: "⇄" },
+  { view: "connections", label: "Connections", icon: "☁" },
 ];
 
 const STATE_TONE: Record<string, string> = {

@@ -11,6 +11,7 @@ export const ACTION_LABELS: Record<ErrorAction, string | null> = {
   retry: "Retry",
   raise_context: "Raise context length",
   new_chat: "Start a new chat",
+  open_connections: "Open Connections",
   // Labelled by the error's own fix ("Load with 4096").
   apply_fix: null,
   // Nothing the app can do: a hint instead of a button.

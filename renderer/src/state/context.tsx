@@ -27,7 +27,7 @@ export class Store {
   };
 }
 
-export type View = "models" | "chat" | "tuning" | "live" | "server";
+export type View = "models" | "chat" | "tuning" | "live" | "server" | "connections";
 
 export interface AppActions {
   client: RendererClient;

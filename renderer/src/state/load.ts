@@ -43,6 +43,9 @@ export async function loadAll(
       dispatch({ type: "event", event: { type: "server", status } }),
     ),
     settle(client.call("live.history", {}), (samples) => dispatch({ type: "history", samples })),
+    settle(client.call("connections.list", {}), (connections) =>
+      dispatch({ type: "event", event: { type: "connections", connections } }),
+    ),
     settle(client.call("chat.list", {}), async (conversations) => {
       dispatch({ type: "event", event: { type: "conversations", conversations } });
       // "New chat" pressed while starting: the new conversation becomes current, not the last one.

@@ -225,3 +225,25 @@ describe("downloads and samples", () => {
     expect(s.reloadNeeded).toBe(false);
   });
 });
+
+describe("connections", () => {
+  it("takes the connection list from its event", () => {
+    const connection = {
+      id: "c1",
+      name: "GPU box",
+      baseUrl: "http://127.0.0.1:8000/v1",
+      keyStorage: null,
+      warning: null,
+      models: ["big"],
+      error: null,
+    };
+    expect(initialState.connections).toBeNull();
+    const s = reduce(initialState, {
+      type: "event",
+      event: { type: "connections", connections: [connection] },
+    });
+    expect(s.connections).toEqual([connection]);
+    const emptied = reduce(s, { type: "event", event: { type: "connections", connections: [] } });
+    expect(emptied.connections).toEqual([]);
+  });
+});

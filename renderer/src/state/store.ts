@@ -13,6 +13,7 @@ import type {
   AppEvent,
   AppInfo,
   CatalogItem,
+  Connection,
   Conversation,
   ConversationSummary,
   Download,
@@ -52,6 +53,8 @@ export interface State {
   replying: Record<string, string>;
   samples: LiveSample[];
   server: ServerStatus | null;
+  /** Saved OpenAI-compatible endpoints with their models (never their keys). */
+  connections: Connection[] | null;
   /**
    * "New chat" was pressed and its conversation is being created: nothing else (the start-up
    * load picking the most recent conversation) may make another one current meanwhile.
@@ -75,6 +78,7 @@ export const initialState: State = {
   replying: {},
   samples: [],
   server: null,
+  connections: null,
   newChatPending: false,
 };
 
@@ -157,6 +161,8 @@ function reduceEvent(state: State, event: AppEvent): State {
       return { ...state, conversations: event.conversations };
     case "server":
       return { ...state, server: event.status };
+    case "connections":
+      return { ...state, connections: event.connections };
     case "live": {
       const samples = state.samples.length >= MAX_SAMPLES ? state.samples.slice(1) : state.samples;
       return { ...state, samples: [...samples, event.sample] };

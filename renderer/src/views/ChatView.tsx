@@ -3,7 +3,7 @@ import { ConversationList } from "../chat/ConversationList.tsx";
 import { Composer } from "../chat/Composer.tsx";
 import { DemoNote } from "../chat/DemoNote.tsx";
 import { MessageList } from "../chat/MessageList.tsx";
-import { ModelPicker } from "../chat/ModelPicker.tsx";
+import { ModelPicker, remoteLabel } from "../chat/ModelPicker.tsx";
 import { SystemPrompt } from "../chat/SystemPrompt.tsx";
 import { useAppState } from "../state/context.tsx";
 import { isReplying, type State } from "../state/store.ts";
@@ -21,7 +21,10 @@ function replyStatus(s: State): string {
 
 export function ChatView() {
   const current = useAppState((s) => s.current);
-  const model = useAppState((s) => s.engine?.model ?? null);
+  const localModel = useAppState((s) => s.engine?.model ?? null);
+  const remote = useAppState((s) => s.settings?.remote ?? null);
+  const connections = useAppState((s) => s.connections);
+  const model = remoteLabel(remote, connections) ?? localModel;
   const status = useAppState(replyStatus);
   // Before the first message there is no conversation: the draft starts from the default system
   // prompt (Tuning) and is what the new conversation is created with.

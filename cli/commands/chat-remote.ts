@@ -1,0 +1,210 @@
+/**
+ * `redwing chat --endpoint URL [--model NAME] [--api-key-env VAR]`: the same chat (one-shot from
+ * --messages-file, or interactive on a terminal) with a model on an OpenAI-compatible server
+ * (docs/remote.md), through core/connections' client. The reply streams to stdout and the
+ * statistics line, measured here, goes to stderr as for a local model.
+ */
+import { createInterface } from "node:readline/promises";
+import type { ChatMessage } from "../../core/chat/template.ts";
+import {
+  listModels,
+  streamChat,
+  type RemoteChatRequest,
+  type RemoteReply,
+} from "../../core/connections/client.ts";
+import type { Endpoint } from "../../core/connections/store.ts";
+import { checkBaseUrl } from "../../core/connections/url.ts";
+import { UserError } from "../../core/errors.ts";
+
+export interface RemoteChatOptions {
+  endpoint: string;
+  apiKeyEnv?: string;
+  model?: string;
+  messagesFile?: string;
+  maxNew: number;
+  temperature: number;
+  topP: number;
+  seed?: number;
+  stop: string[];
+  quiet?: boolean;
+  json?: boolean;
+}
+
+/** The endpoint from the options: URL checked, key read from the named variable. */
+export function remoteEndpoint(
+  opts: Pick<RemoteChatOptions, "endpoint" | "apiKeyEnv">,
+  env: Record<string, string | undefined> = process.env,
+): { endpoint: Endpoint; warning: string | null } {
+  let apiKey: string | null = null;
+  if (opts.apiKeyEnv !== undefined) {
+    apiKey = env[opts.apiKeyEnv]?.trim() || null;
+    if (apiKey === null) {
+      throw new UserError(
+        `--api-key-env ${opts.apiKeyEnv}: that environment variable is empty or not set`,
+        "bad_api_key",
+      );
+    }
+  }
+  const { url, warning } = checkBaseUrl(opts.endpoint, apiKey !== null);
+  return { endpoint: { name: url, baseUrl: url, apiKey }, warning };
+}
+
+/** --model, or the server's only model; several: the user must choose, and is told which. */
+async function pickModel(endpoint: Endpoint, model: string | undefined): Promise<string> {
+  if (model !== undefined) return model;
+  const models = await listModels(endpoint);
+  if (models.length === 1) return models[0]!.id;
+  if (models.length === 0) {
+    throw new UserError(`${endpoint.baseUrl} lists no models`, "remote_no_models");
+  }
+  throw new UserError(
+    `${endpoint.baseUrl} serves several models; choose one with --model: ${models.map((m) => m.id).join(", ")}`,
+    "remote_model_needed",
+  );
+}
+
+function request(
+  model: string,
+  messages: ChatMessage[],
+  opts: RemoteChatOptions,
+): RemoteChatRequest {
+  return {
+    model,
+    messages: messages.map((m) => ({
+      role: m.role === "system" || m.role === "assistant" ? m.role : "user",
+      content: m.content,
+    })),
+    temperature: opts.temperature,
+    topP: opts.topP,
+    maxTokens: opts.maxNew,
+    stop: opts.stop,
+    seed: opts.seed ?? null,
+  };
+}
+
+/** One reply: text to stdout as it comes (unless --json), waits and statistics to stderr. */
+async function replyOnce(
+  endpoint: Endpoint,
+  req: RemoteChatRequest,
+  opts: RemoteChatOptions,
+  signal?: AbortSignal,
+): Promise<RemoteReply> {
+  const reply = await streamChat(
+    endpoint,
+    req,
+    {
+      onText: (text) => {
+        if (!opts.json) process.stdout.write(text);
+      },
+      onWait: (seconds, error) => {
+        if (!opts.json) {
+          process.stderr.write(
+            `redwing: the server is busy (HTTP ${error.status}); retrying in ${seconds} s\n`,
+          );
+        }
+      },
+    },
+    { signal },
+  );
+  if (!opts.json) {
+    if (reply.text !== "" && !reply.text.endsWith("\n") && !opts.quiet) process.stdout.write("\n");
+    if (reply.line && !opts.quiet) process.stderr.write(`${reply.line}\n`);
+  }
+  return reply;
+}
+
+function replyJson(reply: RemoteReply, model: string): string {
+  const s = reply.stats;
+  return (
+    JSON.stringify({
+      text: reply.text,
+      model,
+      finish_reason: reply.finishReason,
+      error: reply.error ? { code: reply.error.code, message: reply.error.message } : null,
+      token_source: reply.tokenSource,
+      prompt_tokens: reply.promptTokensKnown && s ? s.promptTokens : null,
+      stats: s && {
+        generated_tokens: s.generatedTokens,
+        ttft_seconds: s.ttftSeconds,
+        decode_seconds: s.decodeSeconds,
+        decode_tokens_per_second:
+          s.decodeSeconds > 0 ? Math.max(0, s.generatedTokens - 1) / s.decodeSeconds : 0,
+      },
+    }) + "\n"
+  );
+}
+
+export async function remoteChat(opts: RemoteChatOptions, messages: ChatMessage[]): Promise<void> {
+  const { endpoint, warning } = remoteEndpoint(opts);
+  const quiet = opts.quiet === true || opts.json === true;
+  if (warning && !quiet) process.stderr.write(`redwing: warning: ${warning}\n`);
+  const model = await pickModel(endpoint, opts.model);
+  if (!quiet) process.stderr.write(`redwing: chatting with "${model}" at ${endpoint.baseUrl}\n`);
+
+  if (opts.messagesFile) {
+    const reply = await replyOnce(endpoint, request(model, messages, opts), opts);
+    if (opts.json) process.stdout.write(replyJson(reply, model));
+    // The text so far was printed; the failure is the exit status and its message.
+    if (reply.error) throw reply.error;
+    return;
+  }
+  await interactive(endpoint, model, messages, opts);
+}
+
+/** Interactive chat: one line per turn, Ctrl-C stops a reply, Ctrl-D or /exit quits. */
+async function interactive(
+  endpoint: Endpoint,
+  model: string,
+  history: ChatMessage[],
+  opts: RemoteChatOptions,
+): Promise<void> {
+  const rl = createInterface({ input: process.stdin, output: process.stderr, terminal: true });
+  let current: AbortController | null = null;
+  rl.on("SIGINT", () => {
+    if (current) current.abort();
+    else rl.close();
+  });
+  process.stderr.write("Type a message; /reset clears the conversation, /exit or Ctrl-D quits.\n");
+  try {
+    for (;;) {
+      let line: string;
+      try {
+        line = await rl.question("> ");
+      } catch {
+        break; // closed (Ctrl-D or Ctrl-C at the prompt)
+      }
+      const text = line.trim();
+      if (text === "/exit" || text === "/quit") break;
+      if (text === "/reset") {
+        history.splice(history[0]?.role === "system" ? 1 : 0);
+        continue;
+      }
+      if (text === "") continue;
+      history.push({ role: "user", content: text });
+      current = new AbortController();
+      try {
+        const reply = await replyOnce(
+          endpoint,
+          request(model, history, opts),
+          { ...opts, json: false },
+          current.signal,
+        );
+        if (opts.quiet && reply.text !== "" && !reply.text.endsWith("\n")) {
+          process.stdout.write("\n");
+        }
+        // What was shown stays in the conversation, even when cut short.
+        if (reply.text !== "") history.push({ role: "assistant", content: reply.text });
+        else history.pop();
+        if (reply.error) process.stderr.write(`redwing: ${reply.error.message}\n`);
+      } catch (error) {
+        history.pop();
+        if (!(error instanceof UserError)) throw error;
+        process.stderr.write(`redwing: ${error.message}\n`);
+      } finally {
+        current = null;
+      }
+    }
+  } finally {
+    rl.close();
+  }
+}
