@@ -19,7 +19,7 @@ import {
 } from "../generation/generate.ts";
 import { QueueAbortedError } from "../server/queue.ts";
 import type { AppError, AppEvent, Conversation, Message, MessageStats, Settings } from "./api.ts";
-import { regeneratedReply, type ConversationStore } from "./conversations.ts";
+import { branchAt, type ConversationStore } from "./conversations.ts";
 import type { EngineManager } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import type { HitRateBook } from "./memory.ts";
@@ -170,18 +170,30 @@ export class ChatManager {
     return this.begin(c);
   }
 
-  async regenerate(conversationId: string): Promise<Conversation> {
+  /** Writes reply `messageId` (default: the last message) again, as a new branch. */
+  async regenerate(conversationId: string, messageId?: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
     this.refuseWithoutModel();
     const c = await this.opts.store.get(conversationId);
-    // The reply written again keeps the earlier ones as its other versions.
-    const previous = c.messages.at(-1)?.role === "assistant" ? c.messages.pop() : undefined;
-    if (c.messages.at(-1)?.role !== "user") {
+    const i = messageId
+      ? c.messages.findIndex((m) => m.id === messageId && m.role === "assistant")
+      : c.messages.at(-1)?.role === "assistant"
+        ? c.messages.length - 1
+        : c.messages.length;
+    if (i === -1) {
+      throw new AppFailure(
+        "message_not_found",
+        "That reply is not in this conversation any more.",
+        null,
+      );
+    }
+    if (c.messages[i - 1]?.role !== "user") {
       throw new AppFailure("nothing_to_regenerate", "There is no message to reply to.", null);
     }
-    return this.begin(c, previous);
+    return this.begin(c, i);
   }
 
+  /** A user message with new text as a new branch (the old one and its replies kept), answered. */
   async edit(conversationId: string, messageId: string, content: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
     this.refuseWithoutModel();
@@ -194,8 +206,13 @@ export class ChatManager {
         null,
       );
     }
-    c.messages[i] = { ...c.messages[i]!, content, createdAt: this.now().toISOString() };
-    c.messages.splice(i + 1);
+    const edited: Message = {
+      id: randomUUID(),
+      role: "user",
+      content,
+      createdAt: this.now().toISOString(),
+    };
+    c.messages = branchAt(c.messages, i, edited);
     return this.begin(c);
   }
 
@@ -211,8 +228,11 @@ export class ChatManager {
     await Promise.all([...this.replies.keys()].map((id) => this.stop(id)));
   }
 
-  /** Appends the empty assistant message, saves, and starts the reply in the background. */
-  private async begin(c: Conversation, previous?: Message): Promise<Conversation> {
+  /**
+   * Appends the empty assistant message (at `at`, a new branch there, when it replaces a reply),
+   * saves, and starts the reply in the background.
+   */
+  private async begin(c: Conversation, at = c.messages.length): Promise<Conversation> {
     const engine = this.opts.engine;
     const fresh: Message = {
       id: randomUUID(),
@@ -221,8 +241,8 @@ export class ChatManager {
       createdAt: this.now().toISOString(),
       model: engine.loaded?.name ?? engine.status().model ?? "demo",
     };
-    const reply = previous ? regeneratedReply(previous, fresh) : fresh;
-    c.messages.push(reply);
+    c.messages = at < c.messages.length ? branchAt(c.messages, at, fresh) : [...c.messages, fresh];
+    const reply = c.messages.at(-1)!;
     const saved = await this.opts.store.save(c);
     this.opts.onConversations();
     const abort = new AbortController();
