@@ -99,7 +99,9 @@ describe("streaming replies", () => {
       type: "event",
       event: {
         type: "conversations",
-        conversations: [{ id: "c1", title: "Chat", updatedAt: "t", messageCount: 1 }],
+        conversations: [
+          { id: "c1", title: "Chat", updatedAt: "t", messageCount: 1, pinned: false },
+        ],
       },
     });
     s = reduce(s, { type: "conversationDeleted", id: "c1" });
