@@ -177,7 +177,10 @@ export function ConversationList() {
                     title={c.title}
                   >
                     {c.pinned && (
-                      <span className="mr-1 inline-block align-[-2px] text-muted" title="Pinned">
+                      <span
+                        aria-hidden="true"
+                        className="mr-1 inline-block align-[-2px] text-muted"
+                      >
                         <PinIcon />
                       </span>
                     )}
