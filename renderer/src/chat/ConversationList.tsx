@@ -233,7 +233,8 @@ export function ConversationList() {
           })}
         </ul>
       )}
-      <div className="flex flex-wrap items-center gap-1 border-t border-line px-2 py-1.5 text-xs">
+      {/* Not on a narrow window, where the list is 10rem tall (the header still exports one). */}
+      <div className="hidden flex-wrap items-center gap-1 border-t border-line px-2 py-1.5 text-xs md:flex">
         <span className="text-muted">All:</span>
         <Button
           small
@@ -271,7 +272,7 @@ export function ConversationList() {
             if (file) void importFile(file);
           }}
         />
-        <p role="status" className="w-full truncate text-muted" title={note}>
+        <p role="status" className="w-full truncate text-muted empty:hidden" title={note}>
           {note}
         </p>
       </div>
