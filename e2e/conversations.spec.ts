@@ -95,6 +95,9 @@ test("branches, search, pin, export and import", async ({ app }, testInfo) => {
   await expect(results.getByRole("link")).toHaveCount(2);
   const hit = results.getByRole("link").filter({ hasText: "You: Where is the best café?" });
   await expect(hit.locator("mark")).toHaveText("café");
+  await page.screenshot({
+    path: join(RESULTS, "screenshots", `${app.shell}-conversation-search.png`),
+  });
   await hit.click();
   await expect(first).toContainText("Where is the best café?");
   await expect(first).toBeInViewport();
