@@ -4,7 +4,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { ExportFileSchema, MAX_IMPORT_BYTES, type Conversation, type Message } from "./api.ts";
+import type { AppContext } from "./context.ts";
 import { branchAt, ConversationStore, switchBranch } from "./conversations.ts";
+import { chatHandlers } from "./handlers/chat.ts";
 import {
   conversationMarkdown,
   exportFile,
@@ -184,5 +186,59 @@ describe("import", () => {
     await expect(importConversations(target, json)).rejects.toThrow(/ENOSPC/);
     expect(await target.list()).toEqual([]);
     expect(await readdir(join(dir, "target"))).toEqual([]);
+  });
+});
+
+describe("chat.export and chat.import handlers", () => {
+  function handlers(
+    store: ConversationStore,
+    saveFile?: (name: string, text: string) => Promise<string | null>,
+  ) {
+    const emitted: string[] = [];
+    const ctx = {
+      conversations: store,
+      chat: {},
+      options: { shell: saveFile ? "electron" : "web", dataDir: dir, saveFile },
+      emitConversations: () => emitted.push("conversations"),
+    } as unknown as AppContext;
+    return { h: chatHandlers(ctx), emitted };
+  }
+
+  it("web mode answers the text; Electron saves it where the dialog says and sends none", async () => {
+    const store = new ConversationStore(dir);
+    const c = await branched(store);
+    const web = await handlers(store).h["chat.export"]({ ids: [c.id], format: "json" });
+    expect(web.savedTo).toBeNull();
+    expect(ExportFileSchema.parse(JSON.parse(web.content!)).conversations[0]).toEqual(c);
+
+    const saved: [string, string][] = [];
+    const electron = handlers(store, async (name, text) => {
+      saved.push([name, text]);
+      return `/home/me/${name}`;
+    }).h;
+    expect(await electron["chat.export"]({ format: "markdown" })).toEqual({
+      filename: "Trip-to-Lviv.md",
+      mimeType: "text/markdown",
+      content: null,
+      savedTo: "/home/me/Trip-to-Lviv.md",
+    });
+    expect(saved[0]![1]).toMatch(/^# Trip to Lviv/);
+    const cancelled = handlers(store, async () => null).h;
+    expect((await cancelled["chat.export"]({ format: "json" })).savedTo).toBeNull();
+  });
+
+  it("import answers the new summaries and announces the list; nothing to export is said", async () => {
+    const empty = new ConversationStore(join(dir, "empty"));
+    const { h, emitted } = handlers(empty);
+    await expect(h["chat.export"]({ format: "markdown" })).rejects.toMatchObject({
+      error: { code: "nothing_to_export" },
+    });
+    const source = new ConversationStore(dir);
+    const c = await branched(source);
+    const { imported } = await h["chat.import"]({ data: exportJson([c]) });
+    expect(imported).toEqual([
+      { id: c.id, title: "Trip to Lviv", updatedAt: c.updatedAt, messageCount: 2, pinned: true },
+    ]);
+    expect(emitted).toEqual(["conversations"]);
   });
 });

@@ -227,3 +227,12 @@ describe("downloads and samples", () => {
     expect(s.reloadNeeded).toBe(false);
   });
 });
+
+describe("search hits", () => {
+  it("jumpTo holds the message to scroll to until the list clears it", () => {
+    const s = reduce(initialState, { type: "jumpTo", messageId: "m1" });
+    expect(s.jumpTo).toBe("m1");
+    expect(reduce(s, { type: "jumpTo", messageId: "m1" })).toBe(s);
+    expect(reduce(s, { type: "jumpTo", messageId: null }).jumpTo).toBeNull();
+  });
+});
