@@ -15,7 +15,8 @@ import type { Conversation, SearchHit } from "./api.ts";
 export type { SearchHit };
 
 const MARKS = /\p{M}/gu;
-const ASCII = /^[\x00-\x7f]*$/;
+/** Nothing beyond ASCII (space to DEL, tabs and line breaks): folding is lower case alone. */
+const ASCII = /^[\t\n\r\x20-\x7f]*$/;
 /** Apostrophes users type interchangeably (Ukrainian: ’ ʼ '), and typographic quotes. */
 const APOSTROPHES = /[\u2018\u2019\u02BC\u0060\u00B4]/g;
 
