@@ -8,6 +8,7 @@ import { runStreamingBench } from "./streaming.ts";
 import { runCachePolicyBench } from "./cache-policy.ts";
 import { runVsLlamaCppBench } from "./vs-llama-cpp.ts";
 import { runGpuBench } from "./gpu.ts";
+import { runConversationSearchBench } from "./conversation-search.ts";
 
 const benches: Record<string, () => Promise<unknown>> = {
   kernels: runKernelBench,
@@ -18,6 +19,7 @@ const benches: Record<string, () => Promise<unknown>> = {
   "cache-policy": runCachePolicyBench,
   "vs-llama-cpp": runVsLlamaCppBench,
   gpu: runGpuBench,
+  search: runConversationSearchBench,
 };
 
 // Names are the arguments that are neither options nor an option's value (`--model DIR`).

@@ -124,7 +124,7 @@ test("messages: edit and resend, regenerate at temperature 0, copy", async ({ ap
   const reference = lastAssistant(await latest(app)).content;
   expect(reference.length).toBeGreaterThan(0);
 
-  // Two exchanges, then edit the first question: everything after it is replaced.
+  // Two exchanges, then edit the first question: a new branch, with nothing after it yet.
   await newChat.click();
   await send(page, "Name three colours.");
   await waitReply(page);

@@ -47,7 +47,9 @@ class FakeBackend implements AppBackend {
         requests: [],
         unavailable: null,
       },
-      "chat.list": [{ id: "c1", title: "Hi", updatedAt: "2025-01-01", messageCount: 2 }],
+      "chat.list": [
+        { id: "c1", title: "Hi", updatedAt: "2025-01-01", messageCount: 2, pinned: false },
+      ],
       "models.downloads": [],
       "chat.delete": { ok: true },
     };

@@ -14,6 +14,7 @@
  * REDWING_RENDERER_DIR serves another renderer build (checkout only).
  */
 import { existsSync } from "node:fs";
+import { writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
@@ -166,6 +167,15 @@ async function start(): Promise<void> {
     dataDir,
     settingsStore: settings.store,
     reveal: (path: string) => shell.showItemInFolder(path),
+    saveFile: async (suggestedName: string, content: string) => {
+      const options = { defaultPath: join(app.getPath("documents"), suggestedName) };
+      const choice = mainWindow
+        ? await dialog.showSaveDialog(mainWindow, options)
+        : await dialog.showSaveDialog(options);
+      if (choice.canceled || !choice.filePath) return null;
+      await writeFile(choice.filePath, content, "utf8");
+      return choice.filePath;
+    },
     thermal: () => thermalState,
     secretBox: keychain(),
   });

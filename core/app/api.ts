@@ -423,8 +423,8 @@ export const ContextNoteSchema = z.object({
 });
 export type ContextNote = z.infer<typeof ContextNoteSchema>;
 
-/** One reply to the same question kept by Regenerate (see Message.otherVersions). */
-export const MessageVersionSchema = z.object({
+/** What every message and every kept version of one has. */
+const MessageFieldsSchema = z.object({
   id,
   content: z.string(),
   createdAt: z.string(),
@@ -436,26 +436,63 @@ export const MessageVersionSchema = z.object({
   /** Assistant messages that left part of the conversation out to fit the context. */
   contextNote: ContextNoteSchema.optional(),
 });
-export type MessageVersion = z.infer<typeof MessageVersionSchema>;
 
-export const MessageSchema = MessageVersionSchema.extend({
+/**
+ * Another version of a message, kept by Regenerate (a reply) or Edit (a user message): a branch.
+ * `after` holds the messages that followed this version in its branch (absent: none).
+ */
+export interface MessageVersion extends z.infer<typeof MessageFieldsSchema> {
+  after?: Message[];
+}
+
+/** A message on the branch shown (see Conversation.messages). */
+export interface Message extends z.infer<typeof MessageFieldsSchema> {
+  role: "user" | "assistant";
+  otherVersions?: MessageVersion[];
+  versionIndex?: number;
+}
+
+/** Most versions kept per message; Regenerate or Edit beyond this forgets the oldest. */
+export const MAX_VERSIONS = 100;
+
+export const MessageVersionSchema: z.ZodType<MessageVersion> = MessageFieldsSchema.extend({
+  get after() {
+    return z.array(MessageSchema).optional();
+  },
+});
+
+export const MessageSchema: z.ZodType<Message> = MessageFieldsSchema.extend({
   role: z.enum(["user", "assistant"]),
   /**
-   * Assistant messages that Regenerate wrote again: the other replies, oldest first. The message
-   * itself is the one shown (and the one the model sees in later turns), at `versionIndex` among
-   * all of them. Absent (conversations stored before versions, or never regenerated): one version.
+   * The message's other versions (branches), oldest first: Regenerate keeps earlier replies,
+   * Edit earlier user messages, each with the messages that followed it. The message itself is
+   * the one shown (and the one the model sees), at `versionIndex` among all of them. Absent
+   * (conversations stored before versions, or a message never regenerated nor edited): one version.
    */
-  otherVersions: z.array(MessageVersionSchema).max(100).optional(),
+  get otherVersions() {
+    return z.array(MessageVersionSchema).max(MAX_VERSIONS).optional();
+  },
   versionIndex: z.number().int().min(0).optional(),
 });
-export type Message = z.infer<typeof MessageSchema>;
+
+/**
+ * The storage format of a conversation (docs/app.md): 2 since branches. Files without it are
+ * format 1, where a reply's other versions shared the messages after it; the store migrates
+ * them on load (each version gets a copy of those messages as its branch).
+ */
+export const CONVERSATION_FORMAT = 2;
 
 export const ConversationSchema = z.object({
   id,
+  /** Absent: format 1 (see CONVERSATION_FORMAT). */
+  format: z.literal(CONVERSATION_FORMAT).optional(),
   title: z.string(),
   systemPrompt: z.string(),
   createdAt: z.string(),
   updatedAt: z.string(),
+  /** Kept at the top of the list. */
+  pinned: z.boolean().optional(),
+  /** The branch shown, in order: what the model sees. */
   messages: z.array(MessageSchema),
 });
 export type Conversation = z.infer<typeof ConversationSchema>;
@@ -465,8 +502,42 @@ export const ConversationSummarySchema = z.object({
   title: z.string(),
   updatedAt: z.string(),
   messageCount: z.number().int(),
+  pinned: z.boolean(),
 });
 export type ConversationSummary = z.infer<typeof ConversationSummarySchema>;
+
+/** A search hit (core/app/conversation-search.ts): a conversation's title or one of its messages shown. */
+export const SearchHitSchema = z.object({
+  conversationId: id,
+  title: z.string(),
+  updatedAt: z.string(),
+  pinned: z.boolean(),
+  /** The message that matched; null when the title did. */
+  messageId: id.nullable(),
+  role: z.enum(["user", "assistant"]).nullable(),
+  /** The text around the first match ("…" where cut; line breaks as spaces). */
+  snippet: z.string(),
+  /** Each match in `snippet`: [start, end) in UTF-16 code units. */
+  highlights: z.array(z.tuple([z.number().int().min(0), z.number().int().min(0)])),
+});
+export type SearchHit = z.infer<typeof SearchHitSchema>;
+
+/** The largest file `chat.import` reads (web mode's request limit is 4 MiB, escapes included). */
+export const MAX_IMPORT_BYTES = 3 * 1024 * 1024;
+
+/**
+ * A JSON export (docs/app.md): `conversations` in the storage format, branches included, which
+ * `chat.import` reads back as they were (new ids where one is taken).
+ */
+export const EXPORT_FORMAT = "redwing-conversations";
+export const EXPORT_VERSION = 1;
+export const ExportFileSchema = z.object({
+  format: z.literal(EXPORT_FORMAT),
+  version: z.literal(EXPORT_VERSION),
+  exportedAt: z.string(),
+  conversations: z.array(ConversationSchema).min(1).max(10_000),
+});
+export type ExportFile = z.infer<typeof ExportFileSchema>;
 
 // ---- server -----------------------------------------------------------------------------------
 
@@ -670,16 +741,28 @@ export const API = {
     params: z.object({ conversationId: id, content: z.string().min(1).max(1_000_000) }).strict(),
     result: ConversationSchema,
   },
-  /** Writes the last assistant reply again; the earlier replies are kept as its other versions. */
-  "chat.regenerate": { params: byConversation, result: ConversationSchema },
-  /** Shows another version (0 = oldest) of a regenerated reply: the one later turns build on. */
+  /**
+   * Writes a reply again (default: the last one); the earlier reply and what followed it are
+   * kept as another version of it (a branch).
+   */
+  "chat.regenerate": {
+    params: z.object({ conversationId: id, messageId: id.optional() }).strict(),
+    result: ConversationSchema,
+  },
+  /**
+   * Shows another version (0 = oldest) of a regenerated reply or an edited message, with the
+   * messages of its branch: the branch the model sees from then on.
+   */
   "chat.selectVersion": {
     params: z
       .object({ conversationId: id, messageId: id, index: z.number().int().min(0).max(100) })
       .strict(),
     result: ConversationSchema,
   },
-  /** Replaces a user message's text, drops everything after it, and replies anew. */
+  /**
+   * A user message with new text, and a reply to it, as a new branch: the message as it was and
+   * everything after it are kept as its other version.
+   */
   "chat.edit": {
     params: z
       .object({ conversationId: id, messageId: id, content: z.string().min(1).max(1_000_000) })
@@ -688,6 +771,42 @@ export const API = {
   },
   /** Stops the reply being written (the text so far is kept). */
   "chat.stop": { params: byConversation, result: ok },
+  /** Pins a conversation to the top of the list, or unpins it. */
+  "chat.pin": {
+    params: z.object({ id, pinned: z.boolean() }).strict(),
+    result: ConversationSchema,
+  },
+  /** Titles and the messages shown, case- and diacritics-insensitive; best hits first. */
+  "chat.search": {
+    params: z
+      .object({ query: z.string().max(500), limit: z.number().int().min(1).max(500).optional() })
+      .strict(),
+    result: z.array(SearchHitSchema),
+  },
+  /**
+   * Conversations (default: all) as Markdown or as JSON (ExportFileSchema). Electron asks where
+   * to save (`savedTo`, null when cancelled; `content` null); web mode answers `content` to
+   * download.
+   */
+  "chat.export": {
+    params: z
+      .object({
+        ids: z.array(id).min(1).max(10_000).optional(),
+        format: z.enum(["markdown", "json"]),
+      })
+      .strict(),
+    result: z.object({
+      filename: z.string(),
+      mimeType: z.string(),
+      content: z.string().nullable(),
+      savedTo: z.string().nullable(),
+    }),
+  },
+  /** Adds the conversations of a JSON export (never replacing one: new ids where taken). */
+  "chat.import": {
+    params: z.object({ data: z.string().max(4 * 1024 * 1024) }).strict(),
+    result: z.object({ imported: z.array(ConversationSummarySchema) }),
+  },
 
   "server.status": { params: none, result: ServerStatusSchema },
   /** Starts or stops the OpenAI-compatible server (port from settings); saves `server.enabled`. */

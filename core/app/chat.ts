@@ -30,7 +30,7 @@ import type {
   Settings,
 } from "./api.ts";
 import { fitPrompt, promptTextFor, type FitRequest, type PromptText } from "./context-fit.ts";
-import { regeneratedReply, type ConversationStore } from "./conversations.ts";
+import { branchAt, type ConversationStore } from "./conversations.ts";
 import type { EngineManager, LoadedModel } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import type { HitRateBook } from "./memory.ts";
@@ -215,18 +215,30 @@ export class ChatManager {
     return this.begin(c, undefined, source);
   }
 
-  async regenerate(conversationId: string): Promise<Conversation> {
+  /** Writes reply `messageId` (default: the last message) again, as a new branch. */
+  async regenerate(conversationId: string, messageId?: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
     const source = await this.chooseSource();
     const c = await this.opts.store.get(conversationId);
-    // The reply written again keeps the earlier ones as its other versions.
-    const previous = c.messages.at(-1)?.role === "assistant" ? c.messages.pop() : undefined;
-    if (c.messages.at(-1)?.role !== "user") {
+    const i = messageId
+      ? c.messages.findIndex((m) => m.id === messageId && m.role === "assistant")
+      : c.messages.at(-1)?.role === "assistant"
+        ? c.messages.length - 1
+        : c.messages.length;
+    if (i === -1) {
+      throw new AppFailure(
+        "message_not_found",
+        "That reply is not in this conversation any more.",
+        null,
+      );
+    }
+    if (c.messages[i - 1]?.role !== "user") {
       throw new AppFailure("nothing_to_regenerate", "There is no message to reply to.", null);
     }
-    return this.begin(c, previous, source);
+    return this.begin(c, i, source);
   }
 
+  /** A user message with new text as a new branch (the old one and its replies kept), answered. */
   async edit(conversationId: string, messageId: string, content: string): Promise<Conversation> {
     this.refuseWhileReplying(conversationId);
     const source = await this.chooseSource();
@@ -239,8 +251,13 @@ export class ChatManager {
         null,
       );
     }
-    c.messages[i] = { ...c.messages[i]!, content, createdAt: this.now().toISOString() };
-    c.messages.splice(i + 1);
+    const edited: Message = {
+      id: randomUUID(),
+      role: "user",
+      content,
+      createdAt: this.now().toISOString(),
+    };
+    c.messages = branchAt(c.messages, i, edited);
     return this.begin(c, undefined, source);
   }
 
@@ -256,10 +273,13 @@ export class ChatManager {
     await Promise.all([...this.replies.keys()].map((id) => this.stop(id)));
   }
 
-  /** Appends the empty assistant message, saves, and starts the reply in the background. */
+  /**
+   * Appends the empty assistant message (at `at`, a new branch there, when it replaces a reply),
+   * saves, and starts the reply in the background.
+   */
   private async begin(
     c: Conversation,
-    previous?: Message,
+    at = c.messages.length,
     source: ReplySource | null = null,
   ): Promise<Conversation> {
     const engine = this.opts.engine;
@@ -270,8 +290,8 @@ export class ChatManager {
       createdAt: this.now().toISOString(),
       model: source?.label ?? engine.loaded?.name ?? engine.status().model ?? "demo",
     };
-    const reply = previous ? regeneratedReply(previous, fresh) : fresh;
-    c.messages.push(reply);
+    c.messages = at < c.messages.length ? branchAt(c.messages, at, fresh) : [...c.messages, fresh];
+    const reply = c.messages.at(-1)!;
     const saved = await this.opts.store.save(c);
     this.opts.onConversations();
     const abort = new AbortController();

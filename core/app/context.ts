@@ -42,6 +42,11 @@ export interface AppControllerOptions {
   settingsStore?: SettingsStore;
   /** Shows a path in the file manager (Electron's shell.showItemInFolder); absent in web mode. */
   reveal?: (path: string) => Promise<boolean | void> | boolean | void;
+  /**
+   * Writes an export where the user picks (Electron's save dialog): the path, or null when they
+   * cancel. Absent in web mode, where the renderer downloads the text.
+   */
+  saveFile?: (suggestedName: string, content: string) => Promise<string | null>;
   /** The macOS thermal state ("nominal", "fair", "serious", "critical"), or null. */
   thermal?: () => string | null;
   /** Environment for HF_ENDPOINT / HF_TOKEN and the models directory; default process.env. */

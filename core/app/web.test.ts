@@ -69,7 +69,9 @@ class FakeBackend implements AppBackend {
       requests: [],
       unavailable: null,
     }),
-    "chat.list": () => [{ id: "c1", title: "Hello", updatedAt: "2026-01-01", messageCount: 2 }],
+    "chat.list": () => [
+      { id: "c1", title: "Hello", updatedAt: "2026-01-01", messageCount: 2, pinned: false },
+    ],
     "models.downloads": () => [download("a"), download("b")],
     "chat.rename": (p) => ({ renamed: p }),
   };

@@ -1,7 +1,7 @@
 /** `models.*`: the catalog, hub search, installed models, downloads, verify, remove and reveal. */
 import type { AppContext } from "../context.ts";
 import { AppFailure } from "../errors.ts";
-import { ModelSearcher } from "../search.ts";
+import { ModelSearcher } from "../model-search.ts";
 import type { HandlerGroup } from "./group.ts";
 
 export function modelsHandlers(ctx: AppContext): HandlerGroup<"models"> {

@@ -212,6 +212,7 @@ export function createMockClient(): RendererClient {
       title: c.title,
       updatedAt: c.updatedAt,
       messageCount: c.messages.length,
+      pinned: c.pinned === true,
     }));
   const emitConversations = () => emit({ type: "conversations", conversations: summaries() });
 
@@ -712,6 +713,26 @@ export function createMockClient(): RendererClient {
       if (generating?.conversationId === p.conversationId) finish("cancelled");
       return { ok: true };
     },
+    "chat.pin": (p: { id: string; pinned: boolean }) => {
+      const c = conversations.get(p.id) ?? fail("not_found", "No such conversation");
+      c.pinned = p.pinned;
+      emitConversations();
+      return structuredClone(c);
+    },
+    // The mock searches titles only, without snippets; the real search is core/app/conversation-search.ts.
+    "chat.search": (p: { query: string }) =>
+      [...conversations.values()]
+        .filter((c) => p.query.trim() && c.title.toLowerCase().includes(p.query.toLowerCase()))
+        .map((c) => ({
+          conversationId: c.id,
+          title: c.title,
+          updatedAt: c.updatedAt,
+          pinned: c.pinned === true,
+          messageId: null,
+          role: null,
+          snippet: c.title,
+          highlights: [],
+        })),
     "server.status": () => server,
     "server.cancel": () => ({ ok: true }),
     "server.set": (p: { enabled: boolean; port?: number }) => {

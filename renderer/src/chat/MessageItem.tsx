@@ -40,7 +40,9 @@ export const MessageItem = memo(function MessageItem({
   const versionIndex = Math.min(message.versionIndex ?? versions - 1, versions - 1);
 
   async function regenerate(): Promise<void> {
-    const conversation = await run(() => client.call("chat.regenerate", { conversationId }));
+    const conversation = await run(() =>
+      client.call("chat.regenerate", { conversationId, messageId: message.id }),
+    );
     if (conversation) store.dispatch({ type: "conversation", conversation, reply: true });
   }
 
@@ -61,6 +63,7 @@ export const MessageItem = memo(function MessageItem({
 
   return (
     <li
+      id={`message-${message.id}`}
       data-role={message.role}
       aria-busy={streaming || undefined}
       className={`message flex flex-col gap-1 py-3 ${isUser ? "items-end" : "items-start"}`}
@@ -106,8 +109,8 @@ export const MessageItem = memo(function MessageItem({
             <VersionSwitch
               index={versionIndex}
               count={versions}
-              // Only the last reply switches: later turns were written after the one shown.
-              enabled={canRegenerate}
+              // Each version is a branch with its own later messages; not while one is written.
+              enabled={canEdit}
               onShow={(i) => void showVersion(i)}
             />
           )}
@@ -128,7 +131,7 @@ export const MessageItem = memo(function MessageItem({
   );
 });
 
-/** `‹ 2 / 3 ›`: the versions of a regenerated reply. */
+/** `‹ 2 / 3 ›`: the versions (branches) of a regenerated reply or an edited message. */
 function VersionSwitch({
   index,
   count,

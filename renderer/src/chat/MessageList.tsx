@@ -7,7 +7,7 @@
  */
 import { useDeferredValue, useEffect, useLayoutEffect, useRef } from "react";
 import { Button } from "../components/ui.tsx";
-import { useAppState } from "../state/context.tsx";
+import { useActions, useAppState } from "../state/context.tsx";
 import { isReplying, type State } from "../state/store.ts";
 import { MessageItem } from "./MessageItem.tsx";
 
@@ -42,6 +42,22 @@ export function MessageList() {
     if (el && stick.current) toBottom(el);
     showJump(el);
   }, [messages, live]);
+
+  // A search hit was opened: show its message (centred, marked for a moment), and let go of the
+  // bottom so later layout does not scroll it away.
+  const jumpTo = useAppState((s) => s.jumpTo);
+  const { store } = useActions();
+  useLayoutEffect(() => {
+    if (!jumpTo || !messages?.some((m) => m.id === jumpTo)) return;
+    const row = document.getElementById(`message-${jumpTo}`);
+    if (row) {
+      stick.current = false;
+      row.scrollIntoView({ block: "center" });
+      row.classList.add("jumped");
+      setTimeout(() => row.classList.remove("jumped"), 2000);
+    }
+    store.dispatch({ type: "jumpTo", messageId: null });
+  }, [jumpTo, messages, store]);
 
   // Heights settle after the first layout (estimated rows, fonts, code highlighting): follow.
   const content = useRef<HTMLDivElement>(null);
@@ -90,7 +106,6 @@ export function MessageList() {
   }
 
   const lastIndex = count - 1;
-  const lastAssistant = messages?.findLastIndex((m) => m.role === "assistant") ?? -1;
   return (
     <div className="relative min-h-0 flex-1">
       <div
@@ -126,7 +141,8 @@ export function MessageList() {
                     conversationId={current.id}
                     streaming={isStreaming}
                     canEdit={!replying}
-                    canRegenerate={!replying && i === lastAssistant && i === lastIndex}
+                    // Any reply: an earlier one written again starts a branch there.
+                    canRegenerate={!replying && m.role === "assistant"}
                   />
                 );
               })}

@@ -21,3 +21,7 @@ export function PencilIcon() {
 export function TrashIcon() {
   return <StrokeIcon d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.7 8.5h5.6l.7-8.5" />;
 }
+
+export function PinIcon() {
+  return <StrokeIcon d="M6 2.5h4M7 2.5v4L4.5 9h7L9 6.5v-4M8 9v4.5" />;
+}

@@ -99,7 +99,9 @@ describe("streaming replies", () => {
       type: "event",
       event: {
         type: "conversations",
-        conversations: [{ id: "c1", title: "Chat", updatedAt: "t", messageCount: 1 }],
+        conversations: [
+          { id: "c1", title: "Chat", updatedAt: "t", messageCount: 1, pinned: false },
+        ],
       },
     });
     s = reduce(s, { type: "conversationDeleted", id: "c1" });
@@ -245,5 +247,14 @@ describe("connections", () => {
     expect(s.connections).toEqual([connection]);
     const emptied = reduce(s, { type: "event", event: { type: "connections", connections: [] } });
     expect(emptied.connections).toEqual([]);
+  });
+});
+
+describe("search hits", () => {
+  it("jumpTo holds the message to scroll to until the list clears it", () => {
+    const s = reduce(initialState, { type: "jumpTo", messageId: "m1" });
+    expect(s.jumpTo).toBe("m1");
+    expect(reduce(s, { type: "jumpTo", messageId: "m1" })).toBe(s);
+    expect(reduce(s, { type: "jumpTo", messageId: null }).jumpTo).toBeNull();
   });
 });

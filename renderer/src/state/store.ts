@@ -60,6 +60,8 @@ export interface State {
    * load picking the most recent conversation) may make another one current meanwhile.
    */
   newChatPending: boolean;
+  /** A search hit was opened: the message list scrolls to this message once it is shown. */
+  jumpTo: string | null;
 }
 
 export const initialState: State = {
@@ -80,6 +82,7 @@ export const initialState: State = {
   server: null,
   connections: null,
   newChatPending: false,
+  jumpTo: null,
 };
 
 export type Action =
@@ -99,7 +102,9 @@ export type Action =
   | { type: "newChatStarted" }
   | { type: "newChatFailed" }
   | { type: "conversationDeleted"; id: string }
-  | { type: "history"; samples: LiveSample[] };
+  | { type: "history"; samples: LiveSample[] }
+  /** Scroll to a message (a search hit), or null once done. */
+  | { type: "jumpTo"; messageId: string | null };
 
 export function reduce(state: State, action: Action): State {
   switch (action.type) {
@@ -138,6 +143,8 @@ export function reduce(state: State, action: Action): State {
       delete replying[action.id];
       return { ...state, conversations, current, replying };
     }
+    case "jumpTo":
+      return state.jumpTo === action.messageId ? state : { ...state, jumpTo: action.messageId };
     case "history": {
       // History is oldest first; keep live samples that arrived after its newest one.
       const last = action.samples.at(-1)?.t ?? -Infinity;

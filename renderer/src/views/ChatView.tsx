@@ -5,7 +5,9 @@ import { DemoNote } from "../chat/DemoNote.tsx";
 import { MessageList } from "../chat/MessageList.tsx";
 import { ModelPicker, remoteLabel } from "../chat/ModelPicker.tsx";
 import { SystemPrompt } from "../chat/SystemPrompt.tsx";
-import { useAppState } from "../state/context.tsx";
+import { Button } from "../components/ui.tsx";
+import { deliverExport } from "../lib/export.ts";
+import { useActions, useAppState } from "../state/context.tsx";
 import { isReplying, type State } from "../state/store.ts";
 
 /** What screen readers hear: the start and end of a reply, never every token. */
@@ -42,6 +44,7 @@ export function ChatView() {
             {model && <span> · {model}</span>}
           </p>
           <ModelPicker />
+          {current && <ExportButtons id={current.id} />}
         </div>
         <DemoNote />
         <SystemPrompt
@@ -57,5 +60,39 @@ export function ChatView() {
         <Composer systemPromptDraft={systemPromptDraft} />
       </section>
     </div>
+  );
+}
+
+/** Exports the conversation shown: Markdown to read, JSON (with its branches) to import. */
+function ExportButtons({ id }: { id: string }) {
+  const { client, run } = useActions();
+  async function exportAs(format: "markdown" | "json"): Promise<void> {
+    const file = await run(() => client.call("chat.export", { ids: [id], format }));
+    if (file) deliverExport(file);
+  }
+  return (
+    <span
+      role="group"
+      aria-label="Export this conversation"
+      className="flex shrink-0 items-center text-xs text-muted"
+    >
+      Export
+      <Button
+        small
+        variant="ghost"
+        aria-label="Export as Markdown"
+        onClick={() => void exportAs("markdown")}
+      >
+        .md
+      </Button>
+      <Button
+        small
+        variant="ghost"
+        aria-label="Export as JSON"
+        onClick={() => void exportAs("json")}
+      >
+        .json
+      </Button>
+    </span>
   );
 }
