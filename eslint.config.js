@@ -67,6 +67,8 @@ export default tseslint.config(
       "fixtures/",
       "dist/",
       "renderer/dist/",
+      // Device-run scratch (git-ignored): bundles carried to the GPU machine.
+      ".dev*/",
       "electron/dist/",
     ],
   },

@@ -6,7 +6,13 @@ import fc from "fast-check";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Conversation, SearchHit } from "./api.ts";
 import { ConversationStore } from "./conversations.ts";
-import { fold, foldWithOffsets, queryTerms, SearchIndex, snippetOf } from "./conversation-search.ts";
+import {
+  fold,
+  foldWithOffsets,
+  queryTerms,
+  SearchIndex,
+  snippetOf,
+} from "./conversation-search.ts";
 
 function conversation(
   id: string,
