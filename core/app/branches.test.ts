@@ -219,6 +219,7 @@ function recordingEngine(prompts: string[]): EngineManager {
         template: "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}",
         stopIds: [1],
         settings: DEFAULT_SETTINGS.engine,
+        manifest: { architecture: { max_position_embeddings: 8192 } },
         ready: { expert_cache_slots: 0 },
       },
     }),
