@@ -298,7 +298,12 @@ export const MemoryPlanSchema = z.object({
   expectedHitRate: z.number().min(0).max(1).nullable(),
   hitRateSource: z.enum(["measured", "estimate"]).nullable(),
   freeMemoryBytes: bytes,
+  /** Whether the total fits in the free memory (the memory budget is `overBudget`'s matter). */
   fits: z.boolean(),
+  /** The memory budget the plan was made for; null without one. */
+  budgetBytes: bytes.nullable(),
+  /** The engine's reason when the plan does not fit in the memory budget; null when it does. */
+  overBudget: z.string().nullable(),
 });
 export type MemoryPlan = z.infer<typeof MemoryPlanSchema>;
 

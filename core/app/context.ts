@@ -9,7 +9,7 @@ import { DEMO_MODEL_NAME } from "../demo/demo.ts";
 import type { EngineClientOptions } from "../engine/index.ts";
 import type { IsolatedInstallOptions } from "../install/isolated.ts";
 import { modelsDir as defaultModelsDir } from "../paths.ts";
-import type { AppEvent, Settings } from "./api.ts";
+import type { AppEvent, EngineSettings, Settings } from "./api.ts";
 import { ChatManager } from "./chat.ts";
 import { ConversationStore } from "./conversations.ts";
 import { DownloadManager } from "./downloads.ts";
@@ -22,6 +22,7 @@ import { ModelsManager } from "./models.ts";
 import { ServerManager } from "./server.ts";
 import {
   APP_VERSION,
+  modelDefaults,
   openSettingsStore,
   readSettings,
   saveChanged,
@@ -163,6 +164,12 @@ export function createAppContext(options: AppControllerOptions): AppContext {
     // The engine's plan, the figures the Tuning view shows (the engine is made below).
     planBytes: async (dir, engineSettings): Promise<number> =>
       (await engine.plan(dir, engineSettings)).total_bytes,
+    engineSettingsOf: async (entry): Promise<EngineSettings> =>
+      entry.name === (settings.activeModel ?? DEMO_MODEL_NAME)
+        ? settings.engine
+        : (settings.models[entry.name]?.engine ??
+          (await modelDefaults(entry.dir, entry.manifest.architecture.max_position_embeddings))
+            .engine),
     onChange: () => emitModels(),
     log,
   });
@@ -195,7 +202,7 @@ export function createAppContext(options: AppControllerOptions): AppContext {
     },
   });
   const emitModels = (): void => {
-    void models.list(settings.engine, engine.loaded?.name ?? null).then(
+    void models.list(engine.loaded?.name ?? null).then(
       (list) => emit({ type: "models", models: list }),
       (error: unknown) => log(`cannot list models: ${(error as Error).message}`),
     );

@@ -92,7 +92,7 @@ export const CATALOG: readonly CatalogEntry[] = [
       note: "Weights and tokenizer trained by Redwing (demo-model/ has the recipe and model card) on the King James Bible (public domain, Debian package bible-kjv-text) and fortune cookies (Debian packages fortunes, fortunes-min).",
     },
     memory: { bytes: 0.02 * GB, approx: true },
-    memoryNote: "about 17 MB in the engine at the default settings",
+    memoryNote: "about 16 MiB in the engine at the default settings",
     install: { bytes: 0.0156 * GB, approx: true },
   },
   {
@@ -115,7 +115,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     install: { bytes: 14_291_921_884, approx: true },
     memory: { bytes: 4.0 * GB, approx: true },
     memoryNote:
-      "resident core (1.35 GB: embedding, attention, dense MLPs, routers) + 16 expert slots per layer (1.6 GB) + an 8k-token KV cache (0.4 GB) + runtime",
+      "resident core (1.26 GiB: embedding, attention, dense MLPs, routers) + 16 expert slots per layer (1.49 GiB) + an 8k-token KV cache (0.37 GiB) + runtime",
     licence: {
       name: "Apache-2.0",
       url: "https://ai.google.dev/gemma/apache_2",
@@ -140,7 +140,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     download: { bytes: 3.4 * GB, approx: true },
     install: { bytes: 2.2 * GB, approx: true },
     memory: { bytes: 2.9 * GB, approx: true },
-    memoryNote: "all weights resident (2.2 GB) + an 8k-token KV cache (0.3 GB) + runtime",
+    memoryNote: "all weights resident (2.05 GiB) + an 8k-token KV cache (0.28 GiB) + runtime",
     licence: {
       ...GEMMA_TERMS,
       gated: false,
@@ -165,7 +165,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     install: { bytes: 2.2 * GB, approx: true },
     memory: { bytes: 2.9 * GB, approx: true },
     memoryNote:
-      "all weights resident (2.2 GB after 4-bit quantization) + an 8k-token KV cache (0.3 GB) + runtime",
+      "all weights resident (2.05 GiB after 4-bit quantization) + an 8k-token KV cache (0.28 GiB) + runtime",
     licence: {
       ...GEMMA_TERMS,
       gated: true,

@@ -6,8 +6,8 @@ import type { HandlerGroup } from "./group.ts";
 export function modelsHandlers(ctx: AppContext): HandlerGroup<"models"> {
   const { models, downloads, engine } = ctx;
   return {
-    "models.catalog": async () => models.catalog(ctx.settings().engine),
-    "models.list": async () => models.list(ctx.settings().engine, engine.loaded?.name ?? null),
+    "models.catalog": async () => models.catalog(),
+    "models.list": async () => models.list(engine.loaded?.name ?? null),
     "models.install": async ({ ref, name }) => downloads.install(ref, name),
     "models.downloads": async () => downloads.list(),
     "models.pause": async ({ taskId }) => downloads.pause(taskId),

@@ -462,6 +462,11 @@ export function createMockClient(): RendererClient {
         hitRateSource: slots === 16 ? "measured" : "estimate",
         freeMemoryBytes: 17.2 * GB,
         fits: total < 17.2 * GB,
+        budgetBytes: e.memoryBudgetBytes,
+        overBudget:
+          e.memoryBudgetBytes !== null && total > e.memoryBudgetBytes
+            ? "the memory budget cannot hold the plan"
+            : null,
       };
     },
     "models.catalog": () => catalog(),

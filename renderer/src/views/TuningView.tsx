@@ -13,15 +13,16 @@ import type {
 import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { NumberField, numberParser, type Parsed } from "../components/NumberField.tsx";
 import { Badge, Button } from "../components/ui.tsx";
-import { bytesToGigabytesText, formatBytes, formatPercent, parseGigabytes } from "../lib/format.ts";
+import { budgetText, formatBytes, formatPercent, parseBudgetText } from "../lib/format.ts";
+import { planVerdict } from "../lib/plan.ts";
 import { useActions, useAppState } from "../state/context.tsx";
 
 const PLAN_DELAY_MS = 250;
 
 function parseBudget(text: string): Parsed {
-  const v = parseGigabytes(text);
+  const v = parseBudgetText(text);
   return v === undefined
-    ? { ok: false, error: "Enter a size in GB, or leave empty for no budget." }
+    ? { ok: false, error: "Enter a size such as 8 GiB or 512 MiB, or leave empty for no budget." }
     : { ok: true, value: v };
 }
 
@@ -235,16 +236,15 @@ export function TuningView() {
           />
           <NumberField
             id="field-memory-budget"
-            label="Memory budget (GB)"
+            label="Memory budget"
             value={e.memoryBudgetBytes}
             parse={parseBudget}
-            format={bytesToGigabytesText}
+            format={budgetText}
             onCommit={(v) => engineSet({ memoryBudgetBytes: v })}
-            min={0}
-            step="any"
+            text
             placeholder="none"
             badge={reloadBadge("memoryBudgetBytes")}
-            help="Empty: no budget. With one, the engine picks the expert slots that fit."
+            help="Such as 8 GiB or 512 MiB (a bare number is GiB). Empty: no budget. With one, the engine picks the expert slots that fit."
           />
           <NumberField
             id="field-threads"
@@ -416,18 +416,20 @@ function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
   if (!plan) return null;
   const free = plan.freeMemoryBytes;
   const fraction = free > 0 ? plan.totalBytes / free : 1;
+  const verdict = planVerdict(plan);
   return (
     <section aria-labelledby="plan-title" className="rounded-lg border border-line bg-panel p-4">
       <div className="flex flex-wrap items-center justify-between gap-2">
         <h2 id="plan-title" className="font-semibold">
           Memory plan{plan.model ? ` for ${plan.model}` : ""}
         </h2>
-        {plan.fits ? (
-          <Badge tone="ok">fits in free memory</Badge>
-        ) : (
-          <Badge tone="danger">more than the free memory</Badge>
-        )}
+        <Badge tone={verdict.tone}>{verdict.label}</Badge>
       </div>
+      {verdict.detail && (
+        <p className="mt-1 text-xs text-danger" data-testid="plan-verdict">
+          {verdict.detail}
+        </p>
+      )}
       <dl className="mt-3 grid grid-cols-2 gap-3 text-sm sm:grid-cols-5">
         <PlanStat label="Weights" value={formatBytes(plan.weightsBytes)} />
         <PlanStat label="KV cache" value={formatBytes(plan.kvBytes)} />
@@ -451,7 +453,7 @@ function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
         className="mt-3 h-2 w-full overflow-hidden rounded-full bg-panel-2"
       >
         <div
-          className={`h-full rounded-full ${plan.fits ? "bg-gauge" : "bg-danger"}`}
+          className={`h-full rounded-full ${verdict.tone === "ok" ? "bg-gauge" : "bg-danger"}`}
           style={{ width: `${Math.min(100, fraction * 100).toFixed(1)}%` }}
         />
       </div>
