@@ -271,8 +271,22 @@ export const EngineStatusSchema = z.object({
   expertCacheSlots: z.number().int().nullable(),
   /** Saved engine settings differ from what is loaded: a reload applies them. */
   reloadNeeded: z.boolean(),
+  /**
+   * The loaded model's memory. The plan's parts (weights, KV cache, expert cache, working
+   * memory; estimateBytes is their total) are the engine's plan for the settings it was loaded
+   * with: the figures the Tuning view's plan shows. modelBytes is the model's files on disk,
+   * rssBytes what the engine holds now.
+   */
   memory: z
-    .object({ modelBytes: bytes, kvBytes: bytes, estimateBytes: bytes, rssBytes: bytes })
+    .object({
+      modelBytes: bytes,
+      weightsBytes: bytes,
+      kvBytes: bytes,
+      expertCacheBytes: bytes,
+      workBytes: bytes,
+      estimateBytes: bytes,
+      rssBytes: bytes,
+    })
     .nullable(),
   /** Why the engine is not usable (crashed, load failed), with the next step. */
   error: AppErrorSchema.nullable(),

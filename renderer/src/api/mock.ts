@@ -148,7 +148,10 @@ export function createMockClient(): RendererClient {
     reloadNeeded: false,
     memory: {
       modelBytes: 48_300_000,
+      weightsBytes: 45_000_000,
       kvBytes: 33_000_000,
+      expertCacheBytes: 0,
+      workBytes: 14_000_000,
       estimateBytes: 92_000_000,
       rssBytes: 85_000_000,
     },
@@ -582,7 +585,10 @@ export function createMockClient(): RendererClient {
             loadedWith,
             memory: {
               modelBytes: 48_300_000,
+              weightsBytes: 45_000_000,
               kvBytes: 33_000_000,
+              expertCacheBytes: 0,
+              workBytes: 14_000_000,
               estimateBytes: 92_000_000,
               rssBytes: 85_000_000,
             },
