@@ -22,7 +22,7 @@ import { ModelsManager } from "./models.ts";
 import { ServerManager } from "./server.ts";
 import {
   APP_VERSION,
-  modelDefaults,
+  installedModelDefaults,
   openSettingsStore,
   readSettings,
   saveChanged,
@@ -168,8 +168,7 @@ export function createAppContext(options: AppControllerOptions): AppContext {
       entry.name === (settings.activeModel ?? DEMO_MODEL_NAME)
         ? settings.engine
         : (settings.models[entry.name]?.engine ??
-          (await modelDefaults(entry.dir, entry.manifest.architecture.max_position_embeddings))
-            .engine),
+          (await installedModelDefaults(entry.name, entry.dir, entry.manifest)).engine),
     onChange: () => emitModels(),
     log,
   });

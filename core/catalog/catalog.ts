@@ -48,7 +48,26 @@ interface EntryBase {
   memoryNote: string;
   /** Size of the installed model directory. */
   install: SizeEstimate;
+  /**
+   * Sampling the model's makers recommend, where they publish it: a new model's settings start
+   * from these, then its generation_config.json, then core/defaults.ts (core/app/settings.ts).
+   */
+  sampling?: CatalogSampling;
 }
+
+/** The sampling fields a catalog entry may recommend. */
+export interface CatalogSampling {
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  repetitionPenalty?: number;
+}
+
+/**
+ * Google's recommended sampling for Gemma 3 and Gemma 4 instruct models (their model cards:
+ * temperature 1.0, top_k 64, top_p 0.95).
+ */
+const GEMMA_SAMPLING: CatalogSampling = { temperature: 1.0, topK: 64, topP: 0.95 };
 
 /** A model downloaded from a Hugging Face hub repository. */
 export interface HubCatalogEntry extends EntryBase {
@@ -106,6 +125,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     branch: "main",
     family: "gemma4",
     format: "mlx-affine",
+    sampling: GEMMA_SAMPLING,
     files: { metadata: METADATA_FILES, weights: "model-*.safetensors (per the index)" },
     tensors: { keep: "language_model.model.*", skip: SKIPPED_TENSOR_ROOTS },
     // Measured by TurboFieldfare's installer on this revision (shared/research/turbofieldfare.md).
@@ -133,6 +153,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     branch: "main",
     family: "gemma3",
     format: "mlx-affine",
+    sampling: GEMMA_SAMPLING,
     files: { metadata: METADATA_FILES, weights: "model*.safetensors (per the index)" },
     tensors: { keep: "language_model.model.*", skip: SKIPPED_TENSOR_ROOTS },
     // 3.88 B text parameters at 4.5 bits (4-bit + bf16 scale and bias per 64) plus the vision
@@ -158,6 +179,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     branch: "main",
     family: "gemma3",
     format: "hf-float",
+    sampling: GEMMA_SAMPLING,
     files: { metadata: METADATA_FILES, weights: "model-*.safetensors (per the index)" },
     tensors: { keep: "language_model.model.* or model.*", skip: SKIPPED_TENSOR_ROOTS },
     // bf16: 2 bytes per parameter (3.88 B text + the vision tower when present).
@@ -173,6 +195,22 @@ export const CATALOG: readonly CatalogEntry[] = [
     },
   },
 ];
+
+/**
+ * The catalog entry an installed model came from: the demo entry for the built-in demo model,
+ * else the hub entry of the repository it was installed from; null for anything else.
+ */
+export function catalogEntryFor(
+  name: string,
+  source: { repo?: string | null },
+  isDemo: boolean,
+): CatalogEntry | null {
+  for (const c of CATALOG) {
+    if (c.kind === "demo" ? isDemo && name === c.id : source.repo?.toLowerCase() === c.repo.toLowerCase())
+      return c;
+  }
+  return null;
+}
 
 /** A parsed `owner/name[@revision]`. */
 export interface RepoRef {
