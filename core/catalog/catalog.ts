@@ -206,7 +206,11 @@ export function catalogEntryFor(
   isDemo: boolean,
 ): CatalogEntry | null {
   for (const c of CATALOG) {
-    if (c.kind === "demo" ? isDemo && name === c.id : source.repo?.toLowerCase() === c.repo.toLowerCase())
+    if (
+      c.kind === "demo"
+        ? isDemo && name === c.id
+        : source.repo?.toLowerCase() === c.repo.toLowerCase()
+    )
       return c;
   }
   return null;

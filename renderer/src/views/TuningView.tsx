@@ -15,9 +15,12 @@ import { NumberField, numberParser, type Parsed } from "../components/NumberFiel
 import { Badge, Button } from "../components/ui.tsx";
 import { budgetText, formatBytes, formatPercent, parseBudgetText } from "../lib/format.ts";
 import { planVerdict } from "../lib/plan.ts";
+import { MAX_STOP_STRINGS, parseStopStrings, stopStringsText } from "../lib/stop.ts";
 import { useActions, useAppState } from "../state/context.tsx";
 
 const PLAN_DELAY_MS = 250;
+/** The model an unset `activeModel` means (the first-run state): the built-in demo. */
+const DEMO_NAME = "demo";
 
 function parseBudget(text: string): Parsed {
   const v = parseBudgetText(text);
@@ -71,6 +74,7 @@ export function TuningView() {
           Reset to defaults
         </Button>
       </div>
+      <ModelNote name={settings.activeModel ?? DEMO_NAME} />
       {confirmReset && (
         <ConfirmDialog
           title="Reset every setting to its default?"
@@ -169,6 +173,11 @@ export function TuningView() {
             step={1}
           />
         </div>
+        <StopStrings
+          key={stopStringsText(s.stop)}
+          value={s.stop}
+          onSave={(stop) => sampling({ stop })}
+        />
         <DefaultSystemPrompt
           key={settings.systemPrompt}
           value={settings.systemPrompt}
@@ -286,6 +295,56 @@ export function TuningView() {
       </section>
 
       <PlanPanel plan={plan} />
+    </div>
+  );
+}
+
+/** The model whose settings these are: settings are kept per model (settings.models). */
+function ModelNote({ name }: { name: string }) {
+  return (
+    <p className="-mt-3 text-sm text-muted" data-testid="tuning-model">
+      Settings for <strong className="font-semibold break-all text-fg">{name}</strong>, saved for
+      this model: each model keeps its own, and a new one starts from its catalog entry, its
+      generation_config.json, then Redwing&apos;s defaults.
+    </p>
+  );
+}
+
+/** Stop strings, one per line; saved when the box is left with a valid list. */
+function StopStrings({ value, onSave }: { value: string[]; onSave: (stop: string[]) => void }) {
+  const [text, setText] = useState(() => stopStringsText(value));
+  const parsed = parseStopStrings(text);
+  const save = (): void => {
+    if (parsed.ok && stopStringsText(parsed.value) !== stopStringsText(value)) onSave(parsed.value);
+  };
+  return (
+    <div className="mt-4">
+      <label htmlFor="field-stop-strings" className="text-sm font-medium">
+        Stop strings
+      </label>
+      <textarea
+        id="field-stop-strings"
+        value={text}
+        placeholder="none"
+        onChange={(e) => setText(e.target.value)}
+        onBlur={save}
+        rows={2}
+        spellCheck={false}
+        aria-invalid={parsed.ok ? undefined : true}
+        aria-describedby={`field-stop-strings-help${parsed.ok ? "" : " field-stop-strings-error"}`}
+        className={`field-sizing-content mt-1 max-h-40 min-h-12 w-full rounded-md border bg-bg px-3 py-2 font-mono text-sm ${
+          parsed.ok ? "border-line" : "border-danger"
+        }`}
+      />
+      <p id="field-stop-strings-help" className="mt-1 text-xs text-muted">
+        The reply ends before any of these (at most {MAX_STOP_STRINGS}, one per line; \n for a line
+        break).
+      </p>
+      {!parsed.ok && (
+        <p id="field-stop-strings-error" className="mt-1 text-xs text-danger">
+          {parsed.error}
+        </p>
+      )}
     </div>
   );
 }
