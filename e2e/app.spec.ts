@@ -153,11 +153,11 @@ test("sampling and context settings persist across a restart", async ({ app }) =
   const apply = page.getByRole("button", { name: "Apply and reload", exact: true });
   await expect(apply).toBeEnabled();
   await apply.click();
+  // The status still reads "ready" for a moment after the click: wait for the reloaded engine.
+  await expect.poll(async () => (await app.call("engine.status")).loadedWith?.context).toBe(2048);
   await waitReady(page);
   await expect(apply).toBeDisabled();
-  const loaded = await app.call("engine.status");
-  expect(loaded.loadedWith?.context).toBe(2048);
-  expect(loaded.reloadNeeded).toBe(false);
+  expect((await app.call("engine.status")).reloadNeeded).toBe(false);
 
   await app.restart();
   page = app.page;
