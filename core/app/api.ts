@@ -190,7 +190,7 @@ export const CatalogItemSchema = z.object({
   repo: z.string().nullable(),
   downloadBytes: bytes.nullable(),
   installBytes: bytes,
-  /** Memory needed at the current settings on this machine. */
+  /** Memory needed at the installed model's own settings (else the catalog's estimate). */
   memoryBytes: bytes,
   memoryNote: z.string(),
   /** Whether it fits in this machine's total memory. */

@@ -1,5 +1,5 @@
 /**
- * Installed models for the app: the listing (with each model's memory at the current settings,
+ * Installed models for the app: the listing (with each model's memory at its own settings,
  * its verify state and whether it is loaded), the catalog as the Models view shows it,
  * verification in the background, removal and "reveal in folder".
  *
