@@ -52,12 +52,22 @@ export function LiveView() {
             <div className="mb-1 flex flex-wrap items-baseline justify-between gap-2 text-sm">
               <span>
                 Used by the engine, of its{" "}
-                {gauge.maxKind === "budget" ? "budget" : "machine's total"}
+                {
+                  { budget: "budget", plan: "planned memory", total: "machine's total" }[
+                    gauge.maxKind
+                  ]
+                }
               </span>
               <span className="text-muted tabular-nums">{gauge.text}</span>
             </div>
             <Meter
-              label={gauge.maxKind === "budget" ? "Resident vs budget" : "Resident vs total memory"}
+              label={
+                {
+                  budget: "Resident vs budget",
+                  plan: "Resident vs planned memory",
+                  total: "Resident vs total memory",
+                }[gauge.maxKind]
+              }
               value={gauge.rss}
               max={gauge.max}
               valueText={gauge.text}
