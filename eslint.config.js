@@ -24,7 +24,7 @@ const dynamicImport = (pattern, message) => ({
 // The renderer runs in a browser (or Electron's sandboxed renderer): it imports nothing from Node.
 // The core modules it shares with the main process are listed here and held to the same rule, so
 // they stay importable by the renderer; anything else in core/ may use Node.
-const RENDERER_SHARED_CORE = ["core/app/api.ts", "core/defaults.ts"];
+const RENDERER_SHARED_CORE = ["core/app/api.ts", "core/defaults.ts", "core/units.ts"];
 const NODE_BUILTIN = String.raw`^(node:|(${builtinModules.map(escapeRegex).join("|")})(/|$))`;
 const NO_NODE = {
   regex: NODE_BUILTIN,

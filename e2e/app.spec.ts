@@ -5,11 +5,10 @@
  */
 import { join } from "node:path";
 import type { Locator, Page } from "@playwright/test";
-import { alive, expect, RESULTS, test } from "./fixtures.ts";
+import { expect, RESULTS, test } from "./fixtures.ts";
 import { E2E_REPO } from "./hub.ts";
 import { loadRandomModel } from "./random-model.ts";
 import {
-  engineState,
   gotoView,
   lastReply,
   memoryMeter,
@@ -24,7 +23,9 @@ import {
   waitReply,
 } from "./ui.ts";
 
-test("first run: the demo model is installed and the engine gets ready", async ({ app }) => {
+test("first run: the demo model is installed, the engine gets ready, and it quotes the verse asked for", async ({
+  app,
+}) => {
   const { page } = app;
   await gotoView(page, "Models");
   const installed = page.getByRole("region", { name: "Installed models" });
@@ -40,10 +41,8 @@ test("first run: the demo model is installed and the engine gets ready", async (
   await expect
     .poll(() => valueNow(meter), { message: "engine RSS in the meter" })
     .toBeGreaterThan(0);
-});
 
-test("first-run chat: the trained demo model quotes the verse it is asked for", async ({ app }) => {
-  const { page } = app;
+  // First-run chat: the trained demo model quotes the verse it is asked for.
   await gotoView(page, "Tuning");
   await setNumber(page, "Temperature", "0");
   await gotoView(page, "Chat");
@@ -63,8 +62,10 @@ test("chat: the reply streams in, then its statistics line; the memory meter mov
   const { page } = app;
   await gotoView(page, "Chat");
   await waitReady(page);
-  // A long reply to watch: the trained demo model answers in a sentence or two.
+  // A long reply to watch: the trained demo model answers in a sentence or two. 160 tokens are
+  // plenty of streaming steps (the default 1024 made this the suite's slowest test).
   await loadRandomModel(app);
+  await app.call("settings.update", { sampling: { maxNewTokens: 160 } });
   const meter = memoryMeter(page);
   await expect.poll(() => valueNow(meter)).toBeGreaterThan(0);
   const memory = new Set<number>([await valueNow(meter)]);
@@ -152,11 +153,11 @@ test("sampling and context settings persist across a restart", async ({ app }) =
   const apply = page.getByRole("button", { name: "Apply and reload", exact: true });
   await expect(apply).toBeEnabled();
   await apply.click();
+  // The status still reads "ready" for a moment after the click: wait for the reloaded engine.
+  await expect.poll(async () => (await app.call("engine.status")).loadedWith?.context).toBe(2048);
   await waitReady(page);
   await expect(apply).toBeDisabled();
-  const loaded = await app.call("engine.status");
-  expect(loaded.loadedWith?.context).toBe(2048);
-  expect(loaded.reloadNeeded).toBe(false);
+  expect((await app.call("engine.status")).reloadNeeded).toBe(false);
 
   await app.restart();
   page = app.page;
@@ -221,6 +222,7 @@ test("download from the hub: progress, cancel, pause and resume, verified instal
   await item.getByRole("button", { name: "Pause", exact: true }).click();
   await expect(item.getByRole("button", { name: "Resume", exact: true })).toBeVisible();
   const paused = await valueNow(bar());
+  hub.faults.length = 0; // after the pause, the rest at full speed
   await page.waitForTimeout(1500);
   const pausedAt = Date.now();
   expect(await valueNow(bar()), "progress while paused").toBe(paused);
@@ -249,28 +251,6 @@ test("download from the hub: progress, cancel, pause and resume, verified instal
   expect(conversation.messages.at(-1)?.model).toBe(name);
 });
 
-test("a killed engine shows the error with Restart engine, which recovers", async ({ app }) => {
-  const { page } = app;
-  await gotoView(page, "Chat");
-  await waitReady(page);
-  const before = await app.call("engine.status");
-  expect(before.pid).not.toBeNull();
-  process.kill(before.pid!, "SIGKILL");
-  await expect.poll(() => alive(before.pid!)).toBe(false);
-  const restart = page.getByRole("button", { name: "Restart engine", exact: true }).first();
-  const alert = page.getByRole("alert").filter({ has: restart });
-  await expect(alert.first()).toBeVisible({ timeout: 30_000 });
-  await expect(engineState(page)).toContainText("crashed");
-  await restart.click();
-  await waitReady(page);
-  await expect(alert).toHaveCount(0);
-  const after = await app.call("engine.status");
-  expect(after.pid).not.toBe(before.pid);
-  expect(alive(after.pid!)).toBe(true);
-  await send(page, "Are you back?");
-  expect(await waitReply(page)).toMatch(STATS_LINE);
-});
-
 test("screenshots of every main view at 1280x800 and 420x800, light and dark", async ({
   app,
 }, testInfo) => {
@@ -288,7 +268,7 @@ test("screenshots of every main view at 1280x800 and 420x800, light and dark", a
       await page.setViewportSize({ width, height: 800 });
       for (const view of VIEWS) {
         await openView(page, view);
-        await page.waitForTimeout(400); // a live sample or two
+        if (view === "Live") await page.waitForTimeout(400); // a live sample or two
         const path = join(
           RESULTS,
           "screenshots",

@@ -323,7 +323,9 @@ test("no model loaded: Send is off with a hint, and nothing is stored", async ({
   await expect(page.getByRole("heading", { level: 1, name: "Models", exact: true })).toBeVisible();
 });
 
-test("the engine killed: the status is not ready, and its Restart recovers", async ({ app }) => {
+test("the engine killed: the status is not ready, its Restart recovers; killed again, Restart engine in the error recovers", async ({
+  app,
+}) => {
   const { page } = app;
   await gotoView(page, "Chat");
   await waitReady(page);
@@ -337,7 +339,23 @@ test("the engine killed: the status is not ready, and its Restart recovers", asy
   await header.getByRole("button", { name: "Restart", exact: true }).click();
   await waitReady(page);
   await expect(header.getByRole("button", { name: "Restart", exact: true })).toHaveCount(0);
-  expect((await app.call("engine.status")).pid).not.toBe(before.pid);
+  const restarted = await app.call("engine.status");
+  expect(restarted.pid).not.toBe(before.pid);
+
+  // Killed again: the error shows with "Restart engine", which recovers, and chat works.
+  process.kill(restarted.pid!, "SIGKILL");
+  await expect.poll(() => alive(restarted.pid!)).toBe(false);
+  const restart = page.getByRole("button", { name: "Restart engine", exact: true }).first();
+  const alert = page.getByRole("alert").filter({ has: restart });
+  await expect(alert.first()).toBeVisible({ timeout: 30_000 });
+  await restart.click();
+  await waitReady(page);
+  await expect(alert).toHaveCount(0);
+  const after = await app.call("engine.status");
+  expect(after.pid).not.toBe(restarted.pid);
+  expect(alive(after.pid!)).toBe(true);
+  await send(page, "Are you back?");
+  expect(await waitReply(page)).toMatch(STATS_LINE);
 });
 
 test("Reset to defaults asks first; views start at the top; a long model name fits the sidebar", async ({
@@ -385,7 +403,7 @@ test("Reset to defaults asks first; views start at the top; a long model name fi
   );
 });
 
-test("download progress: an honest planning state, kB/s, resume keeps the bar; remove, then one card", async ({
+test("download progress: an honest planning state, KiB/s, resume keeps the bar; remove, then one card", async ({
   app,
   hub,
 }) => {
@@ -429,10 +447,11 @@ test("download progress: an honest planning state, kB/s, resume keeps the bar; r
   const item = downloads.getByRole("article").first();
   const bar = item.getByRole("progressbar");
   await expect.poll(() => valueNow(bar)).toBeGreaterThan(5);
-  await expect(item).toContainText(/\d+(\.\d+)? kB\/s/);
+  await expect(item).toContainText(/\d+(\.\d+)? KiB\/s/);
   await item.getByRole("button", { name: "Pause", exact: true }).click();
   await expect(item.getByRole("button", { name: "Resume", exact: true })).toBeVisible();
   const paused = await valueNow(bar);
+  hub.faults.length = 0; // after the pause, the rest at full speed
   const mark = (await seen()).length;
   await item.getByRole("button", { name: "Resume", exact: true }).click();
   const name = (await app.call("models.downloads"))[0]!.name;
@@ -444,7 +463,8 @@ test("download progress: an honest planning state, kB/s, resume keeps the bar; r
   const all = await seen();
   const texts = all.map((s) => s.text).join("\n---\n");
   expect(texts, "never a size of nothing").not.toMatch(/0 B of 0 B/);
-  expect(texts, "never 0.0 MB/s").not.toMatch(/0\.0 MB\/s/);
+  expect(texts, "never 0.0 MiB/s").not.toMatch(/(^|[^\d.])0\.0 [KMG]i?B\/s/);
+  expect(texts, "one unit family: binary").not.toMatch(/\d (kB|MB|GB)\b/);
   expect(all.some((s) => /Looking up|Planning|Checking/.test(s.status))).toBe(true);
   // After Resume, until bytes flow again, the bar stays where the pause left it.
   const afterResume = all.slice(mark);

@@ -6,6 +6,7 @@
  */
 import { createServer } from "node:net";
 import { expect, test, type RedwingApp } from "./fixtures.ts";
+import { loadRandomModel, RANDOM_MODEL } from "./random-model.ts";
 import { gotoView, lastReply, send, waitReady, waitReply } from "./ui.ts";
 
 function freePort(): Promise<number> {
@@ -42,6 +43,51 @@ function longRequest(url: string): Promise<Response> {
 
 async function errorCode(res: Response): Promise<string> {
   return ((await res.json()) as { error: { code: string } }).error.code;
+}
+
+/**
+ * A streamed request that names no sampling field (as standard clients send it), and its decode
+ * rate measured here: the tokens after the first over the time from the first text to the last,
+ * as the chat's statistics line counts them.
+ */
+async function streamedDecodeRate(url: string, model: string, maxTokens: number): Promise<number> {
+  const res = await fetch(`${url}/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model,
+      messages: [{ role: "user", content: "Tell me a story." }],
+      max_tokens: maxTokens,
+      stream: true,
+      stream_options: { include_usage: true },
+    }),
+  });
+  expect(res.status).toBe(200);
+  const decoder = new TextDecoder();
+  let buffered = "";
+  let first = 0;
+  let last = 0;
+  let tokens = 0;
+  for await (const chunk of res.body!) {
+    const now = performance.now();
+    buffered += decoder.decode(chunk as Uint8Array, { stream: true });
+    const lines = buffered.split("\n");
+    buffered = lines.pop()!;
+    for (const line of lines) {
+      if (!line.startsWith("data: {")) continue;
+      const event = JSON.parse(line.slice(6)) as {
+        choices: { delta?: { content?: string } }[];
+        usage?: { completion_tokens: number } | null;
+      };
+      if (event.choices[0]?.delta?.content) {
+        first ||= now;
+        last = now;
+      }
+      if (event.usage) tokens = event.usage.completion_tokens;
+    }
+  }
+  expect(tokens, "the request ran to its max_tokens").toBe(maxTokens);
+  return (tokens - 1) / ((last - first) / 1000);
 }
 
 async function runningRequest(app: RedwingApp): Promise<void> {
@@ -82,6 +128,23 @@ test("server requests: listed with Cancel, and a chat waiting behind one says so
   expect((await second).status).toBe(503);
   await waitReply(page);
   await expect(waiting).toHaveCount(0);
+
+  // A request without top_k / top_p / temperature decodes as fast as chat: it gets Tuning's
+  // values (the random-weight model has Gemma 3's 262k vocabulary, where sampling from all of
+  // it, OpenAI's top_k 0, made requests several times slower than chat). A ratio, not a time.
+  const tokens = 48;
+  await loadRandomModel(app); // writes until the token limit
+  await app.call("settings.update", { sampling: { maxNewTokens: tokens } });
+  await expect.poll(async () => (await app.call("server.status")).modelId).toBe(RANDOM_MODEL);
+  const served = (await app.call("server.status")).url!;
+  await page.getByRole("button", { name: "New chat", exact: true }).click();
+  await send(page, "Tell me a story.");
+  const chatRate = Number(/^([\d.]+) t\/s/.exec(await waitReply(page))![1]);
+  const serverRate = await streamedDecodeRate(served, RANDOM_MODEL, tokens);
+  console.log(
+    `decode: chat ${chatRate.toFixed(1)} t/s, server request without sampling fields ${serverRate.toFixed(1)} t/s (ratio ${(serverRate / chatRate).toFixed(2)})`,
+  );
+  expect(serverRate / chatRate).toBeGreaterThan(0.5);
 });
 
 test("server: 503 with Retry-After while the engine restarts after a crash, then 200 again", async ({

@@ -11,7 +11,15 @@
 // scripts/test.mjs and `npm run fuzz` ask for it).
 import { execFileSync, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  lstatSync,
+  readFileSync,
+  readdirSync,
+  realpathSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -93,6 +101,16 @@ function ensureNodeModules() {
     .digest("hex");
   const marker = join(root, "node_modules", ".redwing-lock-sha256");
   if (existsSync(marker) && readFileSync(marker, "utf8").trim() === lockHash) return;
+  // A node_modules that links to an install shared by several checkouts (git worktrees): npm ci
+  // would empty the install every other checkout uses (through the link) before replacing the
+  // link with a directory of its own. Say so instead of doing it.
+  const modules = join(root, "node_modules");
+  if (existsSync(modules) && lstatSync(modules).isSymbolicLink()) {
+    log(
+      `node_modules links to a shared install (${realpathSync(modules)}) whose lock-file marker does not match: not running npm ci through the link; run it in the checkout that owns the install`,
+    );
+    return;
+  }
   log("installing npm packages (npm ci)");
   // The electron package's postinstall downloads a ~100 MB binary from GitHub, which fails
   // without network; `npm start` fetches it later when it can (and falls back to web mode).

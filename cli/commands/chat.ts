@@ -14,6 +14,7 @@ import { loadTokenizer, type ChatTokenizer } from "../../core/chat/tokenizer.ts"
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { ENGINE_DEFAULTS, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
 import { UserError } from "../../core/errors.ts";
+import { parseByteSize as parseSize } from "../../core/units.ts";
 import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
 import { toProtocolLoad } from "../../core/generation/settings.ts";
 import { remoteChat } from "./chat-remote.ts";
@@ -73,10 +74,10 @@ function numberArg(min: number, max = Infinity) {
 
 /** "8G", "8GB", "8GiB", "512M", "1073741824": bytes (K/M/G/T are powers of 1024). */
 export function parseByteSize(value: string): number {
-  const m = /^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$/i.exec(value);
-  if (!m) throw new InvalidArgumentError("expected a size such as 8G, 512M or a number of bytes");
-  const power = ["", "k", "m", "g", "t"].indexOf(m[2]!.toLowerCase());
-  return Math.floor(Number(m[1]) * 1024 ** power);
+  const bytes = parseSize(value);
+  if (bytes === undefined)
+    throw new InvalidArgumentError("expected a size such as 8G, 512M or a number of bytes");
+  return bytes;
 }
 
 /** `--backend cpu|metal|vulkan|auto` (docs/gpu.md): where the engine runs the model. */

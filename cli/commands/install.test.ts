@@ -107,11 +107,11 @@ describe("redwing install", () => {
     };
     const line = progressLine(p, 200);
     expect(line).toBe(
-      "install: downloading [##########----------] 48% 1.21 GB/2.52 GB 85.3 MB/s ETA 0:15 model-00001-of-00002.safetensors",
+      "install: downloading [##########----------] 48% 1.13 GiB/2.35 GiB 81.3 MiB/s ETA 0:15 model-00001-of-00002.safetensors",
     );
     expect(
       progressLine({ ...p, phase: "paused", rate: null, etaSeconds: null, file: null }, 200),
-    ).toBe("install: paused [##########----------] 48% 1.21 GB/2.52 GB");
+    ).toBe("install: paused [##########----------] 48% 1.13 GiB/2.35 GiB");
     expect(progressLine(p, 41)).toHaveLength(40);
   });
 });

@@ -12,12 +12,10 @@ import {
   type InstallProgress,
 } from "../../core/install/installer.ts";
 import { modelsDir } from "../../core/paths.ts";
+import { formatBytes } from "../../core/units.ts";
 
-export function formatBytes(n: number): string {
-  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
-  if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
-  return `${Math.round(n / 1e3)} kB`;
-}
+/** Sizes in the one unit family of the app and the CLI (core/units.ts). */
+export { formatBytes };
 
 function formatDuration(seconds: number): string {
   const s = Math.round(seconds);
@@ -37,7 +35,7 @@ const PHASES: Record<InstallPhase, string> = {
   done: "done",
 };
 
-/** The progress line: `[#####-----] 48% 1.21/2.52 GB 85.3 MB/s ETA 0:15 file`. */
+/** The progress line: `[#####-----] 48% 1.13 GiB/2.35 GiB 81.3 MiB/s ETA 0:15 file`. */
 export function progressLine(p: InstallProgress, width = 100): string {
   const parts = [`install: ${PHASES[p.phase]}`];
   if (p.bytesTotal > 0) {

@@ -2,6 +2,7 @@ import { InvalidArgumentError, type Command } from "commander";
 import { UserError } from "../../core/errors.ts";
 import { synthesizeModel } from "../../core/synth/synth.ts";
 import { SYNTH_PRESETS, isSynthPreset } from "../../core/synth/presets.ts";
+import { formatBytes } from "../../core/units.ts";
 
 function positiveInt(value: string): number {
   const n = Number(value);
@@ -47,7 +48,7 @@ export function registerSynthCommand(program: Command): void {
         });
         const bytes = manifest.files.reduce((sum, f) => sum + f.size, 0);
         process.stderr.write(
-          `synth: wrote ${opts.out} (${manifest.architecture.num_layers} layers, ${(bytes / 1e9).toFixed(2)} GB)\n`,
+          `synth: wrote ${opts.out} (${manifest.architecture.num_layers} layers, ${formatBytes(bytes)})\n`,
         );
       },
     );

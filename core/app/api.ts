@@ -235,7 +235,7 @@ export const CatalogItemSchema = z.object({
   repo: z.string().nullable(),
   downloadBytes: bytes.nullable(),
   installBytes: bytes,
-  /** Memory needed at the current settings on this machine. */
+  /** Memory needed at the installed model's own settings (else the catalog's estimate). */
   memoryBytes: bytes,
   memoryNote: z.string(),
   /** Whether it fits in this machine's total memory. */
@@ -357,8 +357,22 @@ export const EngineStatusSchema = z.object({
   expertCacheSlots: z.number().int().nullable(),
   /** Saved engine settings differ from what is loaded: a reload applies them. */
   reloadNeeded: z.boolean(),
+  /**
+   * The loaded model's memory. The plan's parts (weights, KV cache, expert cache, working
+   * memory; estimateBytes is their total) are the engine's plan for the settings it was loaded
+   * with: the figures the Tuning view's plan shows. modelBytes is the model's files on disk,
+   * rssBytes what the engine holds now.
+   */
   memory: z
-    .object({ modelBytes: bytes, kvBytes: bytes, estimateBytes: bytes, rssBytes: bytes })
+    .object({
+      modelBytes: bytes,
+      weightsBytes: bytes,
+      kvBytes: bytes,
+      expertCacheBytes: bytes,
+      workBytes: bytes,
+      estimateBytes: bytes,
+      rssBytes: bytes,
+    })
     .nullable(),
   /** Why the engine is not usable (crashed, load failed), with the next step. */
   error: AppErrorSchema.nullable(),
@@ -384,7 +398,12 @@ export const MemoryPlanSchema = z.object({
   expectedHitRate: z.number().min(0).max(1).nullable(),
   hitRateSource: z.enum(["measured", "estimate"]).nullable(),
   freeMemoryBytes: bytes,
+  /** Whether the total fits in the free memory (the memory budget is `overBudget`'s matter). */
   fits: z.boolean(),
+  /** The memory budget the plan was made for; null without one. */
+  budgetBytes: bytes.nullable(),
+  /** The engine's reason when the plan does not fit in the memory budget; null when it does. */
+  overBudget: z.string().nullable(),
 });
 export type MemoryPlan = z.infer<typeof MemoryPlanSchema>;
 

@@ -11,7 +11,7 @@ import type { SecretBox } from "../connections/secrets.ts";
 import type { EngineClientOptions } from "../engine/index.ts";
 import type { IsolatedInstallOptions } from "../install/isolated.ts";
 import { modelsDir as defaultModelsDir } from "../paths.ts";
-import type { AppEvent, Settings } from "./api.ts";
+import type { AppEvent, EngineSettings, Settings } from "./api.ts";
 import { ChatManager } from "./chat.ts";
 import { ConnectionsManager } from "./connections.ts";
 import { ConversationStore } from "./conversations.ts";
@@ -26,6 +26,7 @@ import { remoteReplySource } from "./remote-reply.ts";
 import { ServerManager } from "./server.ts";
 import {
   APP_VERSION,
+  installedModelDefaults,
   openSettingsStore,
   readSettings,
   saveChanged,
@@ -180,6 +181,11 @@ export function createAppContext(options: AppControllerOptions): AppContext {
     // The engine's plan, the figures the Tuning view shows (the engine is made below).
     planBytes: async (dir, engineSettings): Promise<number> =>
       (await engine.plan(dir, engineSettings)).total_bytes,
+    engineSettingsOf: async (entry): Promise<EngineSettings> =>
+      entry.name === (settings.activeModel ?? DEMO_MODEL_NAME)
+        ? settings.engine
+        : (settings.models[entry.name]?.engine ??
+          (await installedModelDefaults(entry.name, entry.dir, entry.manifest)).engine),
     onChange: () => emitModels(),
     log,
   });
@@ -212,7 +218,7 @@ export function createAppContext(options: AppControllerOptions): AppContext {
     },
   });
   const emitModels = (): void => {
-    void models.list(settings.engine, engine.loaded?.name ?? null).then(
+    void models.list(engine.loaded?.name ?? null).then(
       (list) => emit({ type: "models", models: list }),
       (error: unknown) => log(`cannot list models: ${(error as Error).message}`),
     );

@@ -198,6 +198,18 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     const plan = await call("settings.memoryPlan", {});
     expect(plan.totalBytes).toBe(status.memory!.estimateBytes);
     expect(plan.kvBytes).toBe(status.memory!.kvBytes);
+    // One figure everywhere: Live's weights are the plan's (not the model directory's size),
+    // the Models card and the catalog show the plan's total and the installed size.
+    expect(plan.weightsBytes).toBe(status.memory!.weightsBytes);
+    expect(plan.expertCacheBytes).toBe(status.memory!.expertCacheBytes);
+    expect(plan.workBytes).toBe(status.memory!.workBytes);
+    const [listed] = await call("models.list");
+    expect(listed!.memoryEstimateBytes).toBe(plan.totalBytes);
+    const demoItem = (await call("models.catalog")).find((c) => c.installedAs === "demo")!;
+    expect(demoItem.memoryBytes).toBe(plan.totalBytes);
+    expect(demoItem.installBytes).toBe(listed!.sizeBytes);
+    expect(plan.fits).toBe(true);
+    expect(plan.overBudget).toBeNull();
     expect(plan.expertCacheSlots).toBe(status.expertCacheSlots);
     expect(plan.hitRateSource).toBe("estimate");
   });
@@ -211,6 +223,13 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect(updated.reloadNeeded).toBe(true);
     const plan = await call("settings.memoryPlan", {});
     expect(plan.expertCacheSlots).toBe(5);
+    expect(plan.overBudget).toBeNull();
+    // A budget too small for the model: over the budget, yet the small plan fits the free
+    // memory (the badge named the wrong limit when both were one flag).
+    const tiny = await call("settings.memoryPlan", { engine: { memoryBudgetBytes: 1024 ** 2 } });
+    expect(tiny.overBudget).toMatch(/budget/);
+    expect(tiny.budgetBytes).toBe(1024 ** 2);
+    expect(tiny.fits).toBe(true);
     const reloaded = await call("engine.reload");
     expect(reloaded.state).toBe("ready");
     expect(reloaded.expertCacheSlots).toBe(5);

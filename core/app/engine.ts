@@ -45,6 +45,8 @@ export interface LoadedModel {
   stopIds: number[];
   settings: EngineSettings;
   ready: ReadyEvent;
+  /** The engine's plan for the settings it was loaded with (Live shows its parts). */
+  plan: PlanEvent;
 }
 
 interface TextSide {
@@ -153,7 +155,10 @@ export class EngineManager {
       memory: loaded
         ? {
             modelBytes: loaded.ready.memory.model_bytes,
+            weightsBytes: loaded.plan.core_bytes,
             kvBytes: loaded.ready.memory.kv_bytes,
+            expertCacheBytes: loaded.plan.expert_bytes,
+            workBytes: loaded.plan.work_bytes,
             estimateBytes: loaded.ready.memory.estimate_bytes,
             rssBytes: this.rssBytes ?? loaded.ready.memory.rss_bytes,
           }
@@ -427,6 +432,7 @@ export class EngineManager {
         }),
         this.textSide(dir, manifest),
       ]);
+      const plan = await client.plan(loadParams(dir, settings));
       this.loaded = {
         name,
         dir,
@@ -437,6 +443,7 @@ export class EngineManager {
         stopIds: manifest.architecture.eos_token_ids,
         settings,
         ready,
+        plan,
       };
       this.lastModel = name;
       this.rssBytes = ready.memory.rss_bytes;
@@ -476,7 +483,7 @@ export class EngineManager {
       this.state = "loading";
       this.emit();
       const ready = await client.load(loadParams(previous.dir, previous.settings));
-      this.loaded = { ...previous, ready };
+      this.loaded = { ...previous, ready }; // the same settings: the same plan
       this.lastModel = previous.name;
       this.rssBytes = ready.memory.rss_bytes;
       this.state = "ready";

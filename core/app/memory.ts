@@ -40,6 +40,8 @@ export function memoryPlan(
   book: HitRateBook,
   /** Memory the plan may reuse (the engine's own when this model is loaded now). */
   reusableBytes = 0,
+  /** The memory budget the plan was asked for (null: none). */
+  budgetBytes: number | null = null,
 ): MemoryPlan {
   const slots = plan.moe_layers > 0 ? plan.slots : null;
   let expectedHitRate: number | null = null;
@@ -66,6 +68,10 @@ export function memoryPlan(
     expectedHitRate,
     hitRateSource,
     freeMemoryBytes,
-    fits: plan.over_budget === null && plan.total_bytes <= freeMemoryBytes + reusableBytes,
+    // Free memory and the budget are separate questions: a small plan over a tiny budget still
+    // fits in the free memory, and the view says which limit it exceeds.
+    fits: plan.total_bytes <= freeMemoryBytes + reusableBytes,
+    budgetBytes,
+    overBudget: plan.over_budget,
   };
 }

@@ -1,5 +1,5 @@
 /**
- * Installed models for the app: the listing (with each model's memory at the current settings,
+ * Installed models for the app: the listing (with each model's memory at its own settings,
  * its verify state and whether it is loaded), the catalog as the Models view shows it,
  * verification in the background, removal and "reveal in folder".
  *
@@ -27,6 +27,12 @@ export interface ModelsManagerOptions {
   dataDir: string;
   /** The engine's memory plan total for a model directory at engine settings. */
   planBytes: (dir: string, engine: EngineSettings) => Promise<number>;
+  /**
+   * A model's own engine settings (settings are kept per model): the current ones for the
+   * active model, its saved ones or its defaults for the others. Its memory figure is the plan
+   * at these, the figure the Tuning view shows once it is the active model.
+   */
+  engineSettingsOf: (entry: ModelEntry) => Promise<EngineSettings>;
   /** Called when the listing or a verify state changed. */
   onChange: () => void;
   log?: (line: string) => void;
@@ -166,15 +172,15 @@ export class ModelsManager {
     return v ? this.stateOf(name, null) : undefined;
   }
 
-  async list(engine: EngineSettings, loadedName: string | null): Promise<InstalledModel[]> {
+  async list(loadedName: string | null): Promise<InstalledModel[]> {
     const out: InstalledModel[] = [];
     for (const e of await this.entries()) {
       const a = e.manifest.architecture;
       out.push({
         name: e.name,
         dir: e.dir,
-        sizeBytes: e.manifest.files.reduce((s, f) => s + f.size, 0),
-        memoryEstimateBytes: await this.opts.planBytes(e.dir, engine),
+        sizeBytes: installedBytes(e.manifest),
+        memoryEstimateBytes: await this.opts.planBytes(e.dir, await this.opts.engineSettingsOf(e)),
         family: a.family,
         moe: a.moe !== null,
         isDemo: isDemoCreatedBy(e.manifest.created_by),
@@ -185,7 +191,12 @@ export class ModelsManager {
     return out;
   }
 
-  async catalog(engine: EngineSettings): Promise<CatalogItem[]> {
+  /**
+   * The catalog; an installed entry shows the installed model's own figures (its size on disk
+   * and the plan at its settings, as the Installed card, Tuning and `redwing models` show them),
+   * not the catalog's estimates.
+   */
+  async catalog(): Promise<CatalogItem[]> {
     const installed = await this.entries();
     const total = totalmem();
     const items: CatalogItem[] = [];
@@ -196,10 +207,13 @@ export class ModelsManager {
               (m) => m.name === DEMO_MODEL_NAME && isDemoCreatedBy(m.manifest.created_by),
             )
           : installed.find((m) => m.manifest.source.repo?.toLowerCase() === c.repo.toLowerCase());
-      const memoryBytes = match ? await this.opts.planBytes(match.dir, engine) : c.memory.bytes;
-      const memoryNote = match
-        ? `at your settings (context ${engine.context}${match.manifest.architecture.moe ? `, ${engine.memoryBudgetBytes !== null ? "memory budget" : `${engine.expertCacheSlots} expert slots`}` : ""})`
-        : `${c.memory.approx ? "about: " : ""}${c.memoryNote}`;
+      const engine = match ? await this.opts.engineSettingsOf(match) : null;
+      const memoryBytes =
+        match && engine ? await this.opts.planBytes(match.dir, engine) : c.memory.bytes;
+      const memoryNote =
+        match && engine
+          ? `at its settings (context ${engine.context}${match.manifest.architecture.moe ? `, ${engine.memoryBudgetBytes !== null ? "memory budget" : `${engine.expertCacheSlots} expert slots`}` : ""})`
+          : `${c.memory.approx ? "about: " : ""}${c.memoryNote}`;
       items.push({
         id: c.id,
         title: c.title,
@@ -207,7 +221,7 @@ export class ModelsManager {
         kind: c.kind,
         repo: c.kind === "hub" ? c.repo : null,
         downloadBytes: c.kind === "hub" ? c.download.bytes : null,
-        installBytes: c.install.bytes,
+        installBytes: match ? installedBytes(match.manifest) : c.install.bytes,
         memoryBytes,
         memoryNote,
         fits: memoryBytes <= total,
@@ -223,7 +237,7 @@ export class ModelsManager {
     const e = await this.entry(name);
     await this.loadVerify();
     if (this.checking.has(name)) return this.stateOf(name, e.manifestMtimeMs);
-    const totalBytes = e.manifest.files.reduce((s, f) => s + f.size, 0);
+    const totalBytes = installedBytes(e.manifest);
     let hashed = 0;
     let lastEmit = 0;
     const slot = { fraction: 0, done: Promise.resolve<VerifyState>({ state: "checking" }) };
@@ -308,6 +322,11 @@ export class ModelsManager {
   close(): void {
     this.closing = true;
   }
+}
+
+/** An installed model's size: every file its manifest lists (what `redwing models` prints). */
+export function installedBytes(manifest: Manifest): number {
+  return manifest.files.reduce((s, f) => s + f.size, 0);
 }
 
 function describe(status: string): string {

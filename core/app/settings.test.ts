@@ -12,6 +12,7 @@ import { createAppController } from "./controller.ts";
 import {
   applyPatch,
   engineSettingsDiffer,
+  installedModelDefaults,
   modelDefaults,
   openSettingsStore,
   readSettings,
@@ -19,6 +20,8 @@ import {
   settingsStoreOptions,
   switchModel,
 } from "./settings.ts";
+import { CATALOG } from "../catalog/catalog.ts";
+import type { Manifest } from "../format/manifest.ts";
 
 let dir: string;
 beforeEach(async () => {
@@ -237,5 +240,38 @@ describe("settings per model", () => {
     const none = await modelDefaults(join(dir, "missing"), 1024);
     expect(none.sampling).toEqual(DEFAULT_SETTINGS.sampling);
     expect(none.engine.context).toBe(1024);
+  });
+
+  it("the catalog entry's recommended sampling comes first, then generation_config, then the defaults", async () => {
+    await writeFile(
+      join(dir, "generation_config.json"),
+      JSON.stringify({ temperature: 0.6, top_k: 20, top_p: 0.9 }),
+    );
+    // The catalog recommends temperature and top-k (one out of range: the file's value stands).
+    const own = await modelDefaults(dir, 4096, { temperature: 1.0, topK: 5000 });
+    expect(own.sampling.temperature).toBe(1.0);
+    expect(own.sampling.topK).toBe(20);
+    expect(own.sampling.topP).toBe(0.9);
+    expect(own.sampling.repetitionPenalty).toBe(DEFAULT_SETTINGS.sampling.repetitionPenalty);
+    const catalogOnly = await modelDefaults(join(dir, "missing"), 4096, { topP: 0.5 });
+    expect(catalogOnly.sampling).toEqual({ ...DEFAULT_SETTINGS.sampling, topP: 0.5 });
+  });
+
+  it("an installed Gemma from the catalog starts from Google's recommended sampling", async () => {
+    const gemma = CATALOG.find((c) => c.id === "gemma-3-4b-it");
+    expect(gemma?.kind).toBe("hub");
+    const manifest = {
+      created_by: "redwing install",
+      source: { kind: "hub", repo: gemma!.kind === "hub" ? gemma!.repo : "" },
+      architecture: { max_position_embeddings: 131072 },
+    } as unknown as Manifest;
+    const own = await installedModelDefaults("gemma-3-4b-it-4bit", dir, manifest);
+    expect(own.sampling).toMatchObject({ temperature: 1.0, topK: 64, topP: 0.95 });
+    // Anything not from the catalog: generation_config and the defaults only.
+    const other = await installedModelDefaults("mine", dir, {
+      ...manifest,
+      source: { kind: "hub", repo: "someone/else" },
+    } as unknown as Manifest);
+    expect(other.sampling).toEqual(DEFAULT_SETTINGS.sampling);
   });
 });

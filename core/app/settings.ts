@@ -14,6 +14,9 @@ import { join } from "node:path";
 import Conf, { type Schema } from "conf";
 import { z } from "zod";
 import pkg from "../../package.json" with { type: "json" };
+import { catalogEntryFor, type CatalogSampling } from "../catalog/catalog.ts";
+import { isDemoCreatedBy } from "../demo/demo.ts";
+import type { Manifest } from "../format/manifest.ts";
 import {
   DEFAULT_SETTINGS,
   type EngineSettings,
@@ -233,10 +236,15 @@ const GENERATION_KEYS = [
 
 /**
  * A model's settings before the user changed any: the defaults (DEFAULT_SETTINGS, from
- * core/defaults.ts) with the context capped at the model's maximum and the sampling its
- * generation_config.json recommends, where it has one and the values are in range.
+ * core/defaults.ts) with the context capped at the model's maximum, and each sampling value
+ * taken from the first that has it in range: the model's catalog entry (core/catalog, what its
+ * makers recommend), its generation_config.json, core/defaults.ts.
  */
-export async function modelDefaults(dir: string, maxContext: number): Promise<ModelSettings> {
+export async function modelDefaults(
+  dir: string,
+  maxContext: number,
+  catalog: CatalogSampling | null = null,
+): Promise<ModelSettings> {
   const engine = structuredClone(DEFAULT_SETTINGS.engine);
   engine.context = Math.min(engine.context, maxContext);
   const sampling = structuredClone(DEFAULT_SETTINGS.sampling);
@@ -248,12 +256,22 @@ export async function modelDefaults(dir: string, maxContext: number): Promise<Mo
     // No generation_config.json (or an unreadable one): the defaults stand.
   }
   for (const [key, field] of GENERATION_KEYS) {
-    const value = config[key];
-    if (SamplingSettingsSchema.shape[field].safeParse(value).success) {
-      (sampling as Record<string, unknown>)[field] = value;
-    }
+    const value = [catalog?.[field], config[key]].find(
+      (v) => SamplingSettingsSchema.shape[field].safeParse(v).success,
+    );
+    if (value !== undefined) (sampling as Record<string, unknown>)[field] = value;
   }
   return { engine, sampling };
+}
+
+/** modelDefaults for an installed model: its maximum context and its catalog entry's sampling. */
+export function installedModelDefaults(
+  name: string,
+  dir: string,
+  manifest: Manifest,
+): Promise<ModelSettings> {
+  const entry = catalogEntryFor(name, manifest.source, isDemoCreatedBy(manifest.created_by));
+  return modelDefaults(dir, manifest.architecture.max_position_embeddings, entry?.sampling ?? null);
 }
 
 /**

@@ -48,7 +48,26 @@ interface EntryBase {
   memoryNote: string;
   /** Size of the installed model directory. */
   install: SizeEstimate;
+  /**
+   * Sampling the model's makers recommend, where they publish it: a new model's settings start
+   * from these, then its generation_config.json, then core/defaults.ts (core/app/settings.ts).
+   */
+  sampling?: CatalogSampling;
 }
+
+/** The sampling fields a catalog entry may recommend. */
+export interface CatalogSampling {
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  repetitionPenalty?: number;
+}
+
+/**
+ * Google's recommended sampling for Gemma 3 and Gemma 4 instruct models (their model cards:
+ * temperature 1.0, top_k 64, top_p 0.95).
+ */
+const GEMMA_SAMPLING: CatalogSampling = { temperature: 1.0, topK: 64, topP: 0.95 };
 
 /** A model downloaded from a Hugging Face hub repository. */
 export interface HubCatalogEntry extends EntryBase {
@@ -92,7 +111,7 @@ export const CATALOG: readonly CatalogEntry[] = [
       note: "Weights and tokenizer trained by Redwing (demo-model/ has the recipe and model card) on the King James Bible (public domain, Debian package bible-kjv-text) and fortune cookies (Debian packages fortunes, fortunes-min).",
     },
     memory: { bytes: 0.02 * GB, approx: true },
-    memoryNote: "about 17 MB in the engine at the default settings",
+    memoryNote: "about 16 MiB in the engine at the default settings",
     install: { bytes: 0.0156 * GB, approx: true },
   },
   {
@@ -106,6 +125,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     branch: "main",
     family: "gemma4",
     format: "mlx-affine",
+    sampling: GEMMA_SAMPLING,
     files: { metadata: METADATA_FILES, weights: "model-*.safetensors (per the index)" },
     tensors: { keep: "language_model.model.*", skip: SKIPPED_TENSOR_ROOTS },
     // Measured by TurboFieldfare's installer on this revision (shared/research/turbofieldfare.md).
@@ -115,7 +135,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     install: { bytes: 14_291_921_884, approx: true },
     memory: { bytes: 4.0 * GB, approx: true },
     memoryNote:
-      "resident core (1.35 GB: embedding, attention, dense MLPs, routers) + 16 expert slots per layer (1.6 GB) + an 8k-token KV cache (0.4 GB) + runtime",
+      "resident core (1.26 GiB: embedding, attention, dense MLPs, routers) + 16 expert slots per layer (1.49 GiB) + an 8k-token KV cache (0.37 GiB) + runtime",
     licence: {
       name: "Apache-2.0",
       url: "https://ai.google.dev/gemma/apache_2",
@@ -133,6 +153,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     branch: "main",
     family: "gemma3",
     format: "mlx-affine",
+    sampling: GEMMA_SAMPLING,
     files: { metadata: METADATA_FILES, weights: "model*.safetensors (per the index)" },
     tensors: { keep: "language_model.model.*", skip: SKIPPED_TENSOR_ROOTS },
     // 3.88 B text parameters at 4.5 bits (4-bit + bf16 scale and bias per 64) plus the vision
@@ -140,7 +161,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     download: { bytes: 3.4 * GB, approx: true },
     install: { bytes: 2.2 * GB, approx: true },
     memory: { bytes: 2.9 * GB, approx: true },
-    memoryNote: "all weights resident (2.2 GB) + an 8k-token KV cache (0.3 GB) + runtime",
+    memoryNote: "all weights resident (2.05 GiB) + an 8k-token KV cache (0.28 GiB) + runtime",
     licence: {
       ...GEMMA_TERMS,
       gated: false,
@@ -158,6 +179,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     branch: "main",
     family: "gemma3",
     format: "hf-float",
+    sampling: GEMMA_SAMPLING,
     files: { metadata: METADATA_FILES, weights: "model-*.safetensors (per the index)" },
     tensors: { keep: "language_model.model.* or model.*", skip: SKIPPED_TENSOR_ROOTS },
     // bf16: 2 bytes per parameter (3.88 B text + the vision tower when present).
@@ -165,7 +187,7 @@ export const CATALOG: readonly CatalogEntry[] = [
     install: { bytes: 2.2 * GB, approx: true },
     memory: { bytes: 2.9 * GB, approx: true },
     memoryNote:
-      "all weights resident (2.2 GB after 4-bit quantization) + an 8k-token KV cache (0.3 GB) + runtime",
+      "all weights resident (2.05 GiB after 4-bit quantization) + an 8k-token KV cache (0.28 GiB) + runtime",
     licence: {
       ...GEMMA_TERMS,
       gated: true,
@@ -173,6 +195,26 @@ export const CATALOG: readonly CatalogEntry[] = [
     },
   },
 ];
+
+/**
+ * The catalog entry an installed model came from: the demo entry for the built-in demo model,
+ * else the hub entry of the repository it was installed from; null for anything else.
+ */
+export function catalogEntryFor(
+  name: string,
+  source: { repo?: string | null },
+  isDemo: boolean,
+): CatalogEntry | null {
+  for (const c of CATALOG) {
+    if (
+      c.kind === "demo"
+        ? isDemo && name === c.id
+        : source.repo?.toLowerCase() === c.repo.toLowerCase()
+    )
+      return c;
+  }
+  return null;
+}
 
 /** A parsed `owner/name[@revision]`. */
 export interface RepoRef {

@@ -1,3 +1,4 @@
+import { formatBytes } from "../units.ts";
 /** The statistics line the CLI prints to stderr after a generation. */
 export interface GenerationStats {
   promptTokens: number;
@@ -16,12 +17,8 @@ function rate(tokens: number, seconds: number): string {
   return seconds > 0 ? (tokens / seconds).toFixed(1) : "0.0";
 }
 
-export function formatBytes(bytes: number): string {
-  if (bytes >= 1024 ** 3) return `${(bytes / 1024 ** 3).toFixed(2)} GiB`;
-  if (bytes >= 1024 ** 2) return `${(bytes / 1024 ** 2).toFixed(1)} MiB`;
-  if (bytes >= 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
-  return `${bytes} B`;
-}
+/** Sizes in the one unit family the app and the CLI use (core/units.ts). */
+export { formatBytes } from "../units.ts";
 
 /**
  * `19.9 t/s, TTFT: 660.1ms (19.7 t/s, 13 tokens), 53 tokens, peak memory 1.21 GiB, expert cache

@@ -79,6 +79,7 @@ import {
 } from "./plan.ts";
 import { ProgressReporter, type InstallPhase, type InstallProgress } from "./progress.ts";
 import { RetryableError, withRetry, type RetryInfo } from "./retry.ts";
+import { formatBytes } from "../units.ts";
 
 export type { InstallPhase, InstallProgress };
 
@@ -308,10 +309,6 @@ export async function hasPartial(dest: string): Promise<boolean> {
   return exists(installPaths(dest).journal);
 }
 
-function formatGB(n: number): string {
-  return n >= 1e9 ? `${(n / 1e9).toFixed(2)} GB` : `${(n / 1e6).toFixed(1)} MB`;
-}
-
 function sha256Hex(data: Uint8Array): string {
   return createHash("sha256").update(data).digest("hex");
 }
@@ -427,7 +424,7 @@ class Installation {
       );
       if (reusedBytes > 0) {
         this.note(
-          `resuming: ${formatGB(reusedBytes)} of ${formatGB(plan.rangeBytes)} already downloaded and verified`,
+          `resuming: ${formatBytes(reusedBytes)} of ${formatBytes(plan.rangeBytes)} already downloaded and verified`,
         );
       }
       await this.download(plan, state, reusedBytes);
@@ -602,7 +599,7 @@ class Installation {
       : await statfs(this.paths.parent).then((s) => s.bavail * s.bsize);
     if (free < needed + reserve) {
       throw new UserError(
-        `not enough free space in ${this.paths.parent}: the install needs ${formatGB(needed)} more plus a ${formatGB(reserve)} reserve, and ${formatGB(free)} is free; free some space or choose another --out`,
+        `not enough free space in ${this.paths.parent}: the install needs ${formatBytes(needed)} more plus a ${formatBytes(reserve)} reserve, and ${formatBytes(free)} is free; free some space or choose another --out`,
         "no_space",
       );
     }

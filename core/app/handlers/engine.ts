@@ -5,7 +5,7 @@
 import { DEMO_MODEL_NAME } from "../../demo/demo.ts";
 import type { Settings } from "../api.ts";
 import type { AppContext } from "../context.ts";
-import { applyPatch, modelDefaults, switchModel } from "../settings.ts";
+import { applyPatch, installedModelDefaults, switchModel } from "../settings.ts";
 import type { HandlerGroup } from "./group.ts";
 
 export function engineHandlers(ctx: AppContext): HandlerGroup<"engine"> {
@@ -33,7 +33,7 @@ export function engineHandlers(ctx: AppContext): HandlerGroup<"engine"> {
                 before,
                 currentName,
                 name,
-                await modelDefaults(dir, manifest.architecture.max_position_embeddings),
+                await installedModelDefaults(name, dir, manifest),
               );
         if (fix) next = applyPatch(next, { engine: fix });
         ctx.updateSettings(withActive(next, name, before));

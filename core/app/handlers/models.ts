@@ -8,8 +8,8 @@ export function modelsHandlers(ctx: AppContext): HandlerGroup<"models"> {
   const { models, downloads, engine } = ctx;
   const searcher = new ModelSearcher(ctx);
   return {
-    "models.catalog": async () => models.catalog(ctx.settings().engine),
-    "models.list": async () => models.list(ctx.settings().engine, engine.loaded?.name ?? null),
+    "models.catalog": async () => models.catalog(),
+    "models.list": async () => models.list(engine.loaded?.name ?? null),
     "models.search": async ({ query, limit }) => searcher.search(query, limit),
     "models.install": async ({ ref, name }) => downloads.install(ref, name),
     "models.downloads": async () => downloads.list(),

@@ -42,6 +42,7 @@ export function settingsHandlers(ctx: AppContext): HandlerGroup<"settings"> {
         await freeMemoryBytes(),
         ctx.hitRates,
         loadedHere ? (ctx.live.history.at(-1)?.rssBytes ?? 0) : 0,
+        engineSettings.memoryBudgetBytes,
       );
     },
   };

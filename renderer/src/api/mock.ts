@@ -149,7 +149,10 @@ export function createMockClient(): RendererClient {
     reloadNeeded: false,
     memory: {
       modelBytes: 48_300_000,
+      weightsBytes: 45_000_000,
       kvBytes: 33_000_000,
+      expertCacheBytes: 0,
+      workBytes: 14_000_000,
       estimateBytes: 92_000_000,
       rssBytes: 85_000_000,
     },
@@ -466,6 +469,11 @@ export function createMockClient(): RendererClient {
         hitRateSource: slots === 16 ? "measured" : "estimate",
         freeMemoryBytes: 17.2 * GB,
         fits: total < 17.2 * GB,
+        budgetBytes: e.memoryBudgetBytes,
+        overBudget:
+          e.memoryBudgetBytes !== null && total > e.memoryBudgetBytes
+            ? "the memory budget cannot hold the plan"
+            : null,
       };
     },
     "models.catalog": () => catalog(),
@@ -629,7 +637,10 @@ export function createMockClient(): RendererClient {
             loadedWith,
             memory: {
               modelBytes: 48_300_000,
+              weightsBytes: 45_000_000,
               kvBytes: 33_000_000,
+              expertCacheBytes: 0,
+              workBytes: 14_000_000,
               estimateBytes: 92_000_000,
               rssBytes: 85_000_000,
             },

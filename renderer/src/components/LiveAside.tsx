@@ -43,11 +43,7 @@ export function LiveAside() {
           {cache && (
             <Stat
               label="I/O per token"
-              value={
-                cache.readBytesPerToken == null
-                  ? "—"
-                  : `${(cache.readBytesPerToken / 1e6).toFixed(2)} MB`
-              }
+              value={cache.readBytesPerToken == null ? "—" : formatBytes(cache.readBytesPerToken)}
             />
           )}
           {cache?.ioWaitMsPerToken != null && (
@@ -65,7 +61,7 @@ export function LiveAside() {
       <ReplyBars replies={replies} />
       {engine?.memory && (
         <dl className="grid grid-cols-2 gap-3 border-t border-line pt-3">
-          <Stat label="Weights" value={formatBytes(engine.memory.modelBytes)} />
+          <Stat label="Weights" value={formatBytes(engine.memory.weightsBytes)} />
           <Stat label="KV cache" value={formatBytes(engine.memory.kvBytes)} />
         </dl>
       )}

@@ -45,6 +45,7 @@ export function NumberField({
   badge,
   extra,
   placeholder,
+  text: textInput = false,
 }: {
   id: string;
   label: string;
@@ -61,6 +62,8 @@ export function NumberField({
   /** Below the field: what this value costs, for instance. */
   extra?: ReactNode;
   placeholder?: string;
+  /** A text box instead of a number input: for values typed with a unit ("8 GiB"). */
+  text?: boolean;
 }) {
   const [text, setText] = useState(() => format(value));
   const [seen, setSeen] = useState(value);
@@ -96,8 +99,10 @@ export function NumberField({
       </label>
       <input
         id={id}
-        type="number"
-        inputMode="decimal"
+        type={textInput ? "text" : "number"}
+        inputMode={textInput ? "text" : "decimal"}
+        spellCheck={textInput ? false : undefined}
+        autoComplete={textInput ? "off" : undefined}
         value={text}
         min={min}
         max={max}

@@ -1,30 +1,32 @@
 import { describe, expect, it } from "vitest";
 import {
-  bytesToGigabytesText,
+  budgetText,
   downloadPercent,
   engineStateText,
   formatBytes,
   formatEta,
   formatMs,
   formatRate,
-  parseGigabytes,
+  parseBudgetText,
   verifyStateText,
 } from "./format.ts";
 import { DEFAULT_SETTINGS, type EngineStatus } from "../../../core/app/api.ts";
+import { formatBytes as formatStatsBytes } from "../../../core/chat/stats.ts";
 
 describe("formatBytes", () => {
-  it("uses decimal units with three significant digits", () => {
+  it("uses binary units, the engine's and the CLI's (core/units.ts)", () => {
     expect(formatBytes(0)).toBe("0 B");
-    expect(formatBytes(999)).toBe("999 B");
-    expect(formatBytes(1000)).toBe("1.00 kB");
-    expect(formatBytes(1_234_567)).toBe("1.23 MB");
-    expect(formatBytes(45_600_000)).toBe("45.6 MB");
-    expect(formatBytes(4_200_000_000)).toBe("4.20 GB");
-    expect(formatBytes(123_400_000_000)).toBe("123 GB");
+    expect(formatBytes(1023)).toBe("1023 B");
+    expect(formatBytes(1024)).toBe("1.0 KiB");
+    expect(formatBytes(73 * 1024 ** 2)).toBe("73.0 MiB");
+    expect(formatBytes(1.21 * 1024 ** 3)).toBe("1.21 GiB");
+    expect(formatBytes(4_200_000_000)).toBe("3.91 GiB");
+    // One byte count reads the same as the CLI's statistics line and `redwing models`.
+    expect(formatBytes(123_456_789)).toBe(formatStatsBytes(123_456_789));
   });
-  it("carries into the next unit instead of printing 1000", () => {
-    expect(formatBytes(999_960)).toBe("1.00 MB");
-    expect(formatBytes(999_400)).toBe("999 kB");
+  it("carries into the next unit instead of printing 1024", () => {
+    expect(formatBytes(1024 ** 3 - 1)).toBe("1.00 GiB");
+    expect(formatBytes(1024 * 1023.9)).toBe("1023.9 KiB");
   });
   it("shows unknown values as a dash", () => {
     expect(formatBytes(null)).toBe("—");
@@ -34,10 +36,10 @@ describe("formatBytes", () => {
 
 describe("formatRate and formatEta", () => {
   it("prints the rate in the unit that fits, never 0.0 MB/s for a slow download", () => {
-    expect(formatRate(12_345_678)).toBe("12.3 MB/s");
-    expect(formatRate(17_000)).toBe("17.0 kB/s");
+    expect(formatRate(12_345_678)).toBe("11.8 MiB/s");
+    expect(formatRate(17_000)).toBe("16.6 KiB/s");
     expect(formatRate(512)).toBe("512 B/s");
-    expect(formatRate(2.5e9)).toBe("2.50 GB/s");
+    expect(formatRate(2.5 * 1024 ** 3)).toBe("2.50 GiB/s");
     expect(formatRate(0)).toBe("0 B/s");
     expect(formatRate(null)).toBe("—");
   });
@@ -99,13 +101,23 @@ describe("state texts", () => {
 });
 
 describe("memory budget field", () => {
-  it("round-trips gigabytes and treats empty as no budget", () => {
-    expect(parseGigabytes("")).toBeNull();
-    expect(parseGigabytes(" 8 ")).toBe(8e9);
-    expect(parseGigabytes("1.5")).toBe(1.5e9);
-    expect(parseGigabytes("-1")).toBeUndefined();
-    expect(parseGigabytes("abc")).toBeUndefined();
-    expect(bytesToGigabytesText(1.5e9)).toBe("1.5");
-    expect(bytesToGigabytesText(null)).toBe("");
+  it("reads sizes with binary units, a bare number as GiB, empty as no budget", () => {
+    expect(parseBudgetText("")).toBeNull();
+    expect(parseBudgetText(" 8 ")).toBe(8 * 1024 ** 3);
+    expect(parseBudgetText("1.5")).toBe(1.5 * 1024 ** 3);
+    expect(parseBudgetText("512 MiB")).toBe(512 * 1024 ** 2);
+    expect(parseBudgetText("8G")).toBe(8 * 1024 ** 3);
+    expect(parseBudgetText("107.0 MiB")).toBe(107 * 1024 ** 2);
+    expect(parseBudgetText("-1")).toBeUndefined();
+    expect(parseBudgetText("0")).toBeUndefined();
+    expect(parseBudgetText("abc")).toBeUndefined();
+  });
+  it("shows a budget the way the error message names it, and reads it back exactly", () => {
+    expect(budgetText(null)).toBe("");
+    expect(budgetText(1.5 * 1024 ** 3)).toBe("1.5 GiB");
+    // The budget fix rounds to whole MiB: "Load with a 107.0 MiB budget" shows as 107 MiB.
+    expect(budgetText(107 * 1024 ** 2)).toBe("107 MiB");
+    for (const bytes of [107 * 1024 ** 2, 8 * 1024 ** 3, 1.5 * 1024 ** 3, 1024 ** 2])
+      expect(parseBudgetText(budgetText(bytes))).toBe(bytes);
   });
 });

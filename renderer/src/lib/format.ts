@@ -1,34 +1,25 @@
 /**
- * Plain-text formatting for the UI. Sizes use decimal units (1 GB = 10^9 bytes) like the installer
- * and the catalog, so a download's "4.20 GB" matches what the CLI prints.
+ * Plain-text formatting for the UI. Sizes use binary units (1 GiB = 2^30 bytes) through
+ * core/units.ts, the formatter the CLI, the error messages and the engine's own plan use, so one
+ * byte count reads the same in every view and in `redwing models`.
  */
 import type { Download, EngineStatus, VerifyState } from "../../../core/app/api.ts";
+import {
+  byteSizeText,
+  formatBytes as formatSize,
+  GIB,
+  parseByteSize,
+} from "../../../core/units.ts";
 
-const UNITS = ["B", "kB", "MB", "GB", "TB"] as const;
-
-/** `1234567` -> `1.23 MB`; three significant digits, never exponent notation. */
+/** `1234567` -> `1.2 MiB`; unknown values as an em dash. */
 export function formatBytes(bytes: number | null | undefined): string {
   if (bytes == null || !Number.isFinite(bytes)) return "—";
-  if (bytes < 0) return `-${formatBytes(-bytes)}`;
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1000 && unit < UNITS.length - 1) {
-    value /= 1000;
-    unit++;
-  }
-  if (unit === 0) return `${Math.round(value)} B`;
-  // Rounding can carry into the next unit (999.96 kB -> "1000 kB"): step up instead.
-  if (Number(value.toPrecision(3)) >= 1000 && unit < UNITS.length - 1) {
-    value /= 1000;
-    unit++;
-  }
-  const digits = value >= 100 ? 0 : value >= 10 ? 1 : 2;
-  return `${value.toFixed(digits)} ${UNITS[unit]}`;
+  return formatSize(bytes);
 }
 
 /**
- * Bytes per second in the unit that fits, as formatBytes writes sizes: `12.3 MB/s`, `17.0 kB/s`
- * (not "0.0 MB/s"); null (not measured yet) as an em dash.
+ * Bytes per second in the unit that fits, as formatBytes writes sizes: `12.3 MiB/s`, `17.0 KiB/s`
+ * (not "0.0 MiB/s"); null (not measured yet) as an em dash.
  */
 export function formatRate(bytesPerSecond: number | null | undefined): string {
   if (bytesPerSecond == null || !Number.isFinite(bytesPerSecond) || bytesPerSecond < 0) return "—";
@@ -107,17 +98,16 @@ export function engineStateText(s: EngineStatus | null): string {
   }
 }
 
-/** Parses the "Memory budget (GB)" field: empty is no budget (null); undefined: invalid. */
-export function parseGigabytes(text: string): number | null | undefined {
-  const t = text.trim();
-  if (t === "") return null;
-  const n = Number(t);
-  if (!Number.isFinite(n) || n <= 0) return undefined;
-  return Math.round(n * 1e9);
+/**
+ * Parses the "Memory budget" field: `8 GiB`, `512 MiB`, `1.5G` (a bare number is GiB); empty is
+ * no budget (null); undefined: invalid.
+ */
+export function parseBudgetText(text: string): number | null | undefined {
+  if (text.trim() === "") return null;
+  return parseByteSize(text, GIB);
 }
 
-/** Bytes as a GB number for an input field (no trailing zeros). */
-export function bytesToGigabytesText(bytes: number | null): string {
-  if (bytes == null) return "";
-  return String(Number((bytes / 1e9).toFixed(2)));
+/** A budget as the field shows it (read back by parseBudgetText): `107 MiB`, `8 GiB`. */
+export function budgetText(bytes: number | null): string {
+  return bytes == null ? "" : byteSizeText(bytes);
 }

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
-import type { Conversation, LiveSample, Message } from "../../../core/app/api.ts";
-import { formatIoWait, replyPoints, runEnds, tokensPerSecondSeries } from "./live.ts";
+import type { Conversation, EngineStatus, LiveSample, Message } from "../../../core/app/api.ts";
+import { DEFAULT_SETTINGS } from "../../../core/app/api.ts";
+import { formatIoWait, memoryGauge, replyPoints, runEnds, tokensPerSecondSeries } from "./live.ts";
 
 const sample = (t: number, over: Partial<LiveSample> = {}): LiveSample => ({
   t,
@@ -128,5 +129,32 @@ describe("formatIoWait", () => {
     expect(formatIoWait(0)).toBe("0.00 ms");
     expect(formatIoWait(null)).toBe("—");
     expect(formatIoWait(undefined)).toBe("—");
+  });
+});
+
+describe("memoryGauge", () => {
+  const MiB = 1024 ** 2;
+  const engine = (budget: number | null): EngineStatus => ({
+    state: "ready",
+    model: "demo",
+    pid: 1,
+    loadFraction: null,
+    loadedWith: { ...DEFAULT_SETTINGS.engine, memoryBudgetBytes: budget },
+    expertCacheSlots: 16,
+    reloadNeeded: false,
+    memory: null,
+    error: null,
+  });
+  it("calls the plan's total planned memory, not a budget, when the model has no budget", () => {
+    const s = sample(0, { rssBytes: 67.2 * MiB, budgetBytes: 78.4 * MiB });
+    const planned = memoryGauge(s, engine(null), null);
+    expect(planned.maxKind).toBe("plan");
+    expect(planned.text).toBe("67.2 MiB of 78.4 MiB planned");
+    expect(planned.text).not.toMatch(/budget/);
+    const budgeted = memoryGauge(s, engine(78.4 * MiB), null);
+    expect(budgeted.text).toBe("67.2 MiB of 78.4 MiB budget");
+    expect(
+      memoryGauge(sample(0, { rssBytes: MiB, totalMemoryBytes: 8 * MiB }), null, null).text,
+    ).toBe("1.0 MiB of 8.0 MiB total memory");
   });
 });

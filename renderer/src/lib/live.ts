@@ -4,9 +4,12 @@ import { formatBytes } from "./format.ts";
 
 export interface MemoryGauge {
   rss: number;
-  /** The budget, or the machine's total memory when there is none. */
+  /**
+   * The memory budget the model was loaded with; without one, the engine's plan for the loaded
+   * settings (what the Tuning view and the planned total show); else the machine's total memory.
+   */
   max: number;
-  maxKind: "budget" | "total";
+  maxKind: "budget" | "plan" | "total";
   free: number | null;
   total: number | null;
   text: string;
@@ -21,12 +24,15 @@ export function memoryGauge(
   const budget = sample?.budgetBytes ?? null;
   const total = sample?.totalMemoryBytes ?? totalMemory;
   const max = budget ?? total ?? 0;
-  const maxKind = budget != null ? "budget" : "total";
+  // The sample's budget is the plan's total when the model was loaded without a budget: say so
+  // rather than call the plan a budget.
+  const maxKind: MemoryGauge["maxKind"] =
+    budget == null ? "total" : engine?.loadedWith?.memoryBudgetBytes == null ? "plan" : "budget";
+  const unit = { budget: "budget", plan: "planned", total: "total memory" }[maxKind];
   let text: string;
   if (rss == null) text = "no engine running";
-  else if (max > 0) {
-    text = `${formatBytes(rss)} of ${formatBytes(max)} ${maxKind === "budget" ? "budget" : "total memory"}`;
-  } else text = formatBytes(rss);
+  else if (max > 0) text = `${formatBytes(rss)} of ${formatBytes(max)} ${unit}`;
+  else text = formatBytes(rss);
   return { rss: rss ?? 0, max, maxKind, free: sample?.freeMemoryBytes ?? null, total, text };
 }
 

@@ -52,12 +52,22 @@ export function LiveView() {
             <div className="mb-1 flex flex-wrap items-baseline justify-between gap-2 text-sm">
               <span>
                 Used by the engine, of its{" "}
-                {gauge.maxKind === "budget" ? "budget" : "machine's total"}
+                {
+                  { budget: "budget", plan: "planned memory", total: "machine's total" }[
+                    gauge.maxKind
+                  ]
+                }
               </span>
               <span className="text-muted tabular-nums">{gauge.text}</span>
             </div>
             <Meter
-              label={gauge.maxKind === "budget" ? "Resident vs budget" : "Resident vs total memory"}
+              label={
+                {
+                  budget: "Resident vs budget",
+                  plan: "Resident vs planned memory",
+                  total: "Resident vs total memory",
+                }[gauge.maxKind]
+              }
               value={gauge.rss}
               max={gauge.max}
               valueText={gauge.text}
@@ -79,11 +89,13 @@ export function LiveView() {
               />
             </div>
           )}
-          <dl className="grid grid-cols-2 gap-3 sm:grid-cols-4">
+          <dl className="grid grid-cols-2 gap-3 sm:grid-cols-5">
             <Stat label="Resident now" value={formatBytes(last?.rssBytes)} />
             <Stat label="Peak" value={formatBytes(last?.peakRssBytes)} />
-            <Stat label="Weights" value={formatBytes(engine?.memory?.modelBytes)} />
+            {/* The plan's figures for the loaded settings, as the Tuning view shows them. */}
+            <Stat label="Weights" value={formatBytes(engine?.memory?.weightsBytes)} />
             <Stat label="KV cache" value={formatBytes(engine?.memory?.kvBytes)} />
+            <Stat label="Planned total" value={formatBytes(engine?.memory?.estimateBytes)} />
           </dl>
           <figure>
             <TimeChart data={rssSeries} label="Resident memory" format={formatBytes} />
@@ -138,7 +150,7 @@ export function LiveView() {
                 value={
                   cache.readBytesPerToken == null
                     ? "—"
-                    : `${(cache.readBytesPerToken / 1e6).toFixed(2)} MB/token`
+                    : `${formatBytes(cache.readBytesPerToken)}/token`
                 }
               />
               {cache.ioWaitMsPerToken != null && (

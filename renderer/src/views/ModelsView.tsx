@@ -614,7 +614,7 @@ function InstalledRow({ model: m }: { model: InstalledModel }) {
       </div>
       <p className="flex flex-wrap gap-x-4 text-sm text-muted tabular-nums">
         <span>{formatBytes(m.sizeBytes)} on disk</span>
-        <span>about {formatBytes(m.memoryEstimateBytes)} of memory at the current settings</span>
+        <span>about {formatBytes(m.memoryEstimateBytes)} of memory at its settings</span>
       </p>
       <p className="flex items-center gap-2 text-sm">
         <span className="text-muted">Integrity:</span>

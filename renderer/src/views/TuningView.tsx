@@ -13,10 +13,14 @@ import type {
 import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { NumberField, numberParser, type Parsed } from "../components/NumberField.tsx";
 import { Badge, Button } from "../components/ui.tsx";
-import { bytesToGigabytesText, formatBytes, formatPercent, parseGigabytes } from "../lib/format.ts";
+import { budgetText, formatBytes, formatPercent, parseBudgetText } from "../lib/format.ts";
+import { planVerdict } from "../lib/plan.ts";
+import { MAX_STOP_STRINGS, parseStopStrings, stopStringsText } from "../lib/stop.ts";
 import { useActions, useAppState } from "../state/context.tsx";
 
 const PLAN_DELAY_MS = 250;
+/** The model an unset `activeModel` means (the first-run state): the built-in demo. */
+const DEMO_NAME = "demo";
 
 /** The choices of "When the conversation is longer than the context", each with what it does. */
 const OVERFLOW_CHOICES: Record<EngineSettings["contextOverflow"], { label: string; help: string }> =
@@ -36,9 +40,9 @@ const OVERFLOW_CHOICES: Record<EngineSettings["contextOverflow"], { label: strin
   };
 
 function parseBudget(text: string): Parsed {
-  const v = parseGigabytes(text);
+  const v = parseBudgetText(text);
   return v === undefined
-    ? { ok: false, error: "Enter a size in GB, or leave empty for no budget." }
+    ? { ok: false, error: "Enter a size such as 8 GiB or 512 MiB, or leave empty for no budget." }
     : { ok: true, value: v };
 }
 
@@ -87,6 +91,7 @@ export function TuningView() {
           Reset to defaults
         </Button>
       </div>
+      <ModelNote name={settings.activeModel ?? DEMO_NAME} />
       {confirmReset && (
         <ConfirmDialog
           title="Reset every setting to its default?"
@@ -185,6 +190,11 @@ export function TuningView() {
             step={1}
           />
         </div>
+        <StopStrings
+          key={stopStringsText(s.stop)}
+          value={s.stop}
+          onSave={(stop) => sampling({ stop })}
+        />
         <DefaultSystemPrompt
           key={settings.systemPrompt}
           value={settings.systemPrompt}
@@ -260,16 +270,15 @@ export function TuningView() {
           />
           <NumberField
             id="field-memory-budget"
-            label="Memory budget (GB)"
+            label="Memory budget"
             value={e.memoryBudgetBytes}
             parse={parseBudget}
-            format={bytesToGigabytesText}
+            format={budgetText}
             onCommit={(v) => engineSet({ memoryBudgetBytes: v })}
-            min={0}
-            step="any"
+            text
             placeholder="none"
             badge={reloadBadge("memoryBudgetBytes")}
-            help="Empty: no budget. With one, the engine picks the expert slots that fit."
+            help="Such as 8 GiB or 512 MiB (a bare number is GiB). Empty: no budget. With one, the engine picks the expert slots that fit."
           />
           <NumberField
             id="field-threads"
@@ -311,6 +320,56 @@ export function TuningView() {
       </section>
 
       <PlanPanel plan={plan} />
+    </div>
+  );
+}
+
+/** The model whose settings these are: settings are kept per model (settings.models). */
+function ModelNote({ name }: { name: string }) {
+  return (
+    <p className="-mt-3 text-sm text-muted" data-testid="tuning-model">
+      Settings for <strong className="font-semibold break-all text-fg">{name}</strong>, saved for
+      this model: each model keeps its own, and a new one starts from its catalog entry, its
+      generation_config.json, then Redwing&apos;s defaults.
+    </p>
+  );
+}
+
+/** Stop strings, one per line; saved when the box is left with a valid list. */
+function StopStrings({ value, onSave }: { value: string[]; onSave: (stop: string[]) => void }) {
+  const [text, setText] = useState(() => stopStringsText(value));
+  const parsed = parseStopStrings(text);
+  const save = (): void => {
+    if (parsed.ok && stopStringsText(parsed.value) !== stopStringsText(value)) onSave(parsed.value);
+  };
+  return (
+    <div className="mt-4">
+      <label htmlFor="field-stop-strings" className="text-sm font-medium">
+        Stop strings
+      </label>
+      <textarea
+        id="field-stop-strings"
+        value={text}
+        placeholder="none"
+        onChange={(e) => setText(e.target.value)}
+        onBlur={save}
+        rows={2}
+        spellCheck={false}
+        aria-invalid={parsed.ok ? undefined : true}
+        aria-describedby={`field-stop-strings-help${parsed.ok ? "" : " field-stop-strings-error"}`}
+        className={`field-sizing-content mt-1 max-h-40 min-h-12 w-full rounded-md border bg-bg px-3 py-2 font-mono text-sm ${
+          parsed.ok ? "border-line" : "border-danger"
+        }`}
+      />
+      <p id="field-stop-strings-help" className="mt-1 text-xs text-muted">
+        The reply ends before any of these (at most {MAX_STOP_STRINGS}, one per line; \n for a line
+        break).
+      </p>
+      {!parsed.ok && (
+        <p id="field-stop-strings-error" className="mt-1 text-xs text-danger">
+          {parsed.error}
+        </p>
+      )}
     </div>
   );
 }
@@ -451,18 +510,20 @@ function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
   if (!plan) return null;
   const free = plan.freeMemoryBytes;
   const fraction = free > 0 ? plan.totalBytes / free : 1;
+  const verdict = planVerdict(plan);
   return (
     <section aria-labelledby="plan-title" className="rounded-lg border border-line bg-panel p-4">
       <div className="flex flex-wrap items-center justify-between gap-2">
         <h2 id="plan-title" className="font-semibold">
           Memory plan{plan.model ? ` for ${plan.model}` : ""}
         </h2>
-        {plan.fits ? (
-          <Badge tone="ok">fits in free memory</Badge>
-        ) : (
-          <Badge tone="danger">more than the free memory</Badge>
-        )}
+        <Badge tone={verdict.tone}>{verdict.label}</Badge>
       </div>
+      {verdict.detail && (
+        <p className="mt-1 text-xs text-danger" data-testid="plan-verdict">
+          {verdict.detail}
+        </p>
+      )}
       <dl className="mt-3 grid grid-cols-2 gap-3 text-sm sm:grid-cols-5">
         <PlanStat label="Weights" value={formatBytes(plan.weightsBytes)} />
         <PlanStat label="KV cache" value={formatBytes(plan.kvBytes)} />
@@ -486,7 +547,7 @@ function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
         className="mt-3 h-2 w-full overflow-hidden rounded-full bg-panel-2"
       >
         <div
-          className={`h-full rounded-full ${plan.fits ? "bg-gauge" : "bg-danger"}`}
+          className={`h-full rounded-full ${verdict.tone === "ok" ? "bg-gauge" : "bg-danger"}`}
           style={{ width: `${Math.min(100, fraction * 100).toFixed(1)}%` }}
         />
       </div>

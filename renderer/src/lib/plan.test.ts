@@ -1,0 +1,51 @@
+import { describe, expect, it } from "vitest";
+import { planVerdict } from "./plan.ts";
+
+const MiB = 1024 ** 2;
+const GiB = 1024 ** 3;
+
+describe("planVerdict (the Tuning view's memory-plan badge)", () => {
+  it("names the budget, not the free memory, for a small plan over a tiny budget", () => {
+    // The case: 114 MiB planned, 23.9 GiB free, a 1 MiB budget.
+    const v = planVerdict({
+      totalBytes: 114 * MiB,
+      freeMemoryBytes: 23.9 * GiB,
+      fits: true,
+      budgetBytes: 1 * MiB,
+      overBudget: "memory budget of 1 MiB cannot hold the model",
+    });
+    expect(v.tone).toBe("danger");
+    expect(v.label).toBe("more than the memory budget");
+    expect(v.label).not.toMatch(/free memory/);
+    expect(v.detail).toBe(
+      "The memory budget (1.0 MiB) cannot hold this plan; it needs at least 114.0 MiB. Raise the budget or leave it empty.",
+    );
+  });
+
+  it("says more than the free memory only when the total exceeds it", () => {
+    const v = planVerdict({
+      totalBytes: 30 * GiB,
+      freeMemoryBytes: 23.9 * GiB,
+      fits: false,
+      budgetBytes: null,
+      overBudget: null,
+    });
+    expect(v).toEqual({
+      tone: "danger",
+      label: "more than the free memory",
+      detail: "It needs 30.00 GiB and 23.90 GiB is free now.",
+    });
+  });
+
+  it("fits", () => {
+    const base = { totalBytes: 114 * MiB, freeMemoryBytes: 23.9 * GiB, fits: true };
+    expect(planVerdict({ ...base, budgetBytes: null, overBudget: null })).toEqual({
+      tone: "ok",
+      label: "fits in free memory",
+      detail: null,
+    });
+    expect(planVerdict({ ...base, budgetBytes: 8 * GiB, overBudget: null }).label).toBe(
+      "fits the budget and free memory",
+    );
+  });
+});

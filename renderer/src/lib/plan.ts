@@ -1,0 +1,40 @@
+/**
+ * What the Tuning view's memory-plan badge says. The free memory and the memory budget are two
+ * different limits: a 114 MiB plan over a 1 MiB budget is over the budget, not "more than the
+ * free memory" with 23.9 GiB free, so each is named on its own.
+ */
+import type { MemoryPlan } from "../../../core/app/api.ts";
+import { formatBytes } from "./format.ts";
+
+export interface PlanVerdict {
+  tone: "ok" | "danger";
+  /** The badge. */
+  label: string;
+  /** A sentence saying which limit the plan exceeds and by how much; null when it fits. */
+  detail: string | null;
+}
+
+export function planVerdict(
+  plan: Pick<MemoryPlan, "totalBytes" | "freeMemoryBytes" | "fits" | "budgetBytes" | "overBudget">,
+): PlanVerdict {
+  if (plan.overBudget !== null) {
+    const budget = plan.budgetBytes === null ? "the memory budget" : formatBytes(plan.budgetBytes);
+    return {
+      tone: "danger",
+      label: "more than the memory budget",
+      detail: `The memory budget (${budget}) cannot hold this plan; it needs at least ${formatBytes(plan.totalBytes)}. Raise the budget or leave it empty.`,
+    };
+  }
+  if (!plan.fits) {
+    return {
+      tone: "danger",
+      label: "more than the free memory",
+      detail: `It needs ${formatBytes(plan.totalBytes)} and ${formatBytes(plan.freeMemoryBytes)} is free now.`,
+    };
+  }
+  return {
+    tone: "ok",
+    label: plan.budgetBytes === null ? "fits in free memory" : "fits the budget and free memory",
+    detail: null,
+  };
+}
