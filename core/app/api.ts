@@ -101,6 +101,12 @@ export const EngineSettingsSchema = z.object({
   /** Where the engine runs the model (docs/gpu.md): the CPU, a Vulkan GPU, or a GPU if any. */
   backend: z.enum(["cpu", "metal", "vulkan", "auto"]),
   kvDtype: z.enum(["f16", "f32"]),
+  /**
+   * Input precision of the quantized products (the Tuning view's presets of an activation
+   * plan): exact float32 everywhere, int8 on the output head only, or int8 everywhere. A file
+   * from before this field has the default.
+   */
+  activations: z.enum(["exact", "head", "int8"]).default(ENGINE_DEFAULTS.activations),
 });
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;
 
@@ -143,6 +149,7 @@ export const DEFAULT_SETTINGS: Settings = {
     threads: ENGINE_DEFAULTS.threads,
     backend: ENGINE_DEFAULTS.backend,
     kvDtype: ENGINE_DEFAULTS.kvDtype,
+    activations: ENGINE_DEFAULTS.activations,
   },
   systemPrompt: "",
   activeModel: null,

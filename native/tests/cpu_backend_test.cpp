@@ -278,8 +278,8 @@ TEST_CASE("qmatmul_batch: the same bits as one qmatmul per product, for 1 and se
 
 TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits") {
   auto b = make_cpu_backend(2);
-  CHECK(b->activation_precision() == ActivationPrecision::exact);
-  REQUIRE(b->set_activation_precision(ActivationPrecision::int8));
+  CHECK(b->activations() == ActivationPlan::exact());
+  REQUIRE(b->set_activations(ActivationPlan::all_int8()));
   CHECK(b->describe().find("int8 activations") != std::string::npos);
   // w0 and w1 read the same input (as q and k do), w2 its own of the same width: a batch must
   // quantize each distinct input once and never mix them up.
@@ -323,7 +323,7 @@ TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits
     }
   }
   // Back to exact: the float32 kernel's bits again.
-  REQUIRE(b->set_activation_precision(ActivationPrecision::exact));
+  REQUIRE(b->set_activations(ActivationPlan::exact()));
   auto q0 = b->import_qweight(w0.host);
   const std::vector<float> x = randn(128, 50);
   auto xb = upload(*b, x);
@@ -334,4 +334,63 @@ TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits
   std::vector<float> want(37);
   cpu::qmatvec(m0, x.data(), want.data(), 0, 37);
   CHECK(download(*b, *yb, 37) == want);
+}
+
+TEST_CASE("activation plan: each product's kind picks its precision, in one batch too") {
+  auto b = make_cpu_backend(2);
+  // Only the head on the 8-bit path: the head-tagged weight gets the q8 kernel's bits, the
+  // attention-tagged and the untagged ones (same matrix, same input) the float32 kernel's.
+  REQUIRE(b->set_activations(parse_activation_plan("head")));
+  CHECK(b->describe().find("int8 activations (head)") != std::string::npos);
+  const RandomQuant w(40, 128, 61);
+  const cpu::QuantMatrix m{
+      w.packed.data(), w.scales.data(), w.biases.data(), cpu::ScaleType::f32, 4, 64, 40, 128};
+  const std::vector<float> x = randn(128, 62);
+  auto xb = upload(*b, x);
+  std::vector<float> exact(40), int8(40);
+  cpu::qmatvec(m, x.data(), exact.data(), 0, 40);
+  cpu::Q8Buffer xq;
+  xq.quantize(x.data(), 1, 128, 128, 4);
+  cpu::qmatvec_q8(m, xq.row(0), int8.data(), 0, 40);
+  REQUIRE(exact != int8);  // else this test could not tell them apart
+  const ProductKind kinds[] = {ProductKind::head, ProductKind::attention, ProductKind::other};
+  std::vector<std::unique_ptr<QWeight>> q;
+  std::vector<std::unique_ptr<Buffer>> batched, single;
+  std::vector<Backend::QProduct> products;
+  for (ProductKind kind : kinds) {
+    q.push_back(b->import_qweight(w.host));
+    q.back()->kind = kind;
+    batched.push_back(b->alloc(40 * 4));
+    single.push_back(b->alloc(40 * 4));
+    const Mat in{xb.get(), 0, 1, 128, 128};
+    products.push_back({q.back().get(), in, Mat{batched.back().get(), 0, 1, 40, 40}});
+    b->qmatmul(*q.back(), in, Mat{single.back().get(), 0, 1, 40, 40});
+  }
+  b->qmatmul_batch(products);
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const std::vector<float>& want = i == 0 ? int8 : exact;
+    CHECK(download(*b, *batched[i], 40) == want);
+    CHECK(download(*b, *single[i], 40) == want);
+  }
+  // "int8" covers every kind, untagged products included.
+  REQUIRE(b->set_activations(parse_activation_plan("int8")));
+  b->qmatmul(*q[2], Mat{xb.get(), 0, 1, 128, 128}, Mat{single[2].get(), 0, 1, 40, 40});
+  CHECK(download(*b, *single[2], 40) == int8);
+}
+
+TEST_CASE("activation plan: names parse and print back; bad ones are refused") {
+  CHECK(parse_activation_plan("exact") == ActivationPlan::exact());
+  CHECK(parse_activation_plan("int8") == ActivationPlan::all_int8());
+  const ActivationPlan head = parse_activation_plan("head");
+  CHECK(head.int8(ProductKind::head));
+  CHECK_FALSE(head.int8(ProductKind::experts));
+  CHECK_FALSE(head.int8(ProductKind::other));
+  const ActivationPlan two = parse_activation_plan("head,attention");
+  CHECK(two == ActivationPlan::int8_on({ProductKind::attention, ProductKind::head}));
+  CHECK(activation_plan_name(two) == "attention,head");
+  for (const char* name : {"exact", "int8", "head", "attention,mlp,router,experts,head"})
+    CHECK(activation_plan_name(parse_activation_plan(name)) == name);
+  for (const char* bad : {"", "fast", "head,", ",head", "head,head", "Head", "other", "exact,head"})
+    CHECK_THROWS_AS(parse_activation_plan(bad), std::invalid_argument);
 }

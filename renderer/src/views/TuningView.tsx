@@ -282,6 +282,19 @@ export function TuningView() {
             onChange={(v) => engineSet({ kvDtype: v as EngineSettings["kvDtype"] })}
             badge={reloadBadge("kvDtype")}
           />
+          <SelectField
+            id="field-activations"
+            label="Product precision"
+            value={e.activations}
+            options={[
+              ["exact", "Exact (32-bit inputs everywhere)"],
+              ["head", "8-bit inputs on the output head"],
+              ["int8", "8-bit inputs everywhere"],
+            ]}
+            onChange={(v) => engineSet({ activations: v as EngineSettings["activations"] })}
+            badge={reloadBadge("activations")}
+            help="8-bit inputs make the CPU's weight products faster and the output slightly less exact; GPUs stay exact."
+          />
         </div>
       </section>
 
@@ -381,6 +394,7 @@ function SelectField({
   options,
   onChange,
   badge,
+  help,
 }: {
   id: string;
   label: string;
@@ -388,6 +402,7 @@ function SelectField({
   options: [string, string][];
   onChange: (v: string) => void;
   badge?: ReactNode;
+  help?: string;
 }) {
   return (
     <div className="flex flex-col gap-1">
@@ -398,7 +413,9 @@ function SelectField({
         id={id}
         value={value}
         onChange={(e) => onChange(e.target.value)}
-        aria-describedby={badge ? `${id}-badge` : undefined}
+        aria-describedby={
+          [help && `${id}-help`, badge && `${id}-badge`].filter(Boolean).join(" ") || undefined
+        }
         className="w-full rounded-md border border-line bg-bg px-3 py-1.5 text-sm"
       >
         {options.map(([v, text]) => (
@@ -407,6 +424,11 @@ function SelectField({
           </option>
         ))}
       </select>
+      {help && (
+        <p id={`${id}-help`} className="text-xs text-muted">
+          {help}
+        </p>
+      )}
       {badge && <span id={`${id}-badge`}>{badge}</span>}
     </div>
   );

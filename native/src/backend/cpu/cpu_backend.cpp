@@ -73,7 +73,7 @@ class CpuBackend final : public Backend {
   std::string describe() const override {
     return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + " (" + cpu::cpu_features() +
            "), " + std::to_string(pool_.size()) + " threads" +
-           (precision_ == ActivationPrecision::int8 ? ", int8 activations" : "");
+           (plan_.any_int8() ? ", int8 activations (" + activation_plan_name(plan_) + ")" : "");
   }
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override {
@@ -207,17 +207,16 @@ class CpuBackend final : public Backend {
                              std::to_string(w.cols) + ")");
   }
 
-  bool set_activation_precision(ActivationPrecision p) override {
-    precision_ = p;
+  bool set_activations(ActivationPlan p) override {
+    plan_ = p;
     return true;
   }
-  ActivationPrecision activation_precision() const override { return precision_; }
+  ActivationPlan activations() const override { return plan_; }
 
-  // Whether a product takes the 8-bit-activation path: when asked for, and where the input
-  // width is whole blocks of the activation quantization (every Gemma shape is).
-  bool use_q8(const cpu::QuantMatrix& w) const {
-    return precision_ == ActivationPrecision::int8 && w.cols % cpu::kQ8Block == 0;
-  }
+  // Whether a product takes the 8-bit-activation path: when the plan asks for it on the
+  // weight's kind, and where the input width is whole blocks of the activation quantization
+  // (every Gemma shape is).
+  bool use_q8(const QWeight& w) const { return plan_.int8(w.kind) && w.cols % cpu::kQ8Block == 0; }
 
   // Quantizes the input rows of a product for the 8-bit path, the rows of a prefill chunk in
   // parallel.
@@ -235,7 +234,7 @@ class CpuBackend final : public Backend {
     const float* px = f32(x);
     float* py = f32(y);
     const int64_t grain = std::max<int64_t>(4, 65536 / std::max<int64_t>(w.cols, 1));
-    if (use_q8(w)) {
+    if (use_q8(wq)) {
       // Quantized once here, then shared read-only by every thread.
       if (q8_.empty()) q8_.emplace_back();
       cpu::Q8Buffer& xa = q8_.front();
@@ -268,8 +267,8 @@ class CpuBackend final : public Backend {
     for (const QProduct& p : products) {
       const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(*p.w).m;
       check_product(w, p.x, p.y);
-      batch_.push_back(
-          {&w, f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride, total_rows, nullptr});
+      batch_.push_back({&w, use_q8(*p.w), f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride,
+                        total_rows, nullptr});
       total_rows += w.rows;
       max_cols = std::max(max_cols, w.cols);
     }
@@ -277,7 +276,7 @@ class CpuBackend final : public Backend {
     size_t n_q8 = 0;
     for (size_t i = 0; i < batch_.size(); ++i) {
       BatchedProduct& j = batch_[i];
-      if (!use_q8(*j.w)) continue;
+      if (!j.int8) continue;
       for (size_t k = 0; k < i && j.q8 == nullptr; ++k) {
         const BatchedProduct& o = batch_[k];
         if (o.q8 != nullptr && o.x == j.x && o.x_rows == j.x_rows && o.x_stride == j.x_stride &&
@@ -441,6 +440,7 @@ class CpuBackend final : public Backend {
   // combined row range.
   struct BatchedProduct {
     const cpu::QuantMatrix* w;
+    bool int8;  // whether the plan puts this product on the 8-bit path
     const float* x;
     int64_t x_rows;
     int64_t x_stride;
@@ -450,7 +450,7 @@ class CpuBackend final : public Backend {
     const cpu::Q8Buffer* q8;  // the quantized input on the 8-bit path, else null
   };
   ThreadPool pool_;
-  ActivationPrecision precision_ = ActivationPrecision::exact;
+  ActivationPlan plan_ = ActivationPlan::exact();
   // Quantized inputs of the current product(s); a deque keeps them in place as it grows.
   std::deque<cpu::Q8Buffer> q8_;
   std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
