@@ -158,6 +158,75 @@ TEST_CASE("attention matches a naive masked softmax: full, sliding ring, GQA, f3
   }
 }
 
+TEST_CASE(
+    "attention over several key blocks: the naive softmax, the same bits for any chunking "
+    "and thread count") {
+  // 700 positions: several blocks of cpu::kAttentionBlock keys per query, a window of 300 in a
+  // ring (so the blocks wrap), and GQA groups of 4.
+  const int heads = 8, kv_heads = 2, d = 16;
+  const int64_t total = 700;
+  const int64_t width = kv_heads * d;
+  const float scale = 0.2f;
+  for (int64_t window : {0, 300}) {
+    for (KvDType dt : {KvDType::f32, KvDType::f16}) {
+      CAPTURE(window);
+      auto kall = randn(static_cast<size_t>(total * width), 21);
+      auto vall = randn(static_cast<size_t>(total * width), 22);
+      auto qall = randn(static_cast<size_t>(total * heads * d), 23);
+      if (dt == KvDType::f16)
+        for (auto* vec : {&kall, &vall})
+          for (float& x : *vec) x = cpu::f16_to_f32(cpu::f32_to_f16(x));
+      std::vector<std::vector<float>> runs;  // each run's outputs for every position
+      for (const auto& [threads, chunk] :
+           {std::pair<int, int64_t>{1, 1}, {3, 1}, {2, 128}, {3, 100}}) {
+        CAPTURE(threads);
+        CAPTURE(chunk);
+        auto b = make_cpu_backend(threads);
+        KvLayerView kv;
+        kv.window = window;
+        kv.capacity = window > 0 ? window + chunk : total;
+        kv.ring = window > 0;
+        kv.num_kv_heads = kv_heads;
+        kv.head_dim = d;
+        kv.dtype = dt;
+        const size_t elem = dt == KvDType::f32 ? 4 : 2;
+        auto kb = b->alloc(static_cast<size_t>(kv.capacity * width) * elem);
+        auto vb = b->alloc(static_cast<size_t>(kv.capacity * width) * elem);
+        kv.k = kb.get();
+        kv.v = vb.get();
+        std::vector<float> all;
+        for (int64_t p0 = 0; p0 < total; p0 += chunk) {
+          const int64_t n = std::min(chunk, total - p0);
+          std::vector<float> kc(kall.begin() + p0 * width, kall.begin() + (p0 + n) * width);
+          std::vector<float> vc(vall.begin() + p0 * width, vall.begin() + (p0 + n) * width);
+          std::vector<float> qc(qall.begin() + p0 * heads * d, qall.begin() + (p0 + n) * heads * d);
+          auto kbuf = upload(*b, kc), vbuf = upload(*b, vc), qbuf = upload(*b, qc);
+          auto obuf = b->alloc(qc.size() * 4);
+          b->kv_store(kv, Mat{kbuf.get(), 0, n, width, width}, Mat{vbuf.get(), 0, n, width, width},
+                      p0);
+          b->attention(Mat{qbuf.get(), 0, n, heads * d, heads * d}, kv, p0, heads, scale,
+                       Mat{obuf.get(), 0, n, heads * d, heads * d});
+          auto got = download(*b, *obuf, qc.size());
+          all.insert(all.end(), got.begin(), got.end());
+        }
+        runs.push_back(std::move(all));
+      }
+      for (size_t r = 1; r < runs.size(); ++r) CHECK(runs[r] == runs[0]);
+      // Against the naive reference at a few positions, late ones (many blocks) included.
+      for (int64_t p : {int64_t{0}, int64_t{127}, int64_t{128}, int64_t{400}, total - 1}) {
+        std::vector<float> qp(qall.begin() + p * heads * d, qall.begin() + (p + 1) * heads * d);
+        auto want = naive_attention(qp, kall, vall, p, 1, heads, kv_heads, d, window, scale);
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          worst =
+              std::max(worst, std::abs(runs[0][static_cast<size_t>(p * heads * d) + i] - want[i]));
+        CAPTURE(p);
+        CHECK(worst < 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("route: softmax over all experts, top-k, renormalized, times per-expert scale") {
   auto b = make_cpu_backend(1);
   const int T = 3, E = 8, K = 3;
