@@ -880,7 +880,7 @@ TEST_CASE("attention_partial and attention_combine: blocks merge into the whole 
       CAPTURE(f16);
       std::vector<float> m(static_cast<size_t>(blocks * group)), w(m.size());
       std::vector<float> o(m.size() * d);
-      std::vector<float> scratch(static_cast<size_t>(group * kAttentionBlock + d));
+      std::vector<float> scratch(static_cast<size_t>(group * kAttentionBlock));
       for (int b = 0; b < blocks; ++b) {
         const int64_t p0 = first + b * kAttentionBlock;
         attention_partial(q.data(), d, group, d, scale, kv, p0, std::min(p0 + kAttentionBlock, end),
@@ -910,7 +910,7 @@ TEST_CASE("attention_partial and attention_combine: blocks merge into the whole 
   for (size_t r = 0; r < by_isa.size(); ++r)
     for (size_t c = 0; c < by_isa[r].size(); ++c)
       CHECK(std::fabs(by_isa[r][c] - by_isa[r / per * per][c]) < 1e-5);
-  std::vector<float> m(1), w(1), o(static_cast<size_t>(d)), scratch(kAttentionBlock + d);
+  std::vector<float> m(1), w(1), o(static_cast<size_t>(d)), scratch(kAttentionBlock);
   AttentionKv kv;
   kv.k = kf.data(), kv.v = vf.data(), kv.row_stride = stride, kv.capacity = capacity;
   CHECK_THROWS_AS(attention_partial(q.data(), d, 1, d, scale, kv, 5, 5, m.data(), w.data(),

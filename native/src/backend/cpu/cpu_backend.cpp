@@ -410,7 +410,7 @@ class CpuBackend final : public Backend {
       const int64_t rows = std::min(wave, q.rows - t0);
       pool_.parallel_for(rows * kv_heads * max_blocks, 1, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
-        scratch.resize(static_cast<size_t>(group * B + d));
+        scratch.resize(static_cast<size_t>(group * B));
         for (int64_t task = begin; task < end; ++task) {
           const int64_t t = task / (kv_heads * max_blocks);
           const int g = static_cast<int>(task / max_blocks % kv_heads);

@@ -378,18 +378,21 @@ void attention_partial(const float* q, int64_t q_stride, int group, int head_dim
     throw std::invalid_argument("redwing::cpu::attention_partial: bad block");
   const KernelTable& kn = kernels();
   const int64_t d = head_dim;
-  float* s = scratch;                              // [group, n] scores, then probabilities
-  float* row = scratch + group * kAttentionBlock;  // one f16 row widened to float32
-  // The row of position p, as float32 (an f16 row is widened once for the whole group).
-  const auto row_of = [&](const void* base, int64_t p) -> const float* {
-    const int64_t r = kv.ring ? p % kv.capacity : p;
-    if (!kv.f16) return static_cast<const float*>(base) + r * kv.row_stride;
-    kn.f16_to_f32(static_cast<const uint16_t*>(base) + r * kv.row_stride, row, d);
-    return row;
-  };
+  float* s = scratch;  // [group, n] scores, then probabilities
+  // Where position p's row of K or V starts. The group's heads read each row one after
+  // another, so it is in L1 after the first; f16 rows are widened inside the dot and axpy
+  // kernels (no copy).
+  const auto row_at = [&](int64_t p) { return (kv.ring ? p % kv.capacity : p) * kv.row_stride; };
+  const auto* k32 = static_cast<const float*>(kv.k);
+  const auto* k16 = static_cast<const uint16_t*>(kv.k);
+  const auto* v32 = static_cast<const float*>(kv.v);
+  const auto* v16 = static_cast<const uint16_t*>(kv.v);
   for (int64_t j = 0; j < n; ++j) {
-    const float* k = row_of(kv.k, pos_begin + j);
-    for (int i = 0; i < group; ++i) s[i * n + j] = kn.dot_f32(q + i * q_stride, k, d) * scale;
+    const int64_t r = row_at(pos_begin + j);
+    for (int i = 0; i < group; ++i)
+      s[i * n + j] = (kv.f16 ? kn.dot_f16(q + i * q_stride, k16 + r, d)
+                             : kn.dot_f32(q + i * q_stride, k32 + r, d)) *
+                     scale;
   }
   for (int i = 0; i < group; ++i) {
     float* si = s + i * n;
@@ -401,8 +404,13 @@ void attention_partial(const float* q, int64_t q_stride, int group, int head_dim
     std::fill_n(o + i * d, d, 0.0f);
   }
   for (int64_t j = 0; j < n; ++j) {
-    const float* v = row_of(kv.v, pos_begin + j);
-    for (int i = 0; i < group; ++i) kn.axpy_f32(s[i * n + j], v, o + i * d, d);
+    const int64_t r = row_at(pos_begin + j);
+    for (int i = 0; i < group; ++i) {
+      if (kv.f16)
+        kn.axpy_f16(s[i * n + j], v16 + r, o + i * d, d);
+      else
+        kn.axpy_f32(s[i * n + j], v32 + r, o + i * d, d);
+    }
   }
 }
 

@@ -180,7 +180,7 @@ struct AttentionKv {
 // over the keys at positions [pos_begin, pos_end), at most kAttentionBlock of them. With
 // s_ij = scale * q_i . k_j (float32) and p_ij = softmax_j(s_ij) over this block: m[i] = max_j
 // s_ij, w[i] = p_ij at that max (1 / sum_j exp(s_ij - m[i])), and o + i * head_dim = sum_j p_ij
-// v_j. scratch holds group * kAttentionBlock + head_dim floats. Throws std::invalid_argument
+// v_j. scratch holds group * kAttentionBlock floats. Throws std::invalid_argument
 // for an empty or oversized block.
 void attention_partial(const float* q, int64_t q_stride, int group, int head_dim, float scale,
                        const AttentionKv& kv, int64_t pos_begin, int64_t pos_end, float* m,
