@@ -96,6 +96,11 @@ describe("CLI option defaults", () => {
     ["perplexity", "--kv-dtype", ENGINE_DEFAULTS.kvDtype],
     ["perplexity", "--chunk", String(ENGINE_DEFAULTS.prefillChunk)],
     ["logits", "--kv-dtype", ENGINE_DEFAULTS.kvDtype],
+    ["perplexity", "--activations", ENGINE_DEFAULTS.activations],
+    ["logits", "--activations", ENGINE_DEFAULTS.activations],
+    ["chat", "--activations", ENGINE_DEFAULTS.activations],
+    ["complete", "--activations", ENGINE_DEFAULTS.activations],
+    ["serve", "--activations", ENGINE_DEFAULTS.activations],
     ["logits", "--chunk", String(ENGINE_DEFAULTS.prefillChunk)],
   ];
   for (const [command, flag, value] of cases) {
@@ -124,6 +129,7 @@ describe("the app's default settings", () => {
       threads: ENGINE_DEFAULTS.threads,
       backend: ENGINE_DEFAULTS.backend,
       kvDtype: ENGINE_DEFAULTS.kvDtype,
+      activations: ENGINE_DEFAULTS.activations,
     });
     expect(DEFAULT_SETTINGS.server.port).toBe(SERVER_DEFAULTS.port);
   });

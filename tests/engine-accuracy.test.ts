@@ -34,6 +34,12 @@ const INT8_AGREEMENT: Record<(typeof FIXTURES)[number], number> = {
   gemma3: 0.85,
 };
 
+/**
+ * The same for 8-bit inputs on the output head only (the default plan): only the last product
+ * changes, so nothing is amplified through the layers (measured: 96-100% on every fixture).
+ */
+const HEAD_AGREEMENT = 0.9;
+
 interface Reference {
   prompt: number[];
   greedy: number[];
@@ -87,12 +93,15 @@ function greedyContinuation(
     "0",
     "--kv-dtype",
     "f32",
+    ...(extra.includes("--activations") ? [] : ["--activations", "exact"]),
     ...extra,
   ]);
 }
 
+/** The engine's logits; exact float32 products unless `extra` asks for an activation plan. */
 function engineLogits(model: string, tokens: number[], extra: string[]): number[][] {
-  const out = engine(["logits", "--model", model, "--tokens", tokens.join(","), ...extra]);
+  const plan = extra.includes("--activations") ? [] : ["--activations", "exact"];
+  const out = engine(["logits", "--model", model, "--tokens", tokens.join(","), ...plan, ...extra]);
   const parsed = JSON.parse(out) as { logits: number[][] };
   return parsed.logits;
 }
@@ -161,25 +170,31 @@ for (const fixture of FIXTURES) {
         });
       }
 
-      // The 8-bit-activation path (--activations int8) is approximate: it is held to top-1
-      // agreement with transformers, and its largest logit difference is reported.
-      for (const [name, flags] of [f32Runs[2]!, f32Runs[3]!]) {
-        it(`int8 activations, f32 KV, ${name}: top-1 agreement`, () => {
-          const got = engineLogits(model, ref.prompt, [
-            ...flags,
-            "--kv-dtype",
-            "f32",
-            "--activations",
-            "int8",
-          ]);
-          const { maxAbs, agreement } = compare(got, logits, ref.logits_shape[0], vocab);
-          report.push(
-            `${fixture} ${source} int8 activations ${name}: ${maxAbs.toExponential(2)}, ` +
-              `top-1 agreement ${(agreement * 100).toFixed(1)}%`,
-          );
-          expect(agreement).toBeGreaterThanOrEqual(INT8_AGREEMENT[fixture]);
-          expect(maxAbs).toBeGreaterThan(TOLERANCE); // the 8-bit path really ran
-        });
+      // The 8-bit-activation path is approximate: everywhere (int8) and on the output head alone
+      // (head, the default) it is held to top-1 agreement with transformers, and its largest
+      // logit difference is reported.
+      for (const [plan, floor] of [
+        ["int8", INT8_AGREEMENT[fixture]],
+        ["head", HEAD_AGREEMENT],
+      ] as const) {
+        for (const [name, flags] of [f32Runs[2]!, f32Runs[3]!]) {
+          it(`${plan} activations, f32 KV, ${name}: top-1 agreement`, () => {
+            const got = engineLogits(model, ref.prompt, [
+              ...flags,
+              "--kv-dtype",
+              "f32",
+              "--activations",
+              plan,
+            ]);
+            const { maxAbs, agreement } = compare(got, logits, ref.logits_shape[0], vocab);
+            report.push(
+              `${fixture} ${source} ${plan} activations ${name}: ${maxAbs.toExponential(2)}, ` +
+                `top-1 agreement ${(agreement * 100).toFixed(1)}%`,
+            );
+            expect(agreement).toBeGreaterThanOrEqual(floor);
+            expect(maxAbs).toBeGreaterThan(TOLERANCE); // the 8-bit path really ran
+          });
+        }
       }
 
       if (fixture === "gemma4-moe") {

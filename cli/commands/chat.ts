@@ -17,6 +17,7 @@ import { UserError } from "../../core/errors.ts";
 import { parseByteSize as parseSize } from "../../core/units.ts";
 import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
 import { toProtocolLoad } from "../../core/generation/settings.ts";
+import { ACTIVATION_KINDS, isActivationPlan } from "../../core/engine/protocol.ts";
 import { remoteChat } from "./chat-remote.ts";
 
 /** Options shared by `chat` and `complete`. */
@@ -34,6 +35,8 @@ export interface GenerationCliOptions {
   memoryBudget?: number;
   threads?: number;
   backend?: "cpu" | "metal" | "vulkan" | "auto";
+  /** An activation plan (activationsOption). */
+  activations?: string;
   quiet?: boolean;
   json?: boolean;
 }
@@ -88,6 +91,25 @@ export function backendOption(): Option {
   ).choices(["cpu", "metal", "vulkan", "auto"]);
 }
 
+/** `--activations`: an activation plan (exact, int8, or the kinds that take 8-bit inputs). */
+export function activationsOption(): Option {
+  return new Option(
+    "--activations <plan>",
+    "input precision of the quantized products: exact, int8 (faster on the CPU, approximate), or the kinds of product on int8, comma-separated, of " +
+      ACTIVATION_KINDS.join(", ") +
+      " (head: the output head only)",
+  )
+    .default(ENGINE_DEFAULTS.activations)
+    .argParser((value: string) => {
+      if (!isActivationPlan(value)) {
+        throw new InvalidArgumentError(
+          `expected exact, int8, or a comma-separated list of ${ACTIVATION_KINDS.join(", ")}`,
+        );
+      }
+      return value;
+    });
+}
+
 /**
  * Adds the options of the correctness tools that run forward passes (`logits`, `perplexity`):
  * KV precision, the quantized products' input precision, prefill chunk and threads.
@@ -95,11 +117,7 @@ export function backendOption(): Option {
 export function addForwardPassOptions(cmd: Command): Command {
   return cmd
     .option("--kv-dtype <dtype>", "KV cache precision: f16 or f32", ENGINE_DEFAULTS.kvDtype)
-    .option(
-      "--activations <precision>",
-      "input precision of the quantized products: exact, or int8 (faster on the CPU, approximate)",
-      ENGINE_DEFAULTS.activations,
-    )
+    .addOption(activationsOption())
     .option("--chunk <n>", "prefill chunk size in tokens", String(ENGINE_DEFAULTS.prefillChunk))
     .option("--threads <n>", "CPU threads (default: all)");
 }
@@ -114,7 +132,8 @@ export function addEngineOptions(cmd: Command): Command {
     )
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))
-    .addOption(backendOption());
+    .addOption(backendOption())
+    .addOption(activationsOption());
 }
 
 /** Adds the model, sampling, engine and output options to a command. */

@@ -43,9 +43,6 @@ export function registerLogitsCommand(program: Command): void {
     if (options.kvDtype !== "f16" && options.kvDtype !== "f32") {
       throw new UserError("--kv-dtype must be f16 or f32");
     }
-    if (options.activations !== "exact" && options.activations !== "int8") {
-      throw new UserError("--activations must be exact or int8");
-    }
     const args = [
       "logits",
       "--model",

@@ -85,9 +85,6 @@ export function registerPerplexityCommand(program: Command): void {
       if (opts.kvDtype !== "f16" && opts.kvDtype !== "f32") {
         throw new UserError("--kv-dtype must be f16 or f32");
       }
-      if (opts.activations !== "exact" && opts.activations !== "int8") {
-        throw new UserError("--activations must be exact or int8");
-      }
       const chunk = positiveInteger(opts.chunk, "--chunk");
       let text: string;
       try {

@@ -18,6 +18,7 @@ interface ServeOptions {
   maxContext: number;
   threads?: number;
   backend?: "cpu" | "metal" | "vulkan" | "auto";
+  activations?: string;
   expertCacheSlots?: number;
   memoryBudget?: number;
   quiet?: boolean;
@@ -89,6 +90,7 @@ export function registerServeCommand(program: Command): void {
         context: opts.maxContext,
         threads: opts.threads,
         backend: opts.backend,
+        activations: opts.activations,
         expertCacheSlots: opts.expertCacheSlots,
         memoryBudget: opts.memoryBudget,
         log: opts.quiet ? undefined : log,

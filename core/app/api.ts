@@ -130,6 +130,12 @@ export const EngineSettingsSchema = z.object({
    * here that needs no reload: the next reply reads it. A file from before it has none.
    */
   contextOverflow: ContextOverflowSchema.default(CHAT_DEFAULTS.contextOverflow),
+  /**
+   * Input precision of the quantized products (the Tuning view's presets of an activation
+   * plan): exact float32 everywhere, int8 on the output head only, or int8 everywhere. A file
+   * from before this field has the default.
+   */
+  activations: z.enum(["exact", "head", "int8"]).default(ENGINE_DEFAULTS.activations),
 });
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;
 
@@ -186,6 +192,7 @@ export const DEFAULT_SETTINGS: Settings = {
     backend: ENGINE_DEFAULTS.backend,
     kvDtype: ENGINE_DEFAULTS.kvDtype,
     contextOverflow: CHAT_DEFAULTS.contextOverflow,
+    activations: ENGINE_DEFAULTS.activations,
   },
   systemPrompt: "",
   activeModel: null,

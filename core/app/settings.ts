@@ -216,7 +216,8 @@ export function engineSettingsDiffer(saved: EngineSettings, loaded: EngineSettin
     (slotsMatter && saved.expertCacheSlots !== loaded.expertCacheSlots) ||
     saved.threads !== loaded.threads ||
     saved.backend !== loaded.backend ||
-    saved.kvDtype !== loaded.kvDtype
+    saved.kvDtype !== loaded.kvDtype ||
+    saved.activations !== loaded.activations
   );
 }
 

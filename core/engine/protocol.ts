@@ -28,6 +28,29 @@ export const SamplingSchema = z.object({
 });
 export type Sampling = z.infer<typeof SamplingSchema>;
 
+/** The kinds of quantized product an activation plan may put on the 8-bit path. */
+export const ACTIVATION_KINDS = ["attention", "mlp", "router", "experts", "head"] as const;
+
+/**
+ * Whether `s` is an activation plan the engine accepts: "exact", "int8", or a comma-separated
+ * list of distinct ACTIVATION_KINDS that take 8-bit inputs (the rest stay exact), e.g. "head".
+ */
+export function isActivationPlan(s: string): boolean {
+  if (s === "exact" || s === "int8") return true;
+  const kinds = s.split(",");
+  return (
+    kinds.every((k) => (ACTIVATION_KINDS as readonly string[]).includes(k)) &&
+    new Set(kinds).size === kinds.length
+  );
+}
+
+export const ActivationPlanSchema = z
+  .string()
+  .refine(
+    isActivationPlan,
+    "exact, int8, or a comma-separated list of " + ACTIVATION_KINDS.join(", "),
+  );
+
 export const LoadParamsSchema = z.object({
   /** The model directory (docs/format.md). */
   model: z.string().min(1),
@@ -37,8 +60,11 @@ export const LoadParamsSchema = z.object({
   /** cpu, metal, vulkan or auto (docs/gpu.md); default cpu. */
   backend: z.enum(["cpu", "metal", "vulkan", "auto"]).optional(),
   kv_dtype: z.enum(["f16", "f32"]).optional(),
-  /** Input precision of the quantized products: exact (default) or int8 (faster, approximate). */
-  activations: z.enum(["exact", "int8"]).optional(),
+  /**
+   * Input precision of the quantized products (ActivationPlanSchema): exact, int8 (faster,
+   * approximate), or the kinds of product that take 8-bit inputs ("head"); omitted: the default.
+   */
+  activations: ActivationPlanSchema.optional(),
   /** Prefill chunk size in tokens (default 128). */
   chunk: z.number().int().positive().optional(),
   expert_cache_slots: z.number().int().nonnegative().optional(),

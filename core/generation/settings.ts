@@ -39,6 +39,8 @@ export interface EngineOptions {
   backend?: "cpu" | "metal" | "vulkan" | "auto";
   /** KV cache precision; omitted: the engine's default. */
   kvDtype?: "f16" | "f32";
+  /** The quantized products' input precision (an activation plan); omitted: the default. */
+  activations?: string;
   /** Omitted: the default, unless a memory budget picks the count. */
   expertCacheSlots?: number;
   /** Bytes. */
@@ -53,6 +55,7 @@ export function toProtocolLoad(model: string, o: EngineOptions): LoadParams {
     threads: o.threads,
     backend: o.backend,
     kv_dtype: o.kvDtype,
+    activations: o.activations,
     // With a memory budget and no slot count, the engine picks the count that fits.
     expert_cache_slots: expertCacheSlotsFor(o.expertCacheSlots, o.memoryBudget),
     memory_budget: o.memoryBudget,

@@ -74,6 +74,8 @@ export interface ServerOptions extends AccessOptions {
   threads?: number;
   /** Where the engine runs the model (docs/gpu.md); default the CPU. */
   backend?: "cpu" | "metal" | "vulkan" | "auto";
+  /** The quantized products' input precision (an activation plan); default ENGINE_DEFAULTS. */
+  activations?: string;
   expertCacheSlots?: number;
   memoryBudget?: number;
   engine?: EngineClientOptions;

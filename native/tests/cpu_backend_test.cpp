@@ -158,6 +158,75 @@ TEST_CASE("attention matches a naive masked softmax: full, sliding ring, GQA, f3
   }
 }
 
+TEST_CASE(
+    "attention over several key blocks: the naive softmax, the same bits for any chunking "
+    "and thread count") {
+  // 700 positions: several blocks of cpu::kAttentionBlock keys per query, a window of 300 in a
+  // ring (so the blocks wrap), and GQA groups of 4.
+  const int heads = 8, kv_heads = 2, d = 16;
+  const int64_t total = 700;
+  const int64_t width = kv_heads * d;
+  const float scale = 0.2f;
+  for (int64_t window : {0, 300}) {
+    for (KvDType dt : {KvDType::f32, KvDType::f16}) {
+      CAPTURE(window);
+      auto kall = randn(static_cast<size_t>(total * width), 21);
+      auto vall = randn(static_cast<size_t>(total * width), 22);
+      auto qall = randn(static_cast<size_t>(total * heads * d), 23);
+      if (dt == KvDType::f16)
+        for (auto* vec : {&kall, &vall})
+          for (float& x : *vec) x = cpu::f16_to_f32(cpu::f32_to_f16(x));
+      std::vector<std::vector<float>> runs;  // each run's outputs for every position
+      for (const auto& [threads, chunk] :
+           {std::pair<int, int64_t>{1, 1}, {3, 1}, {2, 128}, {3, 100}}) {
+        CAPTURE(threads);
+        CAPTURE(chunk);
+        auto b = make_cpu_backend(threads);
+        KvLayerView kv;
+        kv.window = window;
+        kv.capacity = window > 0 ? window + chunk : total;
+        kv.ring = window > 0;
+        kv.num_kv_heads = kv_heads;
+        kv.head_dim = d;
+        kv.dtype = dt;
+        const size_t elem = dt == KvDType::f32 ? 4 : 2;
+        auto kb = b->alloc(static_cast<size_t>(kv.capacity * width) * elem);
+        auto vb = b->alloc(static_cast<size_t>(kv.capacity * width) * elem);
+        kv.k = kb.get();
+        kv.v = vb.get();
+        std::vector<float> all;
+        for (int64_t p0 = 0; p0 < total; p0 += chunk) {
+          const int64_t n = std::min(chunk, total - p0);
+          std::vector<float> kc(kall.begin() + p0 * width, kall.begin() + (p0 + n) * width);
+          std::vector<float> vc(vall.begin() + p0 * width, vall.begin() + (p0 + n) * width);
+          std::vector<float> qc(qall.begin() + p0 * heads * d, qall.begin() + (p0 + n) * heads * d);
+          auto kbuf = upload(*b, kc), vbuf = upload(*b, vc), qbuf = upload(*b, qc);
+          auto obuf = b->alloc(qc.size() * 4);
+          b->kv_store(kv, Mat{kbuf.get(), 0, n, width, width}, Mat{vbuf.get(), 0, n, width, width},
+                      p0);
+          b->attention(Mat{qbuf.get(), 0, n, heads * d, heads * d}, kv, p0, heads, scale,
+                       Mat{obuf.get(), 0, n, heads * d, heads * d});
+          auto got = download(*b, *obuf, qc.size());
+          all.insert(all.end(), got.begin(), got.end());
+        }
+        runs.push_back(std::move(all));
+      }
+      for (size_t r = 1; r < runs.size(); ++r) CHECK(runs[r] == runs[0]);
+      // Against the naive reference at a few positions, late ones (many blocks) included.
+      for (int64_t p : {int64_t{0}, int64_t{127}, int64_t{128}, int64_t{400}, total - 1}) {
+        std::vector<float> qp(qall.begin() + p * heads * d, qall.begin() + (p + 1) * heads * d);
+        auto want = naive_attention(qp, kall, vall, p, 1, heads, kv_heads, d, window, scale);
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          worst =
+              std::max(worst, std::abs(runs[0][static_cast<size_t>(p * heads * d) + i] - want[i]));
+        CAPTURE(p);
+        CHECK(worst < 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("route: softmax over all experts, top-k, renormalized, times per-expert scale") {
   auto b = make_cpu_backend(1);
   const int T = 3, E = 8, K = 3;
@@ -278,8 +347,8 @@ TEST_CASE("qmatmul_batch: the same bits as one qmatmul per product, for 1 and se
 
 TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits") {
   auto b = make_cpu_backend(2);
-  CHECK(b->activation_precision() == ActivationPrecision::exact);
-  REQUIRE(b->set_activation_precision(ActivationPrecision::int8));
+  CHECK(b->activations() == ActivationPlan::exact());
+  REQUIRE(b->set_activations(ActivationPlan::all_int8()));
   CHECK(b->describe().find("int8 activations") != std::string::npos);
   // w0 and w1 read the same input (as q and k do), w2 its own of the same width: a batch must
   // quantize each distinct input once and never mix them up.
@@ -323,7 +392,7 @@ TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits
     }
   }
   // Back to exact: the float32 kernel's bits again.
-  REQUIRE(b->set_activation_precision(ActivationPrecision::exact));
+  REQUIRE(b->set_activations(ActivationPlan::exact()));
   auto q0 = b->import_qweight(w0.host);
   const std::vector<float> x = randn(128, 50);
   auto xb = upload(*b, x);
@@ -334,4 +403,63 @@ TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits
   std::vector<float> want(37);
   cpu::qmatvec(m0, x.data(), want.data(), 0, 37);
   CHECK(download(*b, *yb, 37) == want);
+}
+
+TEST_CASE("activation plan: each product's kind picks its precision, in one batch too") {
+  auto b = make_cpu_backend(2);
+  // Only the head on the 8-bit path: the head-tagged weight gets the q8 kernel's bits, the
+  // attention-tagged and the untagged ones (same matrix, same input) the float32 kernel's.
+  REQUIRE(b->set_activations(parse_activation_plan("head")));
+  CHECK(b->describe().find("int8 activations (head)") != std::string::npos);
+  const RandomQuant w(40, 128, 61);
+  const cpu::QuantMatrix m{
+      w.packed.data(), w.scales.data(), w.biases.data(), cpu::ScaleType::f32, 4, 64, 40, 128};
+  const std::vector<float> x = randn(128, 62);
+  auto xb = upload(*b, x);
+  std::vector<float> exact(40), int8(40);
+  cpu::qmatvec(m, x.data(), exact.data(), 0, 40);
+  cpu::Q8Buffer xq;
+  xq.quantize(x.data(), 1, 128, 128, 4);
+  cpu::qmatvec_q8(m, xq.row(0), int8.data(), 0, 40);
+  REQUIRE(exact != int8);  // else this test could not tell them apart
+  const ProductKind kinds[] = {ProductKind::head, ProductKind::attention, ProductKind::other};
+  std::vector<std::unique_ptr<QWeight>> q;
+  std::vector<std::unique_ptr<Buffer>> batched, single;
+  std::vector<Backend::QProduct> products;
+  for (ProductKind kind : kinds) {
+    q.push_back(b->import_qweight(w.host));
+    q.back()->kind = kind;
+    batched.push_back(b->alloc(40 * 4));
+    single.push_back(b->alloc(40 * 4));
+    const Mat in{xb.get(), 0, 1, 128, 128};
+    products.push_back({q.back().get(), in, Mat{batched.back().get(), 0, 1, 40, 40}});
+    b->qmatmul(*q.back(), in, Mat{single.back().get(), 0, 1, 40, 40});
+  }
+  b->qmatmul_batch(products);
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const std::vector<float>& want = i == 0 ? int8 : exact;
+    CHECK(download(*b, *batched[i], 40) == want);
+    CHECK(download(*b, *single[i], 40) == want);
+  }
+  // "int8" covers every kind, untagged products included.
+  REQUIRE(b->set_activations(parse_activation_plan("int8")));
+  b->qmatmul(*q[2], Mat{xb.get(), 0, 1, 128, 128}, Mat{single[2].get(), 0, 1, 40, 40});
+  CHECK(download(*b, *single[2], 40) == int8);
+}
+
+TEST_CASE("activation plan: names parse and print back; bad ones are refused") {
+  CHECK(parse_activation_plan("exact") == ActivationPlan::exact());
+  CHECK(parse_activation_plan("int8") == ActivationPlan::all_int8());
+  const ActivationPlan head = parse_activation_plan("head");
+  CHECK(head.int8(ProductKind::head));
+  CHECK_FALSE(head.int8(ProductKind::experts));
+  CHECK_FALSE(head.int8(ProductKind::other));
+  const ActivationPlan two = parse_activation_plan("head,attention");
+  CHECK(two == ActivationPlan::int8_on({ProductKind::attention, ProductKind::head}));
+  CHECK(activation_plan_name(two) == "attention,head");
+  for (const char* name : {"exact", "int8", "head", "attention,mlp,router,experts,head"})
+    CHECK(activation_plan_name(parse_activation_plan(name)) == name);
+  for (const char* bad : {"", "fast", "head,", ",head", "head,head", "Head", "other", "exact,head"})
+    CHECK_THROWS_AS(parse_activation_plan(bad), std::invalid_argument);
 }

@@ -66,6 +66,8 @@ void check_model(const synth::Spec& spec, const std::string& tag) {
     redwing::EngineOptions o;
     o.model_dir = dir.path.string();
     o.kv_dtype = redwing::KvDType::f32;
+    // The exact products: the default plan's 8-bit head is approximate (tests/engine-accuracy).
+    o.activations = redwing::ActivationPlan::exact();
     o.chunk = chunk;
     o.threads = 2;
     redwing::Engine engine(o);
@@ -83,6 +85,7 @@ void check_model(const synth::Spec& spec, const std::string& tag) {
   redwing::EngineOptions o;
   o.model_dir = dir.path.string();
   o.kv_dtype = redwing::KvDType::f16;
+  o.activations = redwing::ActivationPlan::exact();
   o.chunk = 4;
   redwing::Engine engine(o);
   Diff f16 = compare(engine.all_logits(ids, false), ref);
@@ -104,6 +107,7 @@ void check_model(const synth::Spec& spec, const std::string& tag) {
   redwing::EngineOptions go;
   go.model_dir = dir.path.string();
   go.kv_dtype = redwing::KvDType::f32;
+  go.activations = redwing::ActivationPlan::exact();
   go.chunk = 4;
   redwing::Engine gen(go);
   auto result =
@@ -187,6 +191,7 @@ TEST_CASE("score_tokens gives the reference's log-likelihood over overlapping wi
   redwing::EngineOptions o;
   o.model_dir = dir.path.string();
   o.kv_dtype = redwing::KvDType::f32;
+  o.activations = redwing::ActivationPlan::exact();
   o.chunk = 4;
   o.threads = 2;
   redwing::Engine engine(o);

@@ -74,9 +74,11 @@ const char* kUsage =
     "  --read-piece-kib N       read experts in pieces of N KiB (default 1024; 0: whole)\n"
     "  --backend cpu|metal|vulkan|auto  where the model runs (default cpu; auto: a GPU if\n"
     "                              present; metal: macOS builds only)\n"
-    "  --activations exact|int8 input precision of the quantized products (default exact):\n"
-    "                              int8 quantizes it per 32 values for integer dot products\n"
-    "                              (faster on the CPU, approximate; GPU backends stay exact)\n"
+    "  --activations exact|int8|KINDS  input precision of the quantized products (default\n"
+    "                              exact): int8 quantizes it per 32 values for integer dot\n"
+    "                              products (faster on the CPU, approximate; GPU backends stay\n"
+    "                              exact); KINDS: int8 only on these, comma-separated, of\n"
+    "                              attention, mlp, router, experts, head\n"
     "benchmark only (these change the model's output):\n"
     "  --routing-trace synthetic:reuse=R,seed=S | file:PATH   replace the router's choice\n"
     "  --record-routing FILE    write the routing used, one line per layer and row\n"
@@ -191,7 +193,7 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   }
   if (f.count("activations")) {
     try {
-      o.activations = redwing::parse_activation_precision(f.at("activations"));
+      o.activations = redwing::parse_activation_plan(f.at("activations"));
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--activations: ") + e.what());
     }
@@ -334,7 +336,7 @@ int cmd_perplexity(int argc, char** argv) {
       static_cast<long long>(s.positions), static_cast<long long>(window),
       static_cast<long long>(stride),
       engine.options().kv_dtype == redwing::KvDType::f32 ? "f32" : "f16",
-      redwing::activation_precision_name(engine.backend().activation_precision()), s.seconds,
+      redwing::activation_plan_name(engine.backend().activations()).c_str(), s.seconds,
       s.seconds > 0 ? static_cast<double>(s.positions) / s.seconds : 0.0);
   return 0;
 }

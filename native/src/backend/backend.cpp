@@ -35,9 +35,12 @@ std::unique_ptr<ExpertBank> Backend::import_experts(std::span<const HostQuantMat
                                                     std::span<const HostQuantMatrix> down) {
   auto bank = std::make_unique<HostExpertBank>();
   check_expert_shapes(gate, up, down, *bank);
-  for (size_t e = 0; e < gate.size(); ++e)
+  for (size_t e = 0; e < gate.size(); ++e) {
     bank->experts.push_back(
         {import_qweight(gate[e]), import_qweight(up[e]), import_qweight(down[e])});
+    auto& ex = bank->experts.back();
+    ex.gate->kind = ex.up->kind = ex.down->kind = ProductKind::experts;
+  }
   return bank;
 }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <span>
@@ -28,12 +29,18 @@ class Buffer {
   virtual size_t size_bytes() const = 0;
 };
 
+// What a quantized matrix is for in the model: the activation plan (below) picks the input
+// precision of each product by it.
+enum class ProductKind : uint8_t { other, attention, mlp, router, experts, head };
+inline constexpr int kProductKinds = 6;
+
 // A quantized weight matrix [rows, cols] imported into a backend.
 class QWeight {
  public:
   virtual ~QWeight() = default;
   int64_t rows = 0;
   int64_t cols = 0;
+  ProductKind kind = ProductKind::other;  // set by the model after import
 };
 
 // A float32 matrix view: `rows` rows of `cols` values, row r starting at element
@@ -118,13 +125,31 @@ struct KvLayerView {
   int64_t first_visible(int64_t q) const { return window > 0 && q >= window ? q - window + 1 : 0; }
 };
 
-// How quantized products treat their float32 input: exact multiplies it as it is; int8
-// quantizes it to 8 bits per block of 32 values first and uses integer dot products (faster on
-// CPUs with VNNI or AVX2, and approximate: backend/cpu/kernels.h says how).
-enum class ActivationPrecision : uint8_t { exact, int8 };
-// "exact" | "int8"; throws std::invalid_argument otherwise.
-ActivationPrecision parse_activation_precision(const std::string& s);
-const char* activation_precision_name(ActivationPrecision p);
+// How quantized products treat their float32 input, per kind of product: exact multiplies it as
+// it is; int8 quantizes it to 8 bits per block of 32 values first and uses integer dot products
+// (faster on CPUs with VNNI or AVX2, and approximate: backend/cpu/kernels.h says how).
+struct ActivationPlan {
+  uint8_t int8_kinds = 0;  // bit k: products of ProductKind k take 8-bit inputs
+
+  static constexpr ActivationPlan exact() { return {}; }
+  static constexpr ActivationPlan all_int8() {
+    return {static_cast<uint8_t>((1u << kProductKinds) - 1)};
+  }
+  static constexpr ActivationPlan int8_on(std::initializer_list<ProductKind> kinds) {
+    ActivationPlan p;
+    for (ProductKind k : kinds) p.int8_kinds |= static_cast<uint8_t>(1u << static_cast<int>(k));
+    return p;
+  }
+  constexpr bool int8(ProductKind k) const { return (int8_kinds >> static_cast<int>(k)) & 1u; }
+  constexpr bool any_int8() const { return int8_kinds != 0; }
+  constexpr bool operator==(const ActivationPlan&) const = default;
+};
+// "exact" (every product float32), "int8" (every product 8-bit), or a comma-separated list of
+// the kinds that take 8-bit inputs, the rest exact: attention, mlp, router, experts, head (so
+// "head" is the output head alone). Throws std::invalid_argument otherwise.
+ActivationPlan parse_activation_plan(const std::string& s);
+// The canonical spelling: "exact", "int8", or the kinds in the order above ("attention,head").
+std::string activation_plan_name(ActivationPlan p);
 
 // Every expert of one MoE layer, imported together (Backend::import_experts). The default
 // bank holds each expert's matrices as ordinary weights; a GPU backend stacks them so that a
@@ -223,12 +248,11 @@ class Backend {
   virtual void rope(Mat x, int n_heads, int head_dim, const RopeParams& p, int64_t pos0) = 0;
 
   // ---- products ----
-  // The input precision of the quantized products that follow (see ActivationPrecision). A
-  // backend without an 8-bit path stays exact and returns false for int8.
-  virtual bool set_activation_precision(ActivationPrecision p) {
-    return p == ActivationPrecision::exact;
-  }
-  virtual ActivationPrecision activation_precision() const { return ActivationPrecision::exact; }
+  // The input precision of the quantized products that follow, per QWeight::kind (see
+  // ActivationPlan). A backend without an 8-bit path stays exact and returns false for a plan
+  // with any int8 kind.
+  virtual bool set_activations(ActivationPlan p) { return !p.any_int8(); }
+  virtual ActivationPlan activations() const { return ActivationPlan::exact(); }
   // y[t] = W x[t] for every row t of x (x.cols == W.cols, y.cols == W.rows).
   virtual void qmatmul(const QWeight& w, Mat x, Mat y) = 0;
   // Independent products y = W x run as one operation, with the same results as qmatmul on each

@@ -1,8 +1,10 @@
 #include "backend/backend_select.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
@@ -15,14 +17,52 @@
 
 namespace redwing {
 
-ActivationPrecision parse_activation_precision(const std::string& s) {
-  if (s == "exact") return ActivationPrecision::exact;
-  if (s == "int8") return ActivationPrecision::int8;
-  throw std::invalid_argument("unknown activation precision \"" + s + "\" (exact or int8)");
+namespace {
+
+// The kinds a plan may name, in activation_plan_name's order ("other" is only ever int8 as part
+// of "int8": products the model does not classify).
+constexpr std::pair<ProductKind, const char*> kNamedKinds[] = {
+    {ProductKind::attention, "attention"},
+    {ProductKind::mlp, "mlp"},
+    {ProductKind::router, "router"},
+    {ProductKind::experts, "experts"},
+    {ProductKind::head, "head"}};
+
+}  // namespace
+
+ActivationPlan parse_activation_plan(const std::string& s) {
+  if (s == "exact") return ActivationPlan::exact();
+  if (s == "int8") return ActivationPlan::all_int8();
+  const auto fail = [&] {
+    return std::invalid_argument("unknown activations \"" + s +
+                                 "\" (exact, int8, or a comma-separated list of attention, mlp, "
+                                 "router, experts, head)");
+  };
+  ActivationPlan plan;
+  size_t begin = 0;
+  while (begin <= s.size()) {
+    const size_t end = std::min(s.find(',', begin), s.size());
+    const std::string name = s.substr(begin, end - begin);
+    bool known = false;
+    for (const auto& [kind, kind_name] : kNamedKinds)
+      if (name == kind_name) {
+        const ActivationPlan one = ActivationPlan::int8_on({kind});
+        if (plan.int8(kind)) throw fail();  // named twice
+        plan.int8_kinds |= one.int8_kinds;
+        known = true;
+      }
+    if (!known) throw fail();
+    begin = end + 1;
+  }
+  return plan;
 }
 
-const char* activation_precision_name(ActivationPrecision p) {
-  return p == ActivationPrecision::int8 ? "int8" : "exact";
+std::string activation_plan_name(ActivationPlan p) {
+  if (p == ActivationPlan::all_int8()) return "int8";
+  std::string out;
+  for (const auto& [kind, kind_name] : kNamedKinds)
+    if (p.int8(kind)) out += (out.empty() ? "" : ",") + std::string(kind_name);
+  return out.empty() ? "exact" : out;
 }
 
 bool vulkan_built() {

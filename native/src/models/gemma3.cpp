@@ -23,7 +23,8 @@ class Gemma3 final : public Model {
       : arch_(dir.arch()), backend_(backend), scratch_(backend) {
     if (arch_.moe) throw FormatError(dir.path() + "/manifest.json: a gemma3 model has no experts");
     const int64_t hidden = arch_.hidden_size;
-    embed_ = gemma::load_matrix(backend, dir, "embed_tokens", arch_.vocab_size, hidden);
+    embed_ = gemma::load_matrix(backend, dir, "embed_tokens", arch_.vocab_size, hidden,
+                                ProductKind::head);  // tied: also the output head
     norm_ = gemma::load_vector(backend, dir, "norm", hidden);
     for (int i = 0; i < arch_.num_layers; ++i) {
       const std::string p = "layers." + std::to_string(i) + ".";

@@ -47,7 +47,8 @@ class Gemma4 final : public Model {
   Gemma4(const ModelDir& dir, Backend& backend, ExpertSource* experts)
       : arch_(dir.arch()), backend_(backend), experts_(experts), scratch_(backend) {
     const int64_t hidden = arch_.hidden_size;
-    embed_ = gemma::load_matrix(backend, dir, "embed_tokens", arch_.vocab_size, hidden);
+    embed_ = gemma::load_matrix(backend, dir, "embed_tokens", arch_.vocab_size, hidden,
+                                ProductKind::head);  // tied: also the output head
     norm_ = gemma::load_vector(backend, dir, "norm", hidden);
     for (int i = 0; i < arch_.num_layers; ++i) {
       const LayerConfig& lc = arch_.layers[static_cast<size_t>(i)];
@@ -68,8 +69,8 @@ class Gemma4 final : public Model {
             gemma::load_vector(backend, dir, p + "pre_feedforward_layernorm_2", hidden);
         l.post_ffn_norm_2 =
             gemma::load_vector(backend, dir, p + "post_feedforward_layernorm_2", hidden);
-        l.router_proj =
-            gemma::load_matrix(backend, dir, p + "router.proj", moe.num_experts, hidden);
+        l.router_proj = gemma::load_matrix(backend, dir, p + "router.proj", moe.num_experts, hidden,
+                                           ProductKind::router);
         l.router_scale = gemma::load_vector(backend, dir, p + "router.scale", hidden);
         l.per_expert_scale =
             gemma::load_vector(backend, dir, p + "router.per_expert_scale", moe.num_experts);
@@ -306,6 +307,7 @@ class Gemma4 final : public Model {
       e.gate = backend_.import_qweight(mats.gate);
       e.up = backend_.import_qweight(mats.up);
       e.down = backend_.import_qweight(mats.down);
+      e.gate->kind = e.up->kind = e.down->kind = ProductKind::experts;
     }
     return e;
   }

@@ -26,8 +26,10 @@ std::unique_ptr<Buffer> load_vector(Backend& backend, const ModelDir& dir, const
 }
 
 std::unique_ptr<QWeight> load_matrix(Backend& backend, const ModelDir& dir, const std::string& name,
-                                     int64_t rows, int64_t cols) {
-  return backend.import_qweight(dir.quant(name, rows, cols));
+                                     int64_t rows, int64_t cols, ProductKind kind) {
+  std::unique_ptr<QWeight> w = backend.import_qweight(dir.quant(name, rows, cols));
+  w->kind = kind;
+  return w;
 }
 
 AttentionWeights load_attention(Backend& backend, const ModelDir& dir, int layer) {
@@ -42,25 +44,29 @@ AttentionWeights load_attention(Backend& backend, const ModelDir& dir, int layer
   w.post_norm = load_vector(backend, dir, p + "post_attention_layernorm", hidden);
   w.q_norm = load_vector(backend, dir, p + "self_attn.q_norm", lc.head_dim);
   w.k_norm = load_vector(backend, dir, p + "self_attn.k_norm", lc.head_dim);
-  w.q_proj = load_matrix(backend, dir, p + "self_attn.q_proj", q_width, hidden);
-  w.k_proj = load_matrix(backend, dir, p + "self_attn.k_proj", kv_width, hidden);
+  w.q_proj =
+      load_matrix(backend, dir, p + "self_attn.q_proj", q_width, hidden, ProductKind::attention);
+  w.k_proj =
+      load_matrix(backend, dir, p + "self_attn.k_proj", kv_width, hidden, ProductKind::attention);
   if (lc.k_eq_v) {
     if (dir.has_tensor(p + "self_attn.v_proj"))
       throw FormatError(dir.path() + "/manifest.json: layer " + std::to_string(layer) +
                         " is k_eq_v but has a v_proj tensor");
   } else {
-    w.v_proj = load_matrix(backend, dir, p + "self_attn.v_proj", kv_width, hidden);
+    w.v_proj =
+        load_matrix(backend, dir, p + "self_attn.v_proj", kv_width, hidden, ProductKind::attention);
   }
-  w.o_proj = load_matrix(backend, dir, p + "self_attn.o_proj", hidden, q_width);
+  w.o_proj =
+      load_matrix(backend, dir, p + "self_attn.o_proj", hidden, q_width, ProductKind::attention);
   return w;
 }
 
 MlpWeights load_mlp(Backend& backend, const ModelDir& dir, const std::string& prefix,
                     int64_t hidden, int64_t inter) {
   MlpWeights w;
-  w.gate = load_matrix(backend, dir, prefix + ".gate_proj", inter, hidden);
-  w.up = load_matrix(backend, dir, prefix + ".up_proj", inter, hidden);
-  w.down = load_matrix(backend, dir, prefix + ".down_proj", hidden, inter);
+  w.gate = load_matrix(backend, dir, prefix + ".gate_proj", inter, hidden, ProductKind::mlp);
+  w.up = load_matrix(backend, dir, prefix + ".up_proj", inter, hidden, ProductKind::mlp);
+  w.down = load_matrix(backend, dir, prefix + ".down_proj", hidden, inter, ProductKind::mlp);
   return w;
 }
 

@@ -49,9 +49,10 @@ class Scratch {
 // A plain vector tensor of n values, as a float32 backend buffer.
 std::unique_ptr<Buffer> load_vector(Backend& backend, const ModelDir& dir, const std::string& name,
                                     int64_t n);
-// A quantized [rows, cols] matrix imported into the backend.
+// A quantized [rows, cols] matrix imported into the backend, tagged with what it is for (the
+// activation plan picks its input precision by that).
 std::unique_ptr<QWeight> load_matrix(Backend& backend, const ModelDir& dir, const std::string& name,
-                                     int64_t rows, int64_t cols);
+                                     int64_t rows, int64_t cols, ProductKind kind);
 
 struct AttentionWeights {
   std::unique_ptr<Buffer> input_norm, q_norm, k_norm, post_norm;

@@ -25,7 +25,7 @@ std::string defaults_json() {
   j["prefill_chunk"] = kPrefillChunk;
   j["kv_dtype"] = kKvDtype == KvDType::f16 ? "f16" : "f32";
   j["backend"] = kBackend;
-  j["activations"] = activation_precision_name(kActivations);
+  j["activations"] = activation_plan_name(kActivations);
   j["threads"] = kThreads;
   j["expert_cache_slots"] = kExpertCacheSlots;
   j["engine_expert_cache_slots"] = kEngineExpertCacheSlots;

@@ -57,7 +57,7 @@ Engine::Engine(const EngineOptions& options)
   options_.expert_cache_slots = plan_.slots;  // the budget's pick, if it made one
   const int slots = plan_.slots;
   backend_ = make_backend(options_.backend, options_.threads);
-  backend_->set_activation_precision(options_.activations);
+  backend_->set_activations(options_.activations);
   if (moe && slots > 0) {
     ExpertStoreOptions so;
     so.slots = slots;

@@ -30,9 +30,9 @@ struct EngineOptions {
   int threads = defaults::kThreads;          // 0: REDWING_THREADS or the hardware thread count
   std::string backend = defaults::kBackend;  // cpu | metal | vulkan | auto (backend_select.h)
   KvDType kv_dtype = defaults::kKvDtype;
-  // The input precision of the quantized products (backend/backend.h). int8 is approximate and
-  // faster on the CPU; backends without an 8-bit path stay exact.
-  ActivationPrecision activations = defaults::kActivations;
+  // The input precision of the quantized products, per kind (backend/backend.h). int8 is
+  // approximate and faster on the CPU; backends without an 8-bit path stay exact.
+  ActivationPlan activations = defaults::kActivations;
   int64_t chunk = defaults::kPrefillChunk;  // prefill chunk: tokens per batched forward call
   // Expert streaming (MoE models). 0 slots and no budget: every expert is read into RAM at
   // start. Otherwise experts are streamed from SSD through `expert_cache_slots` slots per layer

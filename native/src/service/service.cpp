@@ -195,8 +195,8 @@ LoadRequest parse_load(const json& req) {
     throw ProtocolError("bad_request", std::string("field \"kv_dtype\": ") + e.what());
   }
   try {
-    o.activations = parse_activation_precision(
-        string_field(req, "activations", activation_precision_name(defaults::kActivations)));
+    o.activations = parse_activation_plan(
+        string_field(req, "activations", activation_plan_name(defaults::kActivations)));
   } catch (const std::invalid_argument& e) {
     throw ProtocolError("bad_request", std::string("field \"activations\": ") + e.what());
   }

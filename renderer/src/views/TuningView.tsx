@@ -316,6 +316,19 @@ export function TuningView() {
             onChange={(v) => engineSet({ kvDtype: v as EngineSettings["kvDtype"] })}
             badge={reloadBadge("kvDtype")}
           />
+          <SelectField
+            id="field-activations"
+            label="Product precision"
+            value={e.activations}
+            options={[
+              ["exact", "Exact (32-bit inputs everywhere)"],
+              ["head", "8-bit inputs on the output head"],
+              ["int8", "8-bit inputs everywhere"],
+            ]}
+            onChange={(v) => engineSet({ activations: v as EngineSettings["activations"] })}
+            badge={reloadBadge("activations")}
+            help="8-bit inputs make the CPU's weight products faster and the output slightly less exact; GPUs stay exact."
+          />
         </div>
       </section>
 
@@ -496,12 +509,12 @@ function SelectField({
           </option>
         ))}
       </select>
-      {badge && <span id={`${id}-badge`}>{badge}</span>}
       {help && (
         <p id={`${id}-help`} className="text-xs text-muted">
           {help}
         </p>
       )}
+      {badge && <span id={`${id}-badge`}>{badge}</span>}
     </div>
   );
 }

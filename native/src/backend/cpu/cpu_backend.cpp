@@ -73,7 +73,7 @@ class CpuBackend final : public Backend {
   std::string describe() const override {
     return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + " (" + cpu::cpu_features() +
            "), " + std::to_string(pool_.size()) + " threads" +
-           (precision_ == ActivationPrecision::int8 ? ", int8 activations" : "");
+           (plan_.any_int8() ? ", int8 activations (" + activation_plan_name(plan_) + ")" : "");
   }
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override {
@@ -207,17 +207,16 @@ class CpuBackend final : public Backend {
                              std::to_string(w.cols) + ")");
   }
 
-  bool set_activation_precision(ActivationPrecision p) override {
-    precision_ = p;
+  bool set_activations(ActivationPlan p) override {
+    plan_ = p;
     return true;
   }
-  ActivationPrecision activation_precision() const override { return precision_; }
+  ActivationPlan activations() const override { return plan_; }
 
-  // Whether a product takes the 8-bit-activation path: when asked for, and where the input
-  // width is whole blocks of the activation quantization (every Gemma shape is).
-  bool use_q8(const cpu::QuantMatrix& w) const {
-    return precision_ == ActivationPrecision::int8 && w.cols % cpu::kQ8Block == 0;
-  }
+  // Whether a product takes the 8-bit-activation path: when the plan asks for it on the
+  // weight's kind, and where the input width is whole blocks of the activation quantization
+  // (every Gemma shape is).
+  bool use_q8(const QWeight& w) const { return plan_.int8(w.kind) && w.cols % cpu::kQ8Block == 0; }
 
   // Quantizes the input rows of a product for the 8-bit path, the rows of a prefill chunk in
   // parallel.
@@ -235,7 +234,7 @@ class CpuBackend final : public Backend {
     const float* px = f32(x);
     float* py = f32(y);
     const int64_t grain = std::max<int64_t>(4, 65536 / std::max<int64_t>(w.cols, 1));
-    if (use_q8(w)) {
+    if (use_q8(wq)) {
       // Quantized once here, then shared read-only by every thread.
       if (q8_.empty()) q8_.emplace_back();
       cpu::Q8Buffer& xa = q8_.front();
@@ -268,8 +267,8 @@ class CpuBackend final : public Backend {
     for (const QProduct& p : products) {
       const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(*p.w).m;
       check_product(w, p.x, p.y);
-      batch_.push_back(
-          {&w, f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride, total_rows, nullptr});
+      batch_.push_back({&w, use_q8(*p.w), f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride,
+                        total_rows, nullptr});
       total_rows += w.rows;
       max_cols = std::max(max_cols, w.cols);
     }
@@ -277,7 +276,7 @@ class CpuBackend final : public Backend {
     size_t n_q8 = 0;
     for (size_t i = 0; i < batch_.size(); ++i) {
       BatchedProduct& j = batch_[i];
-      if (!use_q8(*j.w)) continue;
+      if (!j.int8) continue;
       for (size_t k = 0; k < i && j.q8 == nullptr; ++k) {
         const BatchedProduct& o = batch_[k];
         if (o.q8 != nullptr && o.x == j.x && o.x_rows == j.x_rows && o.x_stride == j.x_stride &&
@@ -367,50 +366,84 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // Each query row's keys are cut into blocks of cpu::kAttentionBlock positions counted from
+  // its first visible one; a task is one (row, KV head, block): the query heads that share the
+  // KV head read each key and value row once together (attention_partial). A second loop merges
+  // each head's blocks (attention_combine). The blocks depend on positions only, so the result
+  // is the same bits for any thread count, and for a position whether it is decoded or part of a
+  // prefill chunk. Rows are taken in waves so that the partials stay within kPartialFloats.
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
                  Mat out) override {
     check_attention_args(q, kv, n_heads, out);
+    if (q.rows == 0) return;
     const int d = kv.head_dim;
-    const int group = n_heads / kv.num_kv_heads;
-    const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * d;
+    const int kv_heads = kv.num_kv_heads;
+    const int group = n_heads / kv_heads;
+    const int64_t width = static_cast<int64_t>(kv_heads) * d;
     const float* pq = f32(q);
     float* po = f32(out);
+    const int64_t B = cpu::kAttentionBlock;
+    const auto visible = [&](int64_t t) {
+      const int64_t pos = pos0 + t;
+      return std::pair{kv.first_visible(pos), pos + 1};  // [first, end)
+    };
+    // Rows see nondecreasing key counts: the last one sees the most.
+    const auto [last_first, last_end] = visible(q.rows - 1);
+    if (kv.ring && last_end - last_first > kv.capacity)
+      throw std::logic_error("attention: window exceeds the ring");
+    const int64_t max_blocks = (last_end - last_first + B - 1) / B;
+    const int64_t per_row = static_cast<int64_t>(n_heads) * max_blocks;  // partials of a row
+    const int64_t wave = std::clamp<int64_t>(kPartialFloats / (per_row * (d + 2)), 1, q.rows);
+    attn_m_.resize(static_cast<size_t>(wave * per_row));
+    attn_w_.resize(static_cast<size_t>(wave * per_row));
+    attn_o_.resize(static_cast<size_t>(wave * per_row * d));
+    const bool f16 = kv.dtype == KvDType::f16;
+    const size_t elem = f16 ? 2 : 4;
     const std::byte* kb = bytes_of(*kv.k);
     const std::byte* vb = bytes_of(*kv.v);
-    const int64_t tasks = q.rows * n_heads;
-    pool_.parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> scores;
-      for (int64_t task = b; task < e; ++task) {
-        const int64_t t = task / n_heads;
-        const int h = static_cast<int>(task % n_heads);
-        const int g = h / group;
-        const int64_t pos = pos0 + t;
-        const int64_t first = kv.first_visible(pos);
-        const int64_t n = pos - first + 1;
-        if (kv.ring && n > kv.capacity)
-          throw std::logic_error("attention: window exceeds the ring");
-        const float* qh = pq + t * q.stride + static_cast<int64_t>(h) * d;
-        float* oh = po + t * out.stride + static_cast<int64_t>(h) * d;
-        scores.resize(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t off = kv.slot(first + i) * width + static_cast<int64_t>(g) * d;
-          const float dot = kv.dtype == KvDType::f32
-                                ? cpu::dot_f32(qh, reinterpret_cast<const float*>(kb) + off, d)
-                                : cpu::dot_f16(qh, reinterpret_cast<const uint16_t*>(kb) + off, d);
-          scores[static_cast<size_t>(i)] = dot * scale;
+    // Partial of (row t of the wave, KV head g, block b): index ((t * kv_heads + g) *
+    // max_blocks + b) * group + i for query head g * group + i.
+    const auto at = [&](int64_t t, int g, int64_t b) {
+      return ((t * kv_heads + g) * max_blocks + b) * group;
+    };
+    for (int64_t t0 = 0; t0 < q.rows; t0 += wave) {
+      const int64_t rows = std::min(wave, q.rows - t0);
+      pool_.parallel_for(rows * kv_heads * max_blocks, 1, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> scratch;
+        scratch.resize(static_cast<size_t>(group * B));
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t t = task / (kv_heads * max_blocks);
+          const int g = static_cast<int>(task / max_blocks % kv_heads);
+          const int64_t b = task % max_blocks;
+          const auto [first, last] = visible(t0 + t);
+          const int64_t kb0 = first + b * B;
+          if (kb0 >= last) continue;  // this row sees fewer blocks
+          cpu::AttentionKv rows_of;
+          rows_of.k = kb + static_cast<size_t>(g) * d * elem;
+          rows_of.v = vb + static_cast<size_t>(g) * d * elem;
+          rows_of.f16 = f16;
+          rows_of.row_stride = width;
+          rows_of.capacity = kv.capacity;
+          rows_of.ring = kv.ring;
+          const int64_t i0 = at(t, g, b);
+          cpu::attention_partial(pq + (t0 + t) * q.stride + static_cast<int64_t>(g) * group * d, d,
+                                 group, d, scale, rows_of, kb0, std::min(kb0 + B, last),
+                                 attn_m_.data() + i0, attn_w_.data() + i0, attn_o_.data() + i0 * d,
+                                 scratch.data());
         }
-        cpu::softmax(scores.data(), n);
-        std::fill_n(oh, d, 0.0f);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t off = kv.slot(first + i) * width + static_cast<int64_t>(g) * d;
-          const float p = scores[static_cast<size_t>(i)];
-          if (kv.dtype == KvDType::f32)
-            cpu::axpy_f32(p, reinterpret_cast<const float*>(vb) + off, oh, d);
-          else
-            cpu::axpy_f16(p, reinterpret_cast<const uint16_t*>(vb) + off, oh, d);
+      });
+      pool_.parallel_for(rows * n_heads, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t t = task / n_heads;
+          const int h = static_cast<int>(task % n_heads);
+          const auto [first, last] = visible(t0 + t);
+          const int64_t i0 = at(t, h / group, 0) + h % group;
+          cpu::attention_combine(attn_m_.data() + i0, attn_w_.data() + i0, attn_o_.data() + i0 * d,
+                                 group, static_cast<int>((last - first + B - 1) / B), d,
+                                 po + (t0 + t) * out.stride + static_cast<int64_t>(h) * d);
         }
-      }
-    });
+      });
+    }
   }
 
   // ---- routing ----
@@ -441,6 +474,7 @@ class CpuBackend final : public Backend {
   // combined row range.
   struct BatchedProduct {
     const cpu::QuantMatrix* w;
+    bool int8;  // whether the plan puts this product on the 8-bit path
     const float* x;
     int64_t x_rows;
     int64_t x_stride;
@@ -450,10 +484,14 @@ class CpuBackend final : public Backend {
     const cpu::Q8Buffer* q8;  // the quantized input on the 8-bit path, else null
   };
   ThreadPool pool_;
-  ActivationPrecision precision_ = ActivationPrecision::exact;
+  ActivationPlan plan_ = ActivationPlan::exact();
   // Quantized inputs of the current product(s); a deque keeps them in place as it grows.
   std::deque<cpu::Q8Buffer> q8_;
   std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
+  // Attention's per-block partials (max, weight, values), kept between calls; at most
+  // kPartialFloats values (16 MiB) beyond a single row's.
+  static constexpr int64_t kPartialFloats = int64_t{4} << 20;
+  std::vector<float> attn_m_, attn_w_, attn_o_;
 };
 
 }  // namespace

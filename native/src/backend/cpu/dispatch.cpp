@@ -370,6 +370,69 @@ uint16_t f32_to_f16(float x) { return f32_to_f16_bits(x); }
 
 void softmax(float* x, int64_t n) { kernels().softmax(x, n); }
 
+void attention_partial(const float* q, int64_t q_stride, int group, int head_dim, float scale,
+                       const AttentionKv& kv, int64_t pos_begin, int64_t pos_end, float* m,
+                       float* w, float* o, float* scratch) {
+  const int64_t n = pos_end - pos_begin;
+  if (n <= 0 || n > kAttentionBlock || group <= 0 || head_dim <= 0)
+    throw std::invalid_argument("redwing::cpu::attention_partial: bad block");
+  const KernelTable& kn = kernels();
+  const int64_t d = head_dim;
+  float* s = scratch;  // [group, n] scores, then probabilities
+  // Where position p's row of K or V starts. The group's heads read each row one after
+  // another, so it is in L1 after the first; f16 rows are widened inside the dot and axpy
+  // kernels (no copy).
+  const auto row_at = [&](int64_t p) { return (kv.ring ? p % kv.capacity : p) * kv.row_stride; };
+  const auto* k32 = static_cast<const float*>(kv.k);
+  const auto* k16 = static_cast<const uint16_t*>(kv.k);
+  const auto* v32 = static_cast<const float*>(kv.v);
+  const auto* v16 = static_cast<const uint16_t*>(kv.v);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t r = row_at(pos_begin + j);
+    for (int i = 0; i < group; ++i)
+      s[i * n + j] = (kv.f16 ? kn.dot_f16(q + i * q_stride, k16 + r, d)
+                             : kn.dot_f32(q + i * q_stride, k32 + r, d)) *
+                     scale;
+  }
+  for (int i = 0; i < group; ++i) {
+    float* si = s + i * n;
+    int64_t top = 0;
+    for (int64_t j = 1; j < n; ++j) top = si[j] > si[top] ? j : top;
+    m[i] = si[top];
+    kn.softmax(si, n);
+    w[i] = si[top];
+    std::fill_n(o + i * d, d, 0.0f);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t r = row_at(pos_begin + j);
+    for (int i = 0; i < group; ++i) {
+      if (kv.f16)
+        kn.axpy_f16(s[i * n + j], v16 + r, o + i * d, d);
+      else
+        kn.axpy_f32(s[i * n + j], v32 + r, o + i * d, d);
+    }
+  }
+}
+
+void attention_combine(const float* m, const float* w, const float* o, int64_t stride, int n_blocks,
+                       int head_dim, float* out) {
+  if (n_blocks == 1) {  // nothing to merge: the block's softmax is the whole softmax
+    std::copy_n(o, head_dim, out);
+    return;
+  }
+  float top = m[0];
+  for (int b = 1; b < n_blocks; ++b) top = std::max(top, m[b * stride]);
+  // Block b's exp-sum relative to the overall max is exp(m_b - top) / w_b.
+  double total = 0;
+  for (int b = 0; b < n_blocks; ++b)
+    total += std::exp(static_cast<double>(m[b * stride]) - top) / w[b * stride];
+  std::fill_n(out, head_dim, 0.0f);
+  for (int b = 0; b < n_blocks; ++b) {
+    const double share = std::exp(static_cast<double>(m[b * stride]) - top) / w[b * stride] / total;
+    kernels().axpy_f32(static_cast<float>(share), o + b * stride * head_dim, out, head_dim);
+  }
+}
+
 void top_k(const float* scores, int64_t n, int k, int32_t* indices) {
   if (k < 0 || k > n) {
     throw std::invalid_argument("redwing::cpu::top_k: k = " + std::to_string(k) + " not in [0, " +

@@ -155,6 +155,43 @@ uint16_t f32_to_f16(float x);
 // In-place softmax over n values (max-subtracted, float32).
 void softmax(float* x, int64_t n);
 
+// ---- attention, split over blocks of keys ---------------------------------------------------
+//
+// A query's softmax over its visible keys is computed per block of at most kAttentionBlock keys
+// (attention_partial: each block's own max and softmax) and the blocks are then merged exactly
+// (attention_combine: rescaled by exp(block max - overall max)), as flash attention does. So
+// one head's keys can be split over threads, and the query heads that share a KV head read each
+// key and value row once for all of them. Built from the dispatched kernels above.
+inline constexpr int64_t kAttentionBlock = 128;
+
+// One KV head's keys and values as attention reads them: position p sits in row p (or
+// p % capacity for a ring), row r of K at k + r * row_stride elements (float32, or IEEE half
+// when f16).
+struct AttentionKv {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  bool f16 = false;
+  int64_t row_stride = 0;
+  int64_t capacity = 0;
+  bool ring = false;
+};
+
+// The partial attention of `group` query heads (head i at q + i * q_stride, head_dim values)
+// over the keys at positions [pos_begin, pos_end), at most kAttentionBlock of them. With
+// s_ij = scale * q_i . k_j (float32) and p_ij = softmax_j(s_ij) over this block: m[i] = max_j
+// s_ij, w[i] = p_ij at that max (1 / sum_j exp(s_ij - m[i])), and o + i * head_dim = sum_j p_ij
+// v_j. scratch holds group * kAttentionBlock floats. Throws std::invalid_argument
+// for an empty or oversized block.
+void attention_partial(const float* q, int64_t q_stride, int group, int head_dim, float scale,
+                       const AttentionKv& kv, int64_t pos_begin, int64_t pos_end, float* m,
+                       float* w, float* o, float* scratch);
+
+// Merges the partials of n_blocks blocks of one query head's keys (block b: m[b * stride],
+// w[b * stride], o + b * stride * head_dim) into out (head_dim values): the softmax-weighted sum
+// of the values over all those keys.
+void attention_combine(const float* m, const float* w, const float* o, int64_t stride, int n_blocks,
+                       int head_dim, float* out);
+
 // The k largest of n scores: indices in descending score order (ties: lower index first).
 void top_k(const float* scores, int64_t n, int k, int32_t* indices);
 
