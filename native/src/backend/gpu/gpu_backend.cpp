@@ -152,10 +152,12 @@ constexpr int kMaxSampleK = 64;          // topk_partial.comp's MAX_K
 constexpr uint32_t kSampleChunk = 1024;  // logits per topk_partial workgroup
 enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
 
-constexpr uint32_t kAttentionSplit = 256;  // attention_partial.comp's SPLIT
-constexpr int kMaxHeadDim = 512;           // attention_partial.comp's MAX_HEAD_DIM
-constexpr int kMaxTopK = 32;               // route.comp's MAX_TOP_K
-constexpr int64_t kMatvecMaxTokens = 4;    // more tokens: the tiled qmatmul kernel
+constexpr uint32_t kAttentionSplit = 256;   // attention_partial.comp's SPLIT
+constexpr int kMaxHeadDim = 512;            // attention_partial.comp's MAX_HEAD_DIM
+constexpr int kMaxTopK = 32;                // route.comp's MAX_TOP_K
+constexpr int kMaxExperts = 512;            // route.comp's MAX_EXPERTS
+constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
+constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 
 class GpuBackend final : public Backend {
  public:
@@ -350,7 +352,8 @@ class GpuBackend final : public Backend {
                     u32(x.rows)};
       const Binding binds[] = {packed, scales, biases, vx.b, vy.b};
       if (matvec) {
-        const uint64_t groups = static_cast<uint64_t>((n + 3) / 4);
+        const uint64_t groups =
+            static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
         const auto [gx, gy] = grid(groups);
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
@@ -484,6 +487,8 @@ class GpuBackend final : public Backend {
              float* weights) override {
     const int64_t n = logits.cols;
     if (top_k <= 0 || top_k > n || top_k > kMaxTopK) throw std::logic_error("route: bad top_k");
+    if (n > kMaxExperts)
+      throw std::logic_error("route: more than " + std::to_string(kMaxExperts) + " experts");
     if (per_expert_scale.size_bytes() < sizeof(float) * n)
       throw std::logic_error("route: per_expert_scale too short");
     if (logits.rows == 0) return;
@@ -498,8 +503,7 @@ class GpuBackend final : public Backend {
     touch({vl.b.buffer, &pes}, {route_out_.get()});
     const Binding binds[] = {vl.b, whole(pes), Binding{route_out_.get(), 0, weights_at},
                              Binding{route_out_.get(), weights_at, count * sizeof(float)}};
-    dispatch_linear(Kernel::route, binds, &p, sizeof p,
-                    (static_cast<uint64_t>(logits.rows) + 63) / 64);
+    dispatch_linear(Kernel::route, binds, &p, sizeof p, static_cast<uint64_t>(logits.rows));
     std::vector<std::byte> host(bytes);
     dev_->read(*route_out_, 0, host.data(), bytes);
     after_flush();
@@ -525,6 +529,8 @@ class GpuBackend final : public Backend {
   void route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes) override {
     const int64_t n = logits.cols;
     if (top_k <= 0 || top_k > n || top_k > kMaxTopK) throw std::logic_error("route: bad top_k");
+    if (n > kMaxExperts)
+      throw std::logic_error("route: more than " + std::to_string(kMaxExperts) + " experts");
     if (per_expert_scale.size_bytes() < sizeof(float) * n)
       throw std::logic_error("route: per_expert_scale too short");
     const size_t count = static_cast<size_t>(logits.rows) * static_cast<size_t>(top_k);
@@ -538,8 +544,7 @@ class GpuBackend final : public Backend {
     touch({vl.b.buffer, &pes}, {&rb});
     const Binding binds[] = {vl.b, whole(pes), Binding{&rb, 0, count * sizeof(int32_t)},
                              Binding{&rb, route_weights_offset(count), count * sizeof(float)}};
-    dispatch_linear(Kernel::route, binds, &p, sizeof p,
-                    (static_cast<uint64_t>(logits.rows) + 63) / 64);
+    dispatch_linear(Kernel::route, binds, &p, sizeof p, static_cast<uint64_t>(logits.rows));
   }
 
   void routed_experts(const ExpertBank& base, Mat x, const Buffer& routes, int top_k,
@@ -702,7 +707,8 @@ class GpuBackend final : public Backend {
         Binding{s.buf.get(), 0, s.scales_offset},
         Binding{s.buf.get(), s.scales_offset, s.buf->size_bytes() - s.scales_offset}, vx.b, vy.b,
         ids};
-    const auto [gx, gy] = grid(static_cast<uint64_t>((s.rows + 3) / 4));
+    const auto [gx, gy] =
+        grid(static_cast<uint64_t>((s.rows + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup));
     dispatch(Kernel::moe_matvec, binds, &p, sizeof p, gx, gy, slots);
   }
 
