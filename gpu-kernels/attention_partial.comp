@@ -1,5 +1,5 @@
 // Attention, first pass: for query row t, head h and split s, the keys i in
-// [s * SPLIT, (s + 1) * SPLIT) of the visible range (kv_visible in backend.h) give
+// [s * split_len, (s + 1) * split_len) of the visible range (kv_visible in backend.h) give
 //   m = max_i score_i, l = sum_i exp(score_i - m), o = sum_i exp(score_i - m) v_i
 // with score_i = scale * q . k_i, written to partials[(t, h, s)] as [m, l, o[0..d)].
 // attention_combine.comp merges the splits exactly. The same kernels serve decode (one row,
@@ -37,9 +37,11 @@ layout(push_constant) uniform Params {
   uint f16;
   uint splits;
   float scale;
+  uint split_len;  // keys per split, at most SPLIT (the host picks fewer for few rows: more
+                   // workgroups on a short decode context)
 } p;
 
-const uint SPLIT = 256u;
+const uint SPLIT = 256u;  // the most keys of one split (scores' size)
 const uint MAX_HEAD_DIM = 512u;
 shared float qs[MAX_HEAD_DIM];
 shared float scores[SPLIT];
@@ -67,8 +69,8 @@ void main() {
   const uint pos = p.pos0 + t;
   const uint first = (p.window > 0u && pos >= p.window) ? pos - p.window + 1u : 0u;
   const uint n = pos - first + 1u;
-  const uint i0 = s * SPLIT;
-  const uint count = i0 < n ? min(SPLIT, n - i0) : 0u;
+  const uint i0 = s * p.split_len;
+  const uint count = i0 < n ? min(p.split_len, n - i0) : 0u;
   const uint out_base = id * (d + 2u);
 
   for (uint j = tid; j < d; j += THREADS) qs[j] = q[p.q_offset + t * p.q_stride + h * d + j];

@@ -124,6 +124,7 @@ struct AttentionParams {
   uint32_t rows, n_heads, group, head_dim, width, q_offset, q_stride, pos0, capacity, ring, window,
       f16, splits;
   float scale;
+  uint32_t split_len;
 };
 struct CombineParams {
   uint32_t rows, n_heads, head_dim, splits, out_offset, out_stride;
@@ -152,7 +153,9 @@ constexpr int kMaxSampleK = 64;          // topk_partial.comp's MAX_K
 constexpr uint32_t kSampleChunk = 1024;  // logits per topk_partial workgroup
 enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
 
-constexpr uint32_t kAttentionSplit = 256;   // attention_partial.comp's SPLIT
+constexpr int64_t kAttentionSplit = 256;  // attention_partial.comp's SPLIT
+constexpr int64_t kAttentionWorkgroups =
+    256;                                    // enough attention workgroups to spread a decode step
 constexpr int kMaxHeadDim = 512;            // attention_partial.comp's MAX_HEAD_DIM
 constexpr int kMaxTopK = 32;                // route.comp's MAX_TOP_K
 constexpr int kMaxExperts = 512;            // route.comp's MAX_EXPERTS
@@ -447,7 +450,14 @@ class GpuBackend final : public Backend {
     const int64_t last = pos0 + q.rows - 1;
     const int64_t most = last - kv.first_visible(last) + 1;
     if (kv.ring && most > kv.capacity) throw std::logic_error("attention: window exceeds the ring");
-    const int64_t splits = (most + kAttentionSplit - 1) / kAttentionSplit;
+    // Keys per split: at most kAttentionSplit, fewer where rows x heads x splits would leave
+    // most of a large GPU idle (decode on a short context: one workgroup per head); a multiple
+    // of 32. The combine is exact for any split.
+    const int64_t rows_heads = q.rows * n_heads;
+    const int64_t splits_wanted = std::max<int64_t>(1, kAttentionWorkgroups / rows_heads);
+    const int64_t split_len = std::clamp<int64_t>(
+        ((most + splits_wanted - 1) / splits_wanted + 31) / 32 * 32, 32, kAttentionSplit);
+    const int64_t splits = (most + split_len - 1) / split_len;
     const size_t partial_bytes =
         static_cast<size_t>(q.rows * n_heads * splits * (d + 2)) * sizeof(float);
     if (!partials_ || partials_->size_bytes() < partial_bytes)
@@ -468,7 +478,8 @@ class GpuBackend final : public Backend {
                       u32(kv.window),
                       kv.dtype == KvDType::f16 ? 1u : 0u,
                       u32(splits),
-                      scale};
+                      scale,
+                      u32(split_len)};
     touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
     const Binding pb{partials_.get(), 0, partial_bytes};
     const Binding binds[] = {vq.b, whole(kc), whole(vc), pb};
