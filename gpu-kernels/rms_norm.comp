@@ -44,14 +44,14 @@ const uint NORM_HELD = 16u;
 layout(local_size_x = 256) in;
 shared float partial[NORM_THREADS];
 
-// Column c of the outputs from xc = x[c] (read before y is written: y may be x).
-void write_out(uint c, float xc, float inv, uint yb, uint y2b) {
-  const float scale = p.has_weight == 1u ? p.weight_offset + weight[c] : 1.0;
-  if (p.pair != 0u) y2[y2b + c] = xc * inv * (p.weight_offset + weight2[c]);
-  const float v = p.has_weight == 2u ? (xc * inv * weight[c]) * p.col_scale : xc * inv * scale;
+// y's new value from x's value xc, the norm's factor, the weight's value wc and y's old value
+// yc (used when accumulating).
+float norm_out(float xc, float inv, float wc, float yc) {
+  const float scale = p.has_weight == 1u ? p.weight_offset + wc : 1.0;
+  const float v = p.has_weight == 2u ? (xc * inv * wc) * p.col_scale : xc * inv * scale;
   // (y + v) * acc_scale, as the add and scale ops after a separate norm compute it (a scale of
   // 1 is exact).
-  y[yb + c] = p.accumulate != 0u ? (y[yb + c] + v) * p.acc_scale : v;
+  return p.accumulate != 0u ? (yc + v) * p.acc_scale : v;
 }
 
 void main() {
@@ -59,11 +59,13 @@ void main() {
   if (r >= p.rows) return;  // uniform over the workgroup
   const uint tid = gl_LocalInvocationID.x;
   const uint xb = p.x_offset + r * p.x_stride;
+  const uint last = p.cols - 1u;
   float held[NORM_HELD];
   float ss = 0.0;
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
     const uint c = tid + i * NORM_THREADS;
-    held[i] = c < p.cols ? x[xb + c] : 0.0;
+    const float v = x[xb + min(c, last)];  // clamped, not guarded: the loads issue together
+    held[i] = c < p.cols ? v : 0.0;
   }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += held[i] * held[i];
   for (uint c = tid + NORM_HELD * NORM_THREADS; c < p.cols; c += NORM_THREADS)
@@ -77,10 +79,29 @@ void main() {
   const float inv = 1.0 / sqrt(partial[0] / float(p.cols) + p.eps);
   const uint yb = p.y_offset + r * p.y_stride;
   const uint y2b = p.y2_offset + r * p.y2_stride;
+  // The held columns: every load first (weights, y), then the stores, so that the loads are
+  // not serialized behind stores the compiler must assume may alias them.
+  float w1[NORM_HELD];
+  float w2[NORM_HELD];
+  float yo[NORM_HELD];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * NORM_THREADS, last);
+    w1[i] = p.has_weight != 0u ? weight[c] : 0.0;
+    w2[i] = p.pair != 0u ? weight2[c] : 0.0;
+    yo[i] = p.accumulate != 0u ? y[yb + c] : 0.0;
+  }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
     const uint c = tid + i * NORM_THREADS;
-    if (c < p.cols) write_out(c, held[i], inv, yb, y2b);
+    if (c < p.cols) {
+      const float xc = held[i];
+      if (p.pair != 0u) y2[y2b + c] = xc * inv * (p.weight_offset + w2[i]);
+      y[yb + c] = norm_out(xc, inv, w1[i], yo[i]);
+    }
   }
-  for (uint c = tid + NORM_HELD * NORM_THREADS; c < p.cols; c += NORM_THREADS)
-    write_out(c, x[xb + c], inv, yb, y2b);  // x read before y is written: y may be x
+  for (uint c = tid + NORM_HELD * NORM_THREADS; c < p.cols; c += NORM_THREADS) {
+    const float xc = x[xb + c];  // read before y is written: y may be x
+    if (p.pair != 0u) y2[y2b + c] = xc * inv * (p.weight_offset + weight2[c]);
+    y[yb + c] = norm_out(xc, inv, p.has_weight != 0u ? weight[c] : 0.0,
+                         p.accumulate != 0u ? y[yb + c] : 0.0);
+  }
 }

@@ -99,12 +99,11 @@ void main() {
     }
   }
   barrier();
-  if (tid == 0u) {
+  if (tid < p.top_k) {  // one pick per thread: the loads of its scale issue together
     float top_sum = 0.0;
     for (uint j = 0u; j < p.top_k; ++j) top_sum += chosen_p[j];
-    for (uint j = 0u; j < p.top_k; ++j) {
-      ids[t * p.top_k + j] = chosen[j];
-      weights[t * p.top_k + j] = (chosen_p[j] / top_sum) * per_expert_scale[uint(chosen[j])];
-    }
+    const int id = chosen[tid];
+    ids[t * p.top_k + tid] = id;
+    weights[t * p.top_k + tid] = (chosen_p[tid] / top_sum) * per_expert_scale[uint(id)];
   }
 }
