@@ -176,7 +176,8 @@ TEST_CASE("gpu: quantized products and embedding match the CPU for every variant
 }
 
 // Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096
-// columns (matvec.glsl), rms_norm holds 4,096 columns in registers and reads the rest again.
+// columns (matvec.glsl), qmatmul in slabs of 512, rms_norm holds 4,096 columns in registers and
+// reads the rest again.
 TEST_CASE("gpu: products and norms over rows wider than one staging chunk match the CPU") {
   auto cpu = make_cpu_backend(2);
   auto gpu = gpu_backend();
@@ -188,7 +189,7 @@ TEST_CASE("gpu: products and norms over rows wider than one staging chunk match 
     HostQuant q(rows, cols, bits, group, st, static_cast<uint64_t>(seed++));
     auto wc = cpu->import_qweight(q.m);
     auto wg = gpu->import_qweight(q.m);
-    for (int64_t tokens : {1, 3}) {
+    for (int64_t tokens : {1, 3, 9}) {  // 9: qmatmul, many 512-column slabs
       CAPTURE(bits);
       CAPTURE(tokens);
       auto x = randn(static_cast<size_t>(tokens * cols), static_cast<uint64_t>(seed++));

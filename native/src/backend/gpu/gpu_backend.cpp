@@ -160,6 +160,8 @@ constexpr int kMaxHeadDim = 512;            // attention_partial.comp's MAX_HEAD
 constexpr int kMaxTopK = 32;                // route.comp's MAX_TOP_K
 constexpr int kMaxExperts = 512;            // route.comp's MAX_EXPERTS
 constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
+constexpr int64_t kMatmulTileRows = 16;     // qmatmul.comp's TILE_ROWS
+constexpr int64_t kMatmulTileTokens = 8;    // qmatmul.comp's TILE_TOKENS
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 
 class GpuBackend final : public Backend {
@@ -360,8 +362,9 @@ class GpuBackend final : public Backend {
         const auto [gx, gy] = grid(groups);
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
-        dispatch(Kernel::qmatmul, binds, &p, sizeof p, u32((n + 63) / 64), u32((x.rows + 7) / 8),
-                 1);
+        dispatch(Kernel::qmatmul, binds, &p, sizeof p,
+                 u32((n + kMatmulTileRows - 1) / kMatmulTileRows),
+                 u32((x.rows + kMatmulTileTokens - 1) / kMatmulTileTokens), 1);
       }
     });
   }
