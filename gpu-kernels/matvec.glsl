@@ -10,8 +10,8 @@
 // 32 so that the 32 threads of a row, each reading its own 32 consecutive columns, hit 32
 // different banks. Per group it accumulates s * sum(x q) + b * sum(x), the CPU's arithmetic.
 //
-// The including kernel declares: `packed4` (uvec4 words), `x` (float), MV_SCALE(i) and
-// MV_BIAS(i) (scale and bias i as float), and calls mv_row() from every thread of the
+// The including kernel declares: `packed4` (uvec4 words), MV_X(i) (element i of x as float),
+// MV_SCALE(i) and MV_BIAS(i) (scale and bias i as float), and calls mv_row() from every thread of the
 // workgroup (it has barriers), then mv_reduce().
 
 const uint MV_ROWS = 8u;
@@ -47,7 +47,7 @@ float mv_row(bool row_ok, uint row_quad0, uint scale_base, uint xb, uint cols, u
     barrier();  // the previous chunk's readers are done
     float staged[MV_STAGE];
     [[unroll]] for (uint i = 0u; i < MV_STAGE; ++i)
-      staged[i] = x[xb + c0 + min(tid + i * MV_ROWS * MV_LANES, n - 1u)];
+      staged[i] = MV_X(xb + c0 + min(tid + i * MV_ROWS * MV_LANES, n - 1u));
     [[unroll]] for (uint i = 0u; i < MV_STAGE; ++i) {
       const uint c = tid + i * MV_ROWS * MV_LANES;
       if (c < n) mv_x[mv_slot(c)] = staged[i];

@@ -30,8 +30,12 @@ layout(push_constant) uniform Params {
   uint y_offset;
   uint y_stride;
   uint experts;        // ids outside [0, experts) contribute nothing
+  uint geglu_half;     // 0, or x is the GeGLU of x's element i and i + geglu_half (see MV_X)
 } p;
 
+// With geglu_half, x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (the experts' GeGLU
+// fused into the down product's input: one dispatch less, and no hidden buffer).
+#define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
 #define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
 #define MV_BIAS(I) LOAD_SCALE(scales, p.bias0 + (I), p.scale_type)
 #include "matvec.glsl"

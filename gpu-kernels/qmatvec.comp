@@ -26,6 +26,7 @@ layout(push_constant) uniform Params {
   uint y_stride;
 } p;
 
+#define MV_X(I) x[(I)]
 #define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
 #define MV_BIAS(I) LOAD_SCALE(biases, (I), p.scale_type)
 #include "matvec.glsl"

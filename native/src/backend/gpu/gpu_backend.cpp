@@ -134,7 +134,7 @@ struct RouteParams {
 };
 struct MoeMatvecParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, bias0, x_offset,
-      x_stride, x_div, y_offset, y_stride, experts;
+      x_stride, x_div, y_offset, y_stride, experts, geglu_half;
 };
 struct MoeCombineParams {
   uint32_t rows, cols, top_k, y_offset, y_stride, out_offset, out_stride;
@@ -697,9 +697,10 @@ class GpuBackend final : public Backend {
     return s.scales_offset <= max_binding_ && s.buf->size_bytes() - s.scales_offset <= max_binding_;
   }
 
-  // y[slot] = W_{ids[slot]} x[slot / x_div] for the `slots` routed slots.
+  // y[slot] = W_{ids[slot]} x[slot / x_div] for the `slots` routed slots; with geglu_half, x's
+  // column c is gelu_tanh(x[c]) * x[c + geglu_half] (the view x spans the first half).
   void moe_matvec(const StackedExperts& s, const GpuExpertBank& bank, Mat x, uint32_t x_div,
-                  const Binding& ids, uint32_t slots, Mat y) {
+                  const Binding& ids, uint32_t slots, Mat y, uint32_t geglu_half = 0) {
     const View vx = view(x), vy = view(y);
     MoeMatvecParams p{
         u32(s.rows),
@@ -715,7 +716,8 @@ class GpuBackend final : public Backend {
         x_div,
         vy.offset,
         u32(y.stride),
-        u32(bank.num_experts)};
+        u32(bank.num_experts),
+        geglu_half};
     touch({vx.b.buffer, ids.buffer, s.buf.get()}, {vy.b.buffer});
     const Binding binds[] = {
         Binding{s.buf.get(), 0, s.scales_offset},
@@ -735,11 +737,10 @@ class GpuBackend final : public Backend {
     const Binding ids{&rb, 0, count * sizeof(int32_t)};
     const Binding weights{&rb, route_weights_offset(count), count * sizeof(float)};
     Mat gu = scratch(moe_gate_up_, slots, 2 * inter);
-    Mat h = scratch(moe_hidden_, slots, inter);
     Mat y = scratch(moe_out_, slots, bank.hidden);
     moe_matvec(bank.gate_up, bank, x, u32(top_k), ids, u32(slots), gu);
-    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
-    moe_matvec(bank.down, bank, h, 1, ids, u32(slots), y);
+    // The down product reads GeGLU(gate, up) straight from gu (its staging computes it).
+    moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, ids, u32(slots), y, u32(inter));
     const View vy = view(y), vo = view(out);
     MoeCombineParams p{u32(x.rows),   u32(out.cols), u32(top_k),     vy.offset,
                        u32(y.stride), vo.offset,     u32(out.stride)};
