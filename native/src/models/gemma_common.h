@@ -26,8 +26,7 @@ enum Slot : int {
   kValue,            // [T, kv_heads * head_dim]
   kAttnOut,          // [T, heads * head_dim]
   kBranch,           // [T, hidden]: a block's output before the residual add
-  kGate,             // [T, intermediate]
-  kUp,               // [T, intermediate]
+  kGate,             // [T, 2 * intermediate]: the MLP's gate and up, side by side
   kHeadIn,           // [n, hidden]: final-normed rows that need logits
   kLogits,           // [n, vocab]
   kFirstFamilySlot,  // families number their own slots from here
