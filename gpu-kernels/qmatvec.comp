@@ -24,13 +24,9 @@ layout(push_constant) uniform Params {
   uint x_stride;
   uint y_offset;    // element of y for token 0, row 0 of the chunk
   uint y_stride;
-  uint tokens;      // (qmatmul's; unused here)
-  uint geglu_half;  // 0, or x is the GeGLU of x's element i and i + geglu_half (see MV_X)
 } p;
 
-// With geglu_half, x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (a gated MLP's GeGLU
-// fused into its down product's input).
-#define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
+#define MV_X(I) x[(I)]
 #define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
 #define MV_BIAS(I) LOAD_SCALE(biases, (I), p.scale_type)
 #include "matvec.glsl"

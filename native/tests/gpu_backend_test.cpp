@@ -213,29 +213,6 @@ TEST_CASE("gpu: products and norms over rows wider than one staging chunk match 
   }
 }
 
-// A gated MLP's down product with its GeGLU: gate and up side by side in one buffer (decode: the
-// GPU computes the GeGLU while staging the product's input; 9 tokens: the separate ops).
-TEST_CASE("gpu: geglu_qmatmul matches the CPU's GeGLU then product") {
-  auto cpu = make_cpu_backend(2);
-  auto gpu = gpu_backend();
-  const int64_t inter = 192, hidden = 45;
-  HostQuant q(hidden, inter, 4, 64, DType::bf16, 77);
-  auto wc = cpu->import_qweight(q.m);
-  auto wg = gpu->import_qweight(q.m);
-  for (int64_t tokens : {1, 3, 9}) {
-    CAPTURE(tokens);
-    auto gu = randn(static_cast<size_t>(tokens * 2 * inter), static_cast<uint64_t>(78 + tokens));
-    std::vector<float> y(static_cast<size_t>(tokens * hidden), 0.0f);
-    const double d = compare(*cpu, *gpu, {gu, y}, [&](Backend& b, auto& bufs) {
-      const Mat all{bufs[0].get(), 0, tokens, 2 * inter, 2 * inter};
-      b.geglu_qmatmul(&b == cpu.get() ? *wc : *wg, all.col_range(0, inter),
-                      all.col_range(inter, inter), Mat{bufs[1].get(), 0, tokens, hidden, hidden});
-      b.fill_zero(all);  // gate is left undefined
-    });
-    CHECK(d < 1e-4);
-  }
-}
-
 TEST_CASE("gpu: element-wise ops, norms and RoPE match the CPU") {
   auto cpu = make_cpu_backend(2);
   auto gpu = gpu_backend();

@@ -243,13 +243,6 @@ class Backend {
   virtual void qmatmul_batch(std::span<const QProduct> products) {
     for (const QProduct& p : products) qmatmul(*p.w, p.x, p.y);
   }
-  // y = gelu_tanh(gate) * up times w's transpose: a gated MLP's down product with its GeGLU.
-  // gate is left undefined (the default computes the GeGLU into it, then the product; a GPU
-  // computes it while reading the product's input, one dispatch less).
-  virtual void geglu_qmatmul(const QWeight& w, Mat gate, Mat up, Mat y) {
-    gelu_tanh_mul(gate, up, gate);
-    qmatmul(w, gate, y);
-  }
   // out[i] = scale * row ids[i] of `table` (dequantized).
   virtual void embed(const QWeight& table, std::span<const int32_t> ids, float scale, Mat out) = 0;
   // dst[i] = src[rows[i]]

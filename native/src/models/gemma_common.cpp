@@ -101,12 +101,12 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
 
 void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& scratch) {
   const int64_t inter = w.gate->rows;
-  // gate and up side by side in one buffer, so that a GPU reads both through one binding.
-  const Mat gu = scratch.get(kGate, in.rows, 2 * inter);
-  const Mat g = gu.col_range(0, inter), u = gu.col_range(inter, inter);
+  Mat g = scratch.get(kGate, in.rows, inter);
+  Mat u = scratch.get(kUp, in.rows, inter);
   const Backend::QProduct gate_up[] = {{w.gate.get(), in, g}, {w.up.get(), in, u}};
   backend.qmatmul_batch(gate_up);
-  backend.geglu_qmatmul(*w.down, g, u, out);
+  backend.gelu_tanh_mul(g, u, g);
+  backend.qmatmul(*w.down, g, out);
 }
 
 Mat head_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,

@@ -26,7 +26,8 @@ enum Slot : int {
   kValue,            // [T, kv_heads * head_dim]
   kAttnOut,          // [T, heads * head_dim]
   kBranch,           // [T, hidden]: a block's output before the residual add
-  kGate,             // [T, 2 * intermediate]: the MLP's gate and up, side by side
+  kGate,             // [T, intermediate]
+  kUp,               // [T, intermediate]
   kHeadIn,           // [n, hidden]: final-normed rows that need logits
   kLogits,           // [n, vocab]
   kFirstFamilySlot,  // families number their own slots from here

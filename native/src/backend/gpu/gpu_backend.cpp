@@ -89,7 +89,7 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 // Push-constant blocks: the field order of each kernel's `Params` block.
 struct QuantParams {
   uint32_t rows, cols, bits, group_size, scale_type, scale0, x_offset, x_stride, y_offset, y_stride,
-      tokens, geglu_half;
+      tokens;
 };
 struct EmbedParams {
   uint32_t rows, cols, bits, group_size, scale_type, scale0, out_offset, out_stride, count, row0;
@@ -340,21 +340,7 @@ class GpuBackend final : public Backend {
 
   // ---- products ----
 
-  void qmatmul(const QWeight& wq, Mat x, Mat y) override { product(wq, x, y, 0); }
-
-  // The down product reads GeGLU(gate, up) straight from the two views when they are the halves
-  // of one buffer's rows (gemma_common's gated_mlp) and the product is a decode one.
-  void geglu_qmatmul(const QWeight& w, Mat gate, Mat up, Mat y) override {
-    if (gate.rows <= kMatvecMaxTokens && gate.buf == up.buf && gate.stride == up.stride &&
-        gate.rows == up.rows && gate.cols == up.cols && up.offset > gate.offset &&
-        up.offset - gate.offset >= gate.cols)
-      return product(w, gate, y, u32(up.offset - gate.offset));
-    Backend::geglu_qmatmul(w, gate, up, y);
-  }
-
-  // y = W x, with x's column c read as gelu_tanh(x[c]) * x[c + geglu_half] when geglu_half > 0
-  // (decode products only).
-  void product(const QWeight& wq, Mat x, Mat y, uint32_t geglu_half) {
+  void qmatmul(const QWeight& wq, Mat x, Mat y) override {
     const auto& w = static_cast<const GpuQWeight&>(wq);
     if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
       throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
@@ -366,9 +352,9 @@ class GpuBackend final : public Backend {
     const bool matvec = x.rows <= kMatvecMaxTokens;
     for_each_chunk(w, [&](int64_t r0, int64_t n, const Binding& packed, const Binding& scales,
                           const Binding& biases, uint32_t scale0) {
-      QuantParams p{u32(n),      u32(w.cols), w.bits,        w.group_size,        w.scale_type,
-                    scale0,      vx.offset,   u32(x.stride), vy.offset + u32(r0), u32(y.stride),
-                    u32(x.rows), geglu_half};
+      QuantParams p{u32(n),     u32(w.cols), w.bits,        w.group_size,        w.scale_type,
+                    scale0,     vx.offset,   u32(x.stride), vy.offset + u32(r0), u32(y.stride),
+                    u32(x.rows)};
       const Binding binds[] = {packed, scales, biases, vx.b, vy.b};
       if (matvec) {
         const uint64_t groups =
