@@ -11,8 +11,12 @@
 // different banks. Per group it accumulates s * sum(x q) + b * sum(x), the CPU's arithmetic.
 //
 // The including kernel declares: `packed4` (uvec4 words), MV_X(i) (element i of x as float),
-// MV_SCALE(i) and MV_BIAS(i) (scale and bias i as float), and calls mv_row() from every thread of the
-// workgroup (it has barriers), then mv_reduce().
+// MV_SCALE(i) and MV_BIAS(i) (scale and bias i as float), and calls mv_row() from every thread
+// of the workgroup (it has barriers), then mv_reduce().
+//
+// (A variant that issued each thread's staging loads and its quads' loads in batches before
+// using any, and converted codes to float by exponent bits instead of int-to-float, measured the
+// same on the H200 and was dropped: docs/gpu.md, fourth round.)
 
 const uint MV_ROWS = 8u;
 const uint MV_LANES = 32u;
@@ -20,23 +24,11 @@ const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of ev
 shared float mv_x[MV_CHUNK + MV_CHUNK / 32u];
 shared float mv_partial[MV_ROWS * MV_LANES];
 
-const uint MV_STAGE = MV_CHUNK / (MV_ROWS * MV_LANES);  // x values each thread stages
-const uint MV_BATCH = 4u;  // quads each thread loads before using any
-
-// A code below 2^23 as float: its bits under 8388608.0's exponent, minus 8388608.0 (exact, and
-// full-rate arithmetic where an int-to-float conversion is a quarter-rate instruction).
-float mv_code(uint q) { return uintBitsToFloat(0x4b000000u | q) - 8388608.0; }
-
 // Position of column c (inside the chunk) in mv_x: one pad float after every 32.
 uint mv_slot(uint c) { return c + (c >> 5u); }
 
 // The dot product of row `row_quad0` (its first uvec4 in packed4) with x[xb ..], or 0 where
 // `row_ok` is false. Every thread of the workgroup must call it (barriers inside).
-//
-// Loads are issued in batches before any of their values is used (indices clamped rather than
-// guarded, so no branch separates them): a loop that loads, waits and stores, or loads and
-// computes, one element at a time waits one memory latency per step, which is what made the
-// first version of these kernels slow on a large GPU.
 float mv_row(bool row_ok, uint row_quad0, uint scale_base, uint xb, uint cols, uint bits,
              uint group_size, uint lane) {
   const uint tid = gl_LocalInvocationID.x;
@@ -45,54 +37,36 @@ float mv_row(bool row_ok, uint row_quad0, uint scale_base, uint xb, uint cols, u
   for (uint c0 = 0u; c0 < cols; c0 += MV_CHUNK) {
     const uint n = min(MV_CHUNK, cols - c0);
     barrier();  // the previous chunk's readers are done
-    float staged[MV_STAGE];
-    [[unroll]] for (uint i = 0u; i < MV_STAGE; ++i)
-      staged[i] = MV_X(xb + c0 + min(tid + i * MV_ROWS * MV_LANES, n - 1u));
-    [[unroll]] for (uint i = 0u; i < MV_STAGE; ++i) {
-      const uint c = tid + i * MV_ROWS * MV_LANES;
-      if (c < n) mv_x[mv_slot(c)] = staged[i];
-    }
+    for (uint c = tid; c < n; c += MV_ROWS * MV_LANES) mv_x[mv_slot(c)] = MV_X(xb + c0 + c);
     barrier();
     if (row_ok) {
       const uint quads = n / cols_per_quad;
       const uint quad0 = row_quad0 + c0 / cols_per_quad;
-      for (uint qb = lane; qb < quads; qb += MV_BATCH * MV_LANES) {
-        uvec4 w[MV_BATCH];
-        float s[MV_BATCH];
-        float b[MV_BATCH];
-        [[unroll]] for (uint u = 0u; u < MV_BATCH; ++u) {
-          const uint q = min(qb + u * MV_LANES, quads - 1u);
-          const uint si = scale_base + (c0 + q * cols_per_quad) / group_size;
-          w[u] = packed4[quad0 + q];
-          s[u] = MV_SCALE(si);
-          b[u] = MV_BIAS(si);
-        }
-        [[unroll]] for (uint u = 0u; u < MV_BATCH; ++u) {
-          const uint q = qb + u * MV_LANES;
-          if (q >= quads) break;
-          // The quad's columns are consecutive in mv_x (no pad inside 32 aligned columns).
-          const uint xs = mv_slot(q * cols_per_quad);
-          float sxq = 0.0;
-          float sx = 0.0;
-          if (bits == 4u) {
-            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-              [[unroll]] for (uint k = 0u; k < 8u; ++k) {
-                const float xv = mv_x[xs + j * 8u + k];
-                sxq += xv * mv_code((w[u][j] >> (k * 4u)) & 15u);
-                sx += xv;
-              }
-            }
-          } else {
-            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-              [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-                const float xv = mv_x[xs + j * 4u + k];
-                sxq += xv * mv_code((w[u][j] >> (k * 8u)) & 255u);
-                sx += xv;
-              }
+      for (uint q = lane; q < quads; q += MV_LANES) {
+        const uvec4 w = packed4[quad0 + q];
+        const uint cl = q * cols_per_quad;  // first column inside the chunk
+        const uint si = scale_base + (c0 + cl) / group_size;
+        const uint xs = mv_slot(cl);  // the quad's columns are consecutive in mv_x (no pad inside)
+        float sxq = 0.0;
+        float sx = 0.0;
+        if (bits == 4u) {
+          [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            [[unroll]] for (uint k = 0u; k < 8u; ++k) {
+              const float xv = mv_x[xs + j * 8u + k];
+              sxq += xv * float((w[j] >> (k * 4u)) & 15u);
+              sx += xv;
             }
           }
-          acc += s[u] * sxq + b[u] * sx;
+        } else {
+          [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+              const float xv = mv_x[xs + j * 4u + k];
+              sxq += xv * float((w[j] >> (k * 8u)) & 255u);
+              sx += xv;
+            }
+          }
         }
+        acc += MV_SCALE(si) * sxq + MV_BIAS(si) * sx;
       }
     }
   }
