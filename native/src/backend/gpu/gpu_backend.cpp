@@ -153,15 +153,14 @@ constexpr int kMaxSampleK = 64;          // topk_partial.comp's MAX_K
 constexpr uint32_t kSampleChunk = 1024;  // logits per topk_partial workgroup
 enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
 
-constexpr int64_t kAttentionSplit = 256;  // attention_partial.comp's SPLIT
-constexpr int64_t kAttentionWorkgroups =
-    256;                                    // enough attention workgroups to spread a decode step
-constexpr int kMaxHeadDim = 512;            // attention_partial.comp's MAX_HEAD_DIM
-constexpr int kMaxTopK = 32;                // route.comp's MAX_TOP_K
-constexpr int kMaxExperts = 512;            // route.comp's MAX_EXPERTS
-constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
-constexpr int64_t kMatmulTileRows = 16;     // qmatmul.comp's TILE_ROWS
-constexpr int64_t kMatmulTileTokens = 8;    // qmatmul.comp's TILE_TOKENS
+constexpr int64_t kAttentionSplit = 256;       // attention_partial.comp's SPLIT
+constexpr int64_t kAttentionWorkgroups = 256;  // attention workgroups a split aims for
+constexpr int kMaxHeadDim = 512;               // attention_partial.comp's MAX_HEAD_DIM
+constexpr int kMaxTopK = 32;                   // route.comp's MAX_TOP_K
+constexpr int kMaxExperts = 512;               // route.comp's MAX_EXPERTS
+constexpr int64_t kMatvecMaxTokens = 4;        // more tokens: the tiled qmatmul kernel
+constexpr int64_t kMatmulTileRows = 16;        // qmatmul.comp's TILE_ROWS
+constexpr int64_t kMatmulTileTokens = 8;       // qmatmul.comp's TILE_TOKENS
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 
 class GpuBackend final : public Backend {
