@@ -52,3 +52,10 @@ float safe_tanh(float x) {
   float t = (1.0 - e) / (1.0 + e);
   return x < 0.0 ? -t : t;
 }
+
+// GeGLU: gelu_tanh(a) * b (elementwise.comp's op 5, and moe_matvec's input staging).
+float gelu_tanh_mul(float a, float b) {
+  const float k_sqrt_2_over_pi = 0.7978845608028654;
+  const float t = safe_tanh(k_sqrt_2_over_pi * (a + 0.044715 * a * a * a));
+  return 0.5 * a * (1.0 + t) * b;
+}

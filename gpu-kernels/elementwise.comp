@@ -48,9 +48,7 @@ void main() {
   } else if (p.op == 4u) {
     result = (av * v[c]) * p.s;
   } else if (p.op == 5u) {
-    const float k_sqrt_2_over_pi = 0.7978845608028654;
-    const float t = safe_tanh(k_sqrt_2_over_pi * (av + 0.044715 * av * av * av));
-    result = 0.5 * av * (1.0 + t) * b[p.b_offset + r * p.b_stride + c];
+    result = gelu_tanh_mul(av, b[p.b_offset + r * p.b_stride + c]);
   } else {
     result = p.s * safe_tanh(av * (1.0 / p.s));
   }

@@ -2,14 +2,15 @@
 // slot t * top_k + j) with e = ids[s] read from device memory: the decode product of the routed
 // experts, all of a layer's experts stacked in one buffer (expert e's packed rows start at word
 // e * packed_stride, its scales at e * scale_stride, its biases bias0 after its scales). The
-// same arithmetic as qmatvec.comp (4 rows per workgroup, 16 threads per row, per group
+// same body as qmatvec.comp (matvec.glsl: 8 rows per workgroup, 32 threads per row, per group
 // s * sum(x q) + b * sum(x)).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-layout(local_size_x = 64) in;
-layout(std430, set = 0, binding = 0) readonly buffer Packed { uint packed_words[]; };
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) readonly buffer Packed { uvec4 packed4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer ScalesBiases { uint scales[]; };
 layout(std430, set = 0, binding = 2) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 3) buffer Y { float y[]; };
@@ -20,7 +21,7 @@ layout(push_constant) uniform Params {
   uint bits;
   uint group_size;
   uint scale_type;
-  uint packed_stride;  // words from one expert's packed rows to the next
+  uint packed_stride;  // words from one expert's packed rows to the next (a multiple of 4)
   uint scale_stride;   // scales from one expert's scales to the next
   uint bias0;          // scales from a scale to its bias
   uint x_offset;
@@ -29,50 +30,30 @@ layout(push_constant) uniform Params {
   uint y_offset;
   uint y_stride;
   uint experts;        // ids outside [0, experts) contribute nothing
+  uint geglu_half;     // 0, or x is the GeGLU of x's element i and i + geglu_half (see MV_X)
 } p;
 
-const uint ROWS_PER_GROUP = 4u;
-const uint THREADS_PER_ROW = 16u;
-shared float partial[64];
+// With geglu_half, x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (the experts' GeGLU
+// fused into the down product's input: one dispatch less, and no hidden buffer).
+#define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
+#define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
+#define MV_BIAS(I) LOAD_SCALE(scales, p.bias0 + (I), p.scale_type)
+#include "matvec.glsl"
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint r = linear_group() * ROWS_PER_GROUP + tid / THREADS_PER_ROW;
-  const uint lane = tid % THREADS_PER_ROW;
+  const uint r = linear_group() * MV_ROWS + tid / MV_LANES;
+  const uint lane = tid % MV_LANES;
   const uint s = gl_WorkGroupID.z;
   const int id = ids[s];
   const bool valid = id >= 0 && uint(id) < p.experts;
-  float acc = 0.0;
-  if (r < p.rows && valid) {
-    const uint e = uint(id);
-    const uint per_word = 32u / p.bits;
-    const uint mask = (1u << p.bits) - 1u;
-    const uint words = p.cols / per_word;
-    const uint groups = p.cols / p.group_size;
-    const uint xb = p.x_offset + (s / p.x_div) * p.x_stride;
-    const uint wb = e * p.packed_stride + r * words;
-    const uint sb = e * p.scale_stride + r * groups;
-    for (uint i = lane; i < words; i += THREADS_PER_ROW) {
-      const uint word = packed_words[wb + i];
-      const uint c0 = i * per_word;
-      const uint g = c0 / p.group_size;
-      float sxq = 0.0;
-      float sx = 0.0;
-      for (uint k = 0u; k < per_word; ++k) {
-        const float xv = x[xb + c0 + k];
-        sxq += xv * float((word >> (k * p.bits)) & mask);
-        sx += xv;
-      }
-      const uint si = sb + g;
-      acc += LOAD_SCALE(scales, si, p.scale_type) * sxq +
-             LOAD_SCALE(scales, p.bias0 + si, p.scale_type) * sx;
-    }
-  }
-  partial[tid] = acc;
-  barrier();
-  for (uint h = THREADS_PER_ROW / 2u; h > 0u; h >>= 1u) {
-    if (lane < h) partial[tid] += partial[tid + h];
-    barrier();
-  }
-  if (lane == 0u && r < p.rows) y[p.y_offset + s * p.y_stride + r] = partial[tid];
+  const uint e = valid ? uint(id) : 0u;
+  const uint row_quads = p.cols * p.bits / 128u;
+  const uint groups = p.cols / p.group_size;
+  const float acc =
+      mv_row(r < p.rows && valid, e * (p.packed_stride / 4u) + r * row_quads,
+             e * p.scale_stride + r * groups, p.x_offset + (s / p.x_div) * p.x_stride, p.cols,
+             p.bits, p.group_size, lane);
+  const float sum = mv_reduce(acc, lane);
+  if (lane == 0u && r < p.rows) y[p.y_offset + s * p.y_stride + r] = sum;
 }

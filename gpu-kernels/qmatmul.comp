@@ -1,14 +1,21 @@
-// Y[t, row0 + r] = sum_c W[r, c] X[t, c] for many tokens (prefill): a tile of 64 weight rows by
-// 8 tokens per workgroup. Each thread owns one weight row, dequantizes s * q + b (as the CPU's
-// qmatmul and MLX's qmm) and multiplies it with the 8 tokens' inputs, which the workgroup stages
-// through shared memory 64 columns at a time; each weight word is read once per 8 tokens.
-// The portable path: no cooperative matrices.
+// Y[t, row0 + r] = sum_c W[r, c] X[t, c] for many tokens (prefill): each workgroup computes a
+// tile of 16 weight rows by 8 tokens. 16 threads share a row; each reads one uvec4 of weight
+// words (32 4-bit or 16 8-bit columns of one quantization group) per step, adjacent threads
+// adjacent uvec4s, dequantizes s * q + b (as the CPU's qmatmul and MLX's qmm) and multiplies
+// each value with the 8 tokens' inputs, which the workgroup stages in shared memory 512 columns
+// at a time (as vec4s, one pad vec4 per 8 so that the 8 threads of a quarter warp hit different
+// banks). The per-row partial sums of the 16 threads are then added in shared memory. Each
+// weight word is read once per 8 tokens. The portable path: no cooperative matrices.
+//
+// (The first version gave each thread a whole weight row: adjacent threads read words a row
+// apart, one word per step, which left a large GPU waiting on memory.)
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-layout(local_size_x = 64) in;
-layout(std430, set = 0, binding = 0) readonly buffer Packed { uint packed_words[]; };
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) readonly buffer Packed { uvec4 packed4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
 layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
@@ -27,49 +34,88 @@ layout(push_constant) uniform Params {
   uint tokens;
 } p;
 
-const uint TILE_ROWS = 64u;
+const uint TILE_ROWS = 16u;
+const uint LANES = 16u;  // threads per row
 const uint TILE_TOKENS = 8u;
-const uint SLAB = 64u;  // columns staged per step (a multiple of 32, so of every per_word)
-shared float xs[TILE_TOKENS][SLAB];
+const uint SLAB = 512u;  // columns staged per step (a multiple of every group size)
+const uint SLAB_VEC4 = SLAB / 4u;
+const uint PADDED_VEC4 = SLAB_VEC4 + SLAB_VEC4 / 8u;
+shared vec4 xs[TILE_TOKENS][PADDED_VEC4];
+shared float partial[TILE_TOKENS][TILE_ROWS * LANES];
+
+// Position of vec4 v (columns 4v..4v+3 of the slab) in xs: one pad after every 8.
+uint slot(uint v) { return v + (v >> 3u); }
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint r = gl_WorkGroupID.x * TILE_ROWS + tid;
+  const uint lane = tid % LANES;
+  const uint r = gl_WorkGroupID.x * TILE_ROWS + tid / LANES;
   const uint t0 = gl_WorkGroupID.y * TILE_TOKENS;
-  const uint per_word = 32u / p.bits;
-  const uint mask = (1u << p.bits) - 1u;
-  const uint words = p.cols / per_word;
+  const bool row_ok = r < p.rows;
+  const uint cols_per_quad = p.bits == 4u ? 32u : 16u;
+  const uint row_quads = p.cols / cols_per_quad;
   const uint groups = p.cols / p.group_size;
   float acc[TILE_TOKENS];
-  for (uint j = 0u; j < TILE_TOKENS; ++j) acc[j] = 0.0;
+  [[unroll]] for (uint j = 0u; j < TILE_TOKENS; ++j) acc[j] = 0.0;
 
   for (uint c0 = 0u; c0 < p.cols; c0 += SLAB) {
-    const uint width = min(SLAB, p.cols - c0);
-    barrier();
-    for (uint i = tid; i < TILE_TOKENS * SLAB; i += 64u) {
-      const uint j = i / SLAB;
-      const uint c = i % SLAB;
-      const uint t = t0 + j;
-      xs[j][c] = (t < p.tokens && c < width) ? x[p.x_offset + t * p.x_stride + c0 + c] : 0.0;
+    const uint width = min(SLAB, p.cols - c0);  // a multiple of 32
+    barrier();  // the previous slab's readers are done
+    // Stage 8 tokens x 512 columns: each thread 4 vec4s, all loads issued before any store.
+    vec4 staged[4];
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      const uint v = tid + i * 256u;  // vec4 index over [token][SLAB_VEC4]
+      const uint j = v / SLAB_VEC4;
+      const uint c = (v % SLAB_VEC4) * 4u;
+      const bool ok = t0 + j < p.tokens && c < width;
+      const uint base = p.x_offset + min(t0 + j, p.tokens - 1u) * p.x_stride + c0 + min(c, width - 4u);
+      vec4 xv = vec4(x[base], x[base + 1u], x[base + 2u], x[base + 3u]);
+      staged[i] = ok ? xv : vec4(0.0);
+    }
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      const uint v = tid + i * 256u;
+      xs[v / SLAB_VEC4][slot(v % SLAB_VEC4)] = staged[i];
     }
     barrier();
-    if (r < p.rows) {
-      for (uint cw = 0u; cw < width; cw += per_word) {
-        const uint word = packed_words[r * words + (c0 + cw) / per_word];
-        const uint si = p.scale0 + r * groups + (c0 + cw) / p.group_size;
+    if (row_ok) {
+      const uint quads = width / cols_per_quad;
+      const uint quad0 = r * row_quads + c0 / cols_per_quad;
+      for (uint q = lane; q < quads; q += LANES) {
+        const uvec4 w = packed4[quad0 + q];
+        const uint si = p.scale0 + r * groups + (c0 + q * cols_per_quad) / p.group_size;
         const float s = LOAD_SCALE(scales, si, p.scale_type);
         const float b = LOAD_SCALE(biases, si, p.scale_type);
-        for (uint k = 0u; k < per_word; ++k) {
-          const float w = s * float((word >> (k * p.bits)) & mask) + b;
-          for (uint j = 0u; j < TILE_TOKENS; ++j) acc[j] += w * xs[j][cw + k];
+        const uint v0 = q * cols_per_quad / 4u;  // the quad's first vec4 in the slab
+        // 4-bit: each word is 8 columns (two vec4s); 8-bit: 4 columns (one vec4).
+        [[unroll]] for (uint h = 0u; h < 8u; ++h) {
+          if (p.bits == 8u && h >= 4u) break;
+          const uint word = p.bits == 4u ? w[h / 2u] >> ((h % 2u) * 16u) : w[h];
+          vec4 wv;
+          if (p.bits == 4u) {
+            wv = vec4(float(word & 15u), float((word >> 4u) & 15u), float((word >> 8u) & 15u),
+                      float((word >> 12u) & 15u));
+          } else {
+            wv = vec4(float(word & 255u), float((word >> 8u) & 255u), float((word >> 16u) & 255u),
+                      float(word >> 24u));
+          }
+          wv = s * wv + b;
+          const uint xi = slot(v0 + h);
+          [[unroll]] for (uint j = 0u; j < TILE_TOKENS; ++j) acc[j] += dot(wv, xs[j][xi]);
         }
       }
     }
   }
-  if (r < p.rows) {
-    for (uint j = 0u; j < TILE_TOKENS; ++j) {
-      const uint t = t0 + j;
-      if (t < p.tokens) y[p.y_offset + t * p.y_stride + r] = acc[j];
+  [[unroll]] for (uint j = 0u; j < TILE_TOKENS; ++j) partial[j][tid] = acc[j];
+  barrier();
+  for (uint s = LANES / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) {
+      [[unroll]] for (uint j = 0u; j < TILE_TOKENS; ++j) partial[j][tid] += partial[j][tid + s];
     }
+    barrier();
+  }
+  if (row_ok && lane < TILE_TOKENS) {
+    const uint t = t0 + lane;
+    const uint row_tid = tid - lane;  // lane 0 of this row holds the sums
+    if (t < p.tokens) y[p.y_offset + t * p.y_stride + r] = partial[lane][row_tid];
   }
 }

@@ -9,9 +9,9 @@
 // One workgroup per row; x and y may be the same view unless accumulating.
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-layout(local_size_x = 64) in;
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
@@ -35,31 +35,73 @@ layout(push_constant) uniform Params {
   float col_scale;
 } p;
 
-shared float partial[64];
+// 256 threads per row; each holds up to NORM_HELD of its columns in registers between the two
+// passes (all of a row of up to 4,096 columns, so x is read once), and issues those loads
+// back to back: a row is a few memory latencies, not one per 64 columns as with a loop of
+// dependent loads. Wider rows read the rest again in the second pass.
+const uint NORM_THREADS = 256u;
+const uint NORM_HELD = 16u;
+layout(local_size_x = 256) in;
+shared float partial[NORM_THREADS];
+
+// y's new value from x's value xc, the norm's factor, the weight's value wc and y's old value
+// yc (used when accumulating).
+float norm_out(float xc, float inv, float wc, float yc) {
+  const float scale = p.has_weight == 1u ? p.weight_offset + wc : 1.0;
+  const float v = p.has_weight == 2u ? (xc * inv * wc) * p.col_scale : xc * inv * scale;
+  // (y + v) * acc_scale, as the add and scale ops after a separate norm compute it (a scale of
+  // 1 is exact).
+  return p.accumulate != 0u ? (yc + v) * p.acc_scale : v;
+}
 
 void main() {
   const uint r = linear_group();
   if (r >= p.rows) return;  // uniform over the workgroup
   const uint tid = gl_LocalInvocationID.x;
   const uint xb = p.x_offset + r * p.x_stride;
+  const uint last = p.cols - 1u;
+  float held[NORM_HELD];
   float ss = 0.0;
-  for (uint c = tid; c < p.cols; c += 64u) ss += x[xb + c] * x[xb + c];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * NORM_THREADS;
+    const float v = x[xb + min(c, last)];  // clamped, not guarded: the loads issue together
+    held[i] = c < p.cols ? v : 0.0;
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += held[i] * held[i];
+  for (uint c = tid + NORM_HELD * NORM_THREADS; c < p.cols; c += NORM_THREADS)
+    ss += x[xb + c] * x[xb + c];
   partial[tid] = ss;
   barrier();
-  for (uint s = 32u; s > 0u; s >>= 1u) {
+  for (uint s = NORM_THREADS / 2u; s > 0u; s >>= 1u) {
     if (tid < s) partial[tid] += partial[tid + s];
     barrier();
   }
   const float inv = 1.0 / sqrt(partial[0] / float(p.cols) + p.eps);
   const uint yb = p.y_offset + r * p.y_stride;
   const uint y2b = p.y2_offset + r * p.y2_stride;
-  for (uint c = tid; c < p.cols; c += 64u) {
-    const float scale = p.has_weight == 1u ? p.weight_offset + weight[c] : 1.0;
-    const float xc = x[xb + c];  // read once: y may be x
+  // The held columns: every load first (weights, y), then the stores, so that the loads are
+  // not serialized behind stores the compiler must assume may alias them.
+  float w1[NORM_HELD];
+  float w2[NORM_HELD];
+  float yo[NORM_HELD];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * NORM_THREADS, last);
+    w1[i] = p.has_weight != 0u ? weight[c] : 0.0;
+    w2[i] = p.pair != 0u ? weight2[c] : 0.0;
+    yo[i] = p.accumulate != 0u ? y[yb + c] : 0.0;
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * NORM_THREADS;
+    if (c < p.cols) {
+      const float xc = held[i];
+      if (p.pair != 0u) y2[y2b + c] = xc * inv * (p.weight_offset + w2[i]);
+      y[yb + c] = norm_out(xc, inv, w1[i], yo[i]);
+    }
+  }
+  for (uint c = tid + NORM_HELD * NORM_THREADS; c < p.cols; c += NORM_THREADS) {
+    const float xc = x[xb + c];  // read before y is written: y may be x
     if (p.pair != 0u) y2[y2b + c] = xc * inv * (p.weight_offset + weight2[c]);
-    const float v = p.has_weight == 2u ? (xc * inv * weight[c]) * p.col_scale : xc * inv * scale;
-    // (y + v) * acc_scale, as the add and scale ops after a separate norm compute it (a scale
-    // of 1 is exact).
-    y[yb + c] = p.accumulate != 0u ? (y[yb + c] + v) * p.acc_scale : v;
+    y[yb + c] = norm_out(xc, inv, p.has_weight != 0u ? weight[c] : 0.0,
+                         p.accumulate != 0u ? y[yb + c] : 0.0);
   }
 }

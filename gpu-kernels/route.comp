@@ -1,6 +1,10 @@
-// Mixture-of-experts routing, one thread per token row: p = softmax(logits row) (max, then
-// exp(x - max) times 1 / sum, as the CPU backend), the top_k experts by p in descending order
-// (ties: lower index), weights = p / sum(p_top) * per_expert_scale[expert].
+// Mixture-of-experts routing, one workgroup of 64 threads per token row: p = softmax(logits
+// row) (max, then exp(x - max) times 1 / sum, as the CPU backend), the top_k experts by p in
+// descending order (ties: lower index), weights = p / sum(p_top) * per_expert_scale[expert].
+// The experts are spread over the threads (the max and each pick are tree reductions); the sum
+// of exp(x - max) is added by one thread in expert order, so p is the same bits as a sequential
+// loop gives. One thread per row walked every expert top_k + 2 times: a chain of dependent
+// loads that cost tens of microseconds on a large GPU.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -18,43 +22,88 @@ layout(push_constant) uniform Params {
   uint stride;
 } p;
 
+const uint THREADS = 64u;
+const uint MAX_EXPERTS = 512u;  // the host checks it
 const uint MAX_TOP_K = 32u;
+shared float e_of[MAX_EXPERTS];  // exp(x - max) per expert
+shared float best_p[THREADS];
+shared int best_i[THREADS];
+shared float row_inv;
+shared int chosen[MAX_TOP_K];
+shared float chosen_p[MAX_TOP_K];
+
+// Whether (pa, ia) comes before (pb, ib) in the pick order: larger p, then lower index; an
+// index of -1 is no candidate.
+bool before(float pa, int ia, float pb, int ib) {
+  if (ia < 0) return false;
+  if (ib < 0) return true;
+  return pa > pb || (pa == pb && ia < ib);
+}
 
 void main() {
-  const uint t = linear_group() * 64u + gl_LocalInvocationID.x;
-  if (t >= p.rows) return;
+  const uint t = linear_group();
+  if (t >= p.rows) return;  // uniform over the workgroup
+  const uint tid = gl_LocalInvocationID.x;
   const uint base = p.offset + t * p.stride;
-  float m = logits[base];
-  for (uint i = 1u; i < p.experts; ++i) m = max(m, logits[base + i]);
-  float sum = 0.0;
-  for (uint i = 0u; i < p.experts; ++i) sum += exp(logits[base + i] - m);
-  const float inv = 1.0 / sum;
-  // Selection by repeated scans: the j-th pick is the largest p strictly below the previous
-  // pick, or equal to it at a higher index.
-  uint chosen[MAX_TOP_K];
-  float chosen_p[MAX_TOP_K];
+
+  float m = -3.402823466e38;
+  for (uint i = tid; i < p.experts; i += THREADS) m = max(m, logits[base + i]);
+  best_p[tid] = m;
+  barrier();
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) best_p[tid] = max(best_p[tid], best_p[tid + s]);
+    barrier();
+  }
+  m = best_p[0];
+  for (uint i = tid; i < p.experts; i += THREADS) e_of[i] = exp(logits[base + i] - m);
+  barrier();
+  if (tid == 0u) {
+    float sum = 0.0;
+    for (uint i = 0u; i < p.experts; ++i) sum += e_of[i];
+    row_inv = 1.0 / sum;
+  }
+  barrier();
+  const float inv = row_inv;
+
+  // Selection by repeated reductions: the j-th pick is the first, in pick order, of the
+  // experts strictly after the previous pick.
   float prev_p = 3.402823466e38;
   int prev_i = -1;
-  float top_sum = 0.0;
   for (uint j = 0u; j < p.top_k; ++j) {
-    int best = -1;
-    float best_p = 0.0;
-    for (uint i = 0u; i < p.experts; ++i) {
-      const float pi = exp(logits[base + i] - m) * inv;
+    float bp = 0.0;
+    int bi = -1;
+    for (uint i = tid; i < p.experts; i += THREADS) {
+      const float pi = e_of[i] * inv;
       const bool after_prev = pi < prev_p || (pi == prev_p && int(i) > prev_i);
-      if (after_prev && (best < 0 || pi > best_p)) {
-        best = int(i);
-        best_p = pi;
+      if (after_prev && before(pi, int(i), bp, bi)) {
+        bp = pi;
+        bi = int(i);
       }
     }
-    chosen[j] = uint(best);
-    chosen_p[j] = best_p;
-    top_sum += best_p;
-    prev_p = best_p;
-    prev_i = best;
+    barrier();  // the previous pick's readers of best_p/best_i are done
+    best_p[tid] = bp;
+    best_i[tid] = bi;
+    barrier();
+    for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
+      if (tid < s && before(best_p[tid + s], best_i[tid + s], best_p[tid], best_i[tid])) {
+        best_p[tid] = best_p[tid + s];
+        best_i[tid] = best_i[tid + s];
+      }
+      barrier();
+    }
+    prev_p = best_p[0];
+    prev_i = best_i[0];
+    if (tid == 0u) {
+      chosen[j] = prev_i;
+      chosen_p[j] = prev_p;
+    }
   }
-  for (uint j = 0u; j < p.top_k; ++j) {
-    ids[t * p.top_k + j] = int(chosen[j]);
-    weights[t * p.top_k + j] = (chosen_p[j] / top_sum) * per_expert_scale[chosen[j]];
+  barrier();
+  if (tid < p.top_k) {  // one pick per thread: the loads of its scale issue together
+    float top_sum = 0.0;
+    for (uint j = 0u; j < p.top_k; ++j) top_sum += chosen_p[j];
+    const int id = chosen[tid];
+    ids[t * p.top_k + tid] = id;
+    weights[t * p.top_k + tid] = (chosen_p[tid] / top_sum) * per_expert_scale[uint(id)];
   }
 }

@@ -175,6 +175,44 @@ TEST_CASE("gpu: quantized products and embedding match the CPU for every variant
   CHECK_THROWS_AS(gpu->embed(*w, bad, 1.0f, Mat{out.get(), 0, 1, 64, 64}), std::out_of_range);
 }
 
+// Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096
+// columns (matvec.glsl), qmatmul in slabs of 512, rms_norm holds 4,096 columns in registers and
+// reads the rest again.
+TEST_CASE("gpu: products and norms over rows wider than one staging chunk match the CPU") {
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend();
+  int seed = 500;
+  for (int bits : {4, 8}) {
+    const int group = bits == 4 ? 128 : 32;
+    const DType st = bits == 4 ? DType::bf16 : DType::f32;
+    const int64_t rows = 19, cols = 4096 + 3 * group;
+    HostQuant q(rows, cols, bits, group, st, static_cast<uint64_t>(seed++));
+    auto wc = cpu->import_qweight(q.m);
+    auto wg = gpu->import_qweight(q.m);
+    for (int64_t tokens : {1, 3, 9}) {  // 9: qmatmul, many 512-column slabs
+      CAPTURE(bits);
+      CAPTURE(tokens);
+      auto x = randn(static_cast<size_t>(tokens * cols), static_cast<uint64_t>(seed++));
+      std::vector<float> y(static_cast<size_t>(tokens * rows), 0.0f);
+      const double d = compare(*cpu, *gpu, {x, y}, [&](Backend& b, auto& bufs) {
+        b.qmatmul(&b == cpu.get() ? *wc : *wg, Mat{bufs[0].get(), 0, tokens, cols, cols},
+                  Mat{bufs[1].get(), 0, tokens, rows, rows});
+      });
+      CHECK(d < 1e-4);
+    }
+  }
+  for (const int64_t cols : {2816, 4096 + 77}) {
+    CAPTURE(cols);
+    const int64_t rows = 3;
+    const auto a = randn(static_cast<size_t>(rows * cols), static_cast<uint64_t>(seed++));
+    const auto w = randn(static_cast<size_t>(cols), static_cast<uint64_t>(seed++));
+    CHECK(compare(*cpu, *gpu, {a, w}, [&](Backend& be, auto& x) {
+            be.rms_norm(Mat{x[0].get(), 0, rows, cols, cols}, x[1].get(), 1.0f, 1e-6f,
+                        Mat{x[0].get(), 0, rows, cols, cols});
+          }) < 1e-6);
+  }
+}
+
 TEST_CASE("gpu: element-wise ops, norms and RoPE match the CPU") {
   auto cpu = make_cpu_backend(2);
   auto gpu = gpu_backend();

@@ -124,6 +124,7 @@ struct AttentionParams {
   uint32_t rows, n_heads, group, head_dim, width, q_offset, q_stride, pos0, capacity, ring, window,
       f16, splits;
   float scale;
+  uint32_t split_len;
 };
 struct CombineParams {
   uint32_t rows, n_heads, head_dim, splits, out_offset, out_stride;
@@ -133,7 +134,7 @@ struct RouteParams {
 };
 struct MoeMatvecParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, bias0, x_offset,
-      x_stride, x_div, y_offset, y_stride, experts;
+      x_stride, x_div, y_offset, y_stride, experts, geglu_half;
 };
 struct MoeCombineParams {
   uint32_t rows, cols, top_k, y_offset, y_stride, out_offset, out_stride;
@@ -152,10 +153,15 @@ constexpr int kMaxSampleK = 64;          // topk_partial.comp's MAX_K
 constexpr uint32_t kSampleChunk = 1024;  // logits per topk_partial workgroup
 enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
 
-constexpr uint32_t kAttentionSplit = 256;  // attention_partial.comp's SPLIT
-constexpr int kMaxHeadDim = 512;           // attention_partial.comp's MAX_HEAD_DIM
-constexpr int kMaxTopK = 32;               // route.comp's MAX_TOP_K
-constexpr int64_t kMatvecMaxTokens = 4;    // more tokens: the tiled qmatmul kernel
+constexpr int64_t kAttentionSplit = 256;       // attention_partial.comp's SPLIT
+constexpr int64_t kAttentionWorkgroups = 256;  // attention workgroups a split aims for
+constexpr int kMaxHeadDim = 512;               // attention_partial.comp's MAX_HEAD_DIM
+constexpr int kMaxTopK = 32;                   // route.comp's MAX_TOP_K
+constexpr int kMaxExperts = 512;               // route.comp's MAX_EXPERTS
+constexpr int64_t kMatvecMaxTokens = 4;        // more tokens: the tiled qmatmul kernel
+constexpr int64_t kMatmulTileRows = 16;        // qmatmul.comp's TILE_ROWS
+constexpr int64_t kMatmulTileTokens = 8;       // qmatmul.comp's TILE_TOKENS
+constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 
 class GpuBackend final : public Backend {
  public:
@@ -350,12 +356,14 @@ class GpuBackend final : public Backend {
                     u32(x.rows)};
       const Binding binds[] = {packed, scales, biases, vx.b, vy.b};
       if (matvec) {
-        const uint64_t groups = static_cast<uint64_t>((n + 3) / 4);
+        const uint64_t groups =
+            static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
         const auto [gx, gy] = grid(groups);
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
-        dispatch(Kernel::qmatmul, binds, &p, sizeof p, u32((n + 63) / 64), u32((x.rows + 7) / 8),
-                 1);
+        dispatch(Kernel::qmatmul, binds, &p, sizeof p,
+                 u32((n + kMatmulTileRows - 1) / kMatmulTileRows),
+                 u32((x.rows + kMatmulTileTokens - 1) / kMatmulTileTokens), 1);
       }
     });
   }
@@ -444,7 +452,14 @@ class GpuBackend final : public Backend {
     const int64_t last = pos0 + q.rows - 1;
     const int64_t most = last - kv.first_visible(last) + 1;
     if (kv.ring && most > kv.capacity) throw std::logic_error("attention: window exceeds the ring");
-    const int64_t splits = (most + kAttentionSplit - 1) / kAttentionSplit;
+    // Keys per split: at most kAttentionSplit, fewer where rows x heads x splits would leave
+    // most of a large GPU idle (decode on a short context: one workgroup per head); a multiple
+    // of 32. The combine is exact for any split.
+    const int64_t rows_heads = q.rows * n_heads;
+    const int64_t splits_wanted = std::max<int64_t>(1, kAttentionWorkgroups / rows_heads);
+    const int64_t split_len = std::clamp<int64_t>(
+        ((most + splits_wanted - 1) / splits_wanted + 31) / 32 * 32, 32, kAttentionSplit);
+    const int64_t splits = (most + split_len - 1) / split_len;
     const size_t partial_bytes =
         static_cast<size_t>(q.rows * n_heads * splits * (d + 2)) * sizeof(float);
     if (!partials_ || partials_->size_bytes() < partial_bytes)
@@ -465,7 +480,8 @@ class GpuBackend final : public Backend {
                       u32(kv.window),
                       kv.dtype == KvDType::f16 ? 1u : 0u,
                       u32(splits),
-                      scale};
+                      scale,
+                      u32(split_len)};
     touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
     const Binding pb{partials_.get(), 0, partial_bytes};
     const Binding binds[] = {vq.b, whole(kc), whole(vc), pb};
@@ -484,6 +500,8 @@ class GpuBackend final : public Backend {
              float* weights) override {
     const int64_t n = logits.cols;
     if (top_k <= 0 || top_k > n || top_k > kMaxTopK) throw std::logic_error("route: bad top_k");
+    if (n > kMaxExperts)
+      throw std::logic_error("route: more than " + std::to_string(kMaxExperts) + " experts");
     if (per_expert_scale.size_bytes() < sizeof(float) * n)
       throw std::logic_error("route: per_expert_scale too short");
     if (logits.rows == 0) return;
@@ -498,8 +516,7 @@ class GpuBackend final : public Backend {
     touch({vl.b.buffer, &pes}, {route_out_.get()});
     const Binding binds[] = {vl.b, whole(pes), Binding{route_out_.get(), 0, weights_at},
                              Binding{route_out_.get(), weights_at, count * sizeof(float)}};
-    dispatch_linear(Kernel::route, binds, &p, sizeof p,
-                    (static_cast<uint64_t>(logits.rows) + 63) / 64);
+    dispatch_linear(Kernel::route, binds, &p, sizeof p, static_cast<uint64_t>(logits.rows));
     std::vector<std::byte> host(bytes);
     dev_->read(*route_out_, 0, host.data(), bytes);
     after_flush();
@@ -525,6 +542,8 @@ class GpuBackend final : public Backend {
   void route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes) override {
     const int64_t n = logits.cols;
     if (top_k <= 0 || top_k > n || top_k > kMaxTopK) throw std::logic_error("route: bad top_k");
+    if (n > kMaxExperts)
+      throw std::logic_error("route: more than " + std::to_string(kMaxExperts) + " experts");
     if (per_expert_scale.size_bytes() < sizeof(float) * n)
       throw std::logic_error("route: per_expert_scale too short");
     const size_t count = static_cast<size_t>(logits.rows) * static_cast<size_t>(top_k);
@@ -538,8 +557,7 @@ class GpuBackend final : public Backend {
     touch({vl.b.buffer, &pes}, {&rb});
     const Binding binds[] = {vl.b, whole(pes), Binding{&rb, 0, count * sizeof(int32_t)},
                              Binding{&rb, route_weights_offset(count), count * sizeof(float)}};
-    dispatch_linear(Kernel::route, binds, &p, sizeof p,
-                    (static_cast<uint64_t>(logits.rows) + 63) / 64);
+    dispatch_linear(Kernel::route, binds, &p, sizeof p, static_cast<uint64_t>(logits.rows));
   }
 
   void routed_experts(const ExpertBank& base, Mat x, const Buffer& routes, int top_k,
@@ -678,9 +696,10 @@ class GpuBackend final : public Backend {
     return s.scales_offset <= max_binding_ && s.buf->size_bytes() - s.scales_offset <= max_binding_;
   }
 
-  // y[slot] = W_{ids[slot]} x[slot / x_div] for the `slots` routed slots.
+  // y[slot] = W_{ids[slot]} x[slot / x_div] for the `slots` routed slots; with geglu_half, x's
+  // column c is gelu_tanh(x[c]) * x[c + geglu_half] (the view x spans the first half).
   void moe_matvec(const StackedExperts& s, const GpuExpertBank& bank, Mat x, uint32_t x_div,
-                  const Binding& ids, uint32_t slots, Mat y) {
+                  const Binding& ids, uint32_t slots, Mat y, uint32_t geglu_half = 0) {
     const View vx = view(x), vy = view(y);
     MoeMatvecParams p{
         u32(s.rows),
@@ -696,13 +715,15 @@ class GpuBackend final : public Backend {
         x_div,
         vy.offset,
         u32(y.stride),
-        u32(bank.num_experts)};
+        u32(bank.num_experts),
+        geglu_half};
     touch({vx.b.buffer, ids.buffer, s.buf.get()}, {vy.b.buffer});
     const Binding binds[] = {
         Binding{s.buf.get(), 0, s.scales_offset},
         Binding{s.buf.get(), s.scales_offset, s.buf->size_bytes() - s.scales_offset}, vx.b, vy.b,
         ids};
-    const auto [gx, gy] = grid(static_cast<uint64_t>((s.rows + 3) / 4));
+    const auto [gx, gy] =
+        grid(static_cast<uint64_t>((s.rows + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup));
     dispatch(Kernel::moe_matvec, binds, &p, sizeof p, gx, gy, slots);
   }
 
@@ -715,11 +736,10 @@ class GpuBackend final : public Backend {
     const Binding ids{&rb, 0, count * sizeof(int32_t)};
     const Binding weights{&rb, route_weights_offset(count), count * sizeof(float)};
     Mat gu = scratch(moe_gate_up_, slots, 2 * inter);
-    Mat h = scratch(moe_hidden_, slots, inter);
     Mat y = scratch(moe_out_, slots, bank.hidden);
     moe_matvec(bank.gate_up, bank, x, u32(top_k), ids, u32(slots), gu);
-    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
-    moe_matvec(bank.down, bank, h, 1, ids, u32(slots), y);
+    // The down product reads GeGLU(gate, up) straight from gu (its staging computes it).
+    moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, ids, u32(slots), y, u32(inter));
     const View vy = view(y), vo = view(out);
     MoeCombineParams p{u32(x.rows),   u32(out.cols), u32(top_k),     vy.offset,
                        u32(y.stride), vo.offset,     u32(out.stride)};

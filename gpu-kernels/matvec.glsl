@@ -1,0 +1,86 @@
+// The decode product's body, shared by qmatvec.comp and moe_matvec.comp: one row of an MLX
+// affine-quantized matrix (4 or 8 bits, any group size of at least 32) against one row of x.
+//
+// Why this shape (docs/gpu.md, "fourth round"): the product is bound by memory latency, not
+// bandwidth, unless many independent loads are in flight. A workgroup of 256 threads computes
+// MV_ROWS = 8 rows, MV_LANES = 32 threads per row; each thread reads one uvec4 (4 weight words:
+// 32 4-bit or 16 8-bit columns, always inside one quantization group) per step, so a row of
+// 2,816 4-bit columns is under 3 steps per thread instead of 22. x is staged once per workgroup
+// in shared memory (all 8 rows read it), in chunks of MV_CHUNK columns, with one pad float per
+// 32 so that the 32 threads of a row, each reading its own 32 consecutive columns, hit 32
+// different banks. Per group it accumulates s * sum(x q) + b * sum(x), the CPU's arithmetic.
+//
+// The including kernel declares: `packed4` (uvec4 words), MV_X(i) (element i of x as float),
+// MV_SCALE(i) and MV_BIAS(i) (scale and bias i as float), and calls mv_row() from every thread
+// of the workgroup (it has barriers), then mv_reduce().
+//
+// (A variant that issued each thread's staging loads and its quads' loads in batches before
+// using any, and converted codes to float by exponent bits instead of int-to-float, measured the
+// same on the H200 and was dropped: docs/gpu.md, fourth round.)
+
+const uint MV_ROWS = 8u;
+const uint MV_LANES = 32u;
+const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of every group size)
+shared float mv_x[MV_CHUNK + MV_CHUNK / 32u];
+shared float mv_partial[MV_ROWS * MV_LANES];
+
+// Position of column c (inside the chunk) in mv_x: one pad float after every 32.
+uint mv_slot(uint c) { return c + (c >> 5u); }
+
+// The dot product of row `row_quad0` (its first uvec4 in packed4) with x[xb ..], or 0 where
+// `row_ok` is false. Every thread of the workgroup must call it (barriers inside).
+float mv_row(bool row_ok, uint row_quad0, uint scale_base, uint xb, uint cols, uint bits,
+             uint group_size, uint lane) {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint cols_per_quad = bits == 4u ? 32u : 16u;
+  float acc = 0.0;
+  for (uint c0 = 0u; c0 < cols; c0 += MV_CHUNK) {
+    const uint n = min(MV_CHUNK, cols - c0);
+    barrier();  // the previous chunk's readers are done
+    for (uint c = tid; c < n; c += MV_ROWS * MV_LANES) mv_x[mv_slot(c)] = MV_X(xb + c0 + c);
+    barrier();
+    if (row_ok) {
+      const uint quads = n / cols_per_quad;
+      const uint quad0 = row_quad0 + c0 / cols_per_quad;
+      for (uint q = lane; q < quads; q += MV_LANES) {
+        const uvec4 w = packed4[quad0 + q];
+        const uint cl = q * cols_per_quad;  // first column inside the chunk
+        const uint si = scale_base + (c0 + cl) / group_size;
+        const uint xs = mv_slot(cl);  // the quad's columns are consecutive in mv_x (no pad inside)
+        float sxq = 0.0;
+        float sx = 0.0;
+        if (bits == 4u) {
+          [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            [[unroll]] for (uint k = 0u; k < 8u; ++k) {
+              const float xv = mv_x[xs + j * 8u + k];
+              sxq += xv * float((w[j] >> (k * 4u)) & 15u);
+              sx += xv;
+            }
+          }
+        } else {
+          [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+              const float xv = mv_x[xs + j * 4u + k];
+              sxq += xv * float((w[j] >> (k * 8u)) & 255u);
+              sx += xv;
+            }
+          }
+        }
+        acc += MV_SCALE(si) * sxq + MV_BIAS(si) * sx;
+      }
+    }
+  }
+  return acc;
+}
+
+// The sum of the MV_LANES partials of each row; the row's lane 0 gets it.
+float mv_reduce(float acc, uint lane) {
+  const uint tid = gl_LocalInvocationID.x;
+  mv_partial[tid] = acc;
+  barrier();
+  for (uint s = MV_LANES / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) mv_partial[tid] += mv_partial[tid + s];
+    barrier();
+  }
+  return mv_partial[tid];
+}
