@@ -159,7 +159,7 @@ describe("import", () => {
         /damaged \(conversations\.0\.messages\.0\.role/,
       ],
       [JSON.stringify({ ...c, title: 5 }), /conversation file is damaged \(title/],
-      [" ".repeat(MAX_IMPORT_BYTES + 1), /up to 3\.0 MB/],
+      [" ".repeat(MAX_IMPORT_BYTES + 1), /up to 3\.0 MiB/],
     ];
     for (const [data, message] of refusals) {
       expect(() => parseImport(data), message.source).toThrow(message);

@@ -19,6 +19,7 @@ import {
 } from "./api.ts";
 import { isConversationId, migrateConversation, type ConversationStore } from "./conversations.ts";
 import { AppFailure } from "./errors.ts";
+import { formatBytes } from "../units.ts";
 
 /** `2026-12-01 21:30 UTC` from an ISO time (as stored); the text itself when it is not one. */
 function when(iso: string): string {
@@ -121,10 +122,6 @@ function badImport(message: string): AppFailure {
   return new AppFailure("bad_import", message, null);
 }
 
-function mib(bytes: number): string {
-  return `${(bytes / 1024 / 1024).toFixed(1)} MB`;
-}
-
 /** Where and why a zod check failed, in words. */
 function firstIssue(error: z.ZodError): string {
   const issue = error.issues[0]!;
@@ -140,7 +137,7 @@ export function parseImport(data: string): Conversation[] {
   const bytes = Buffer.byteLength(data, "utf8");
   if (bytes > MAX_IMPORT_BYTES) {
     throw badImport(
-      `The file is ${mib(bytes)}; Redwing imports files up to ${mib(MAX_IMPORT_BYTES)}. Export fewer conversations per file.`,
+      `The file is ${formatBytes(bytes)}; Redwing imports files up to ${formatBytes(MAX_IMPORT_BYTES)}. Export fewer conversations per file.`,
     );
   }
   let json: unknown;

@@ -4,6 +4,7 @@
  * save dialog said. Import reads a picked file and hands its text to `chat.import`.
  */
 import { MAX_IMPORT_BYTES, type AppError, type Result } from "../../../core/app/api.ts";
+import { formatBytes } from "../../../core/units.ts";
 
 /** Saves an export's text as a download (web mode); nothing to do when Electron saved it. */
 export function deliverExport(file: Result<"chat.export">): string | null {
@@ -24,10 +25,9 @@ export function deliverExport(file: Result<"chat.export">): string | null {
 /** The error for a file too large to import, before it is read (null when it fits). */
 export function importTooLarge(file: { size: number }): AppError | null {
   if (file.size <= MAX_IMPORT_BYTES) return null;
-  const mb = (n: number) => `${(n / 1024 / 1024).toFixed(1)} MB`;
   return {
     code: "bad_import",
-    message: `The file is ${mb(file.size)}; Redwing imports files up to ${mb(MAX_IMPORT_BYTES)}. Export fewer conversations per file.`,
+    message: `The file is ${formatBytes(file.size)}; Redwing imports files up to ${formatBytes(MAX_IMPORT_BYTES)}. Export fewer conversations per file.`,
     action: null,
   };
 }
