@@ -4,9 +4,8 @@
  */
 import { expect, type Locator, type Page } from "@playwright/test";
 
-export const VIEWS = ["Models", "Chat", "Tuning", "Live", "Server"] as const;
-/** Connections is left out of VIEWS (the screenshot tour): e2e/connections.spec.ts shows it. */
-export type View = (typeof VIEWS)[number] | "Connections";
+export const VIEWS = ["Models", "Chat", "Tuning", "Live", "Server", "Connections"] as const;
+export type View = (typeof VIEWS)[number];
 
 /** `19.9 t/s, TTFT: 660.1ms (19.7 t/s, 13 tokens), 53 tokens` */
 export const STATS_LINE =
