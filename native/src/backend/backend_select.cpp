@@ -61,7 +61,10 @@ std::string activation_plan_name(ActivationPlan p) {
   if (p == ActivationPlan::all_int8()) return "int8";
   std::string out;
   for (const auto& [kind, kind_name] : kNamedKinds)
-    if (p.int8(kind)) out += (out.empty() ? "" : ",") + std::string(kind_name);
+    if (p.int8(kind)) {
+      if (!out.empty()) out += ',';
+      out += kind_name;
+    }
   return out.empty() ? "exact" : out;
 }
 
