@@ -11,8 +11,9 @@
  * pinned in bench/peers/package.json and installed there on first use (`npm ci --prefix
  * bench/peers`), never a dependency of the app.
  *
- * Redwing runs twice, with its exact float32 products and with 8-bit activations (--activations
- * int8). Each round runs, for each engine in turn (rotating which goes first): a prompt of --prompt
+ * Redwing runs three times: exact float32 products (--activations exact), the default plan
+ * (--activations head: 8-bit inputs on the output head only) and 8-bit inputs everywhere
+ * (--activations int8). Each round runs, for each engine in turn (rotating which goes first): a prompt of --prompt
  * tokens then --decode greedy tokens (prefill rate, and decode rate at short context), and a
  * prompt of --context tokens then --decode tokens (decode rate at long context). Rates are the
  * medians over rounds; the table prints Redwing / llama.cpp. Models are cached in
@@ -49,6 +50,10 @@ const LlamaReport = z.object({
   decode_tokens: z.number(),
   decode_seconds: z.number(),
 });
+
+/** The activation plans Redwing runs with (`--activations`). */
+const PLANS = ["exact", "head", "int8"] as const;
+type Plan = (typeof PLANS)[number];
 
 interface Rates {
   prefill: number; // prompt tokens per second
@@ -92,7 +97,7 @@ async function runRedwing(
   prompt: number,
   decode: number,
   context: number,
-  activations: "exact" | "int8",
+  activations: Plan,
 ): Promise<Rates & { parts?: Record<string, number> }> {
   const out = await captureOutput(
     [
@@ -199,13 +204,11 @@ export async function runVsLlamaCppBench(): Promise<void> {
     { name: "short", prompt, context: prompt + decode + 8 },
     { name: "long", prompt: longContext, context: longContext + decode + 8 },
   ] as const;
-  // Redwing runs twice per case: the exact float32 products and the 8-bit-activation path.
-  const engines = ["redwing", "redwing-int8", "llama"] as const;
-  const samples: Record<string, Record<string, Rates[]>> = {
-    redwing: {},
-    "redwing-int8": {},
-    llama: {},
-  };
+  // Redwing runs once per activation plan and case (PLANS), llama.cpp once per case.
+  const engines = [...PLANS.map((p) => `redwing-${p}`), "llama"];
+  const samples: Record<string, Record<string, Rates[]>> = Object.fromEntries(
+    engines.map((e) => [e, {}]),
+  );
   const lastParts: Record<string, Record<string, number> | undefined> = {};
   for (let round = 0; round < runs; round++) {
     for (const c of cases) {
@@ -222,7 +225,7 @@ export async function runVsLlamaCppBench(): Promise<void> {
                 c.prompt,
                 decode,
                 c.context,
-                engine === "redwing" ? "exact" : "int8",
+                engine.slice("redwing-".length) as Plan,
               );
         if (engine !== "llama" && c.name === "short")
           lastParts[engine] = (rates as { parts?: Record<string, number> }).parts;
@@ -242,13 +245,16 @@ export async function runVsLlamaCppBench(): Promise<void> {
     { what: `prefill ${longContext}`, c: "long", k: "prefill" as const },
   ].map((r) => {
     const llama = pick("llama", r.c, r.k);
-    const ours = pick("redwing", r.c, r.k);
+    const ours = pick("redwing-exact", r.c, r.k);
+    const head = pick("redwing-head", r.c, r.k);
     const int8 = pick("redwing-int8", r.c, r.k);
     return {
       what: r.what,
       llama_cpp: llama,
       redwing: ours,
       ratio: ours / llama,
+      redwing_head: head,
+      ratio_head: head / llama,
       redwing_int8: int8,
       ratio_int8: int8 / llama,
     };
@@ -260,6 +266,7 @@ export async function runVsLlamaCppBench(): Promise<void> {
     weight_bytes_per_decode_token: bytesPerToken,
     probe_gbps: probe,
     redwing_decode_gbps: decodeGbps(rows[0]!.redwing),
+    redwing_head_decode_gbps: decodeGbps(rows[0]!.redwing_head),
     redwing_int8_decode_gbps: decodeGbps(rows[0]!.redwing_int8),
     llama_cpp_decode_gbps: decodeGbps(rows[0]!.llama_cpp),
   };
@@ -276,7 +283,8 @@ export async function runVsLlamaCppBench(): Promise<void> {
     decode_tokens: decode,
     peer: "llama.cpp via node-llama-cpp (prebuilt CPU binaries), bench/peers/package.json",
     rows,
-    redwing_decode_parts_ms_per_token: lastParts.redwing ?? null,
+    redwing_decode_parts_ms_per_token: lastParts["redwing-exact"] ?? null,
+    redwing_head_decode_parts_ms_per_token: lastParts["redwing-head"] ?? null,
     redwing_int8_decode_parts_ms_per_token: lastParts["redwing-int8"] ?? null,
     bandwidth,
   };
@@ -285,12 +293,13 @@ export async function runVsLlamaCppBench(): Promise<void> {
     `${threads} threads, medians of ${runs} interleaved runs, tokens/s; load average at the end ${result.load_average_at_end.toFixed(1)}`,
   );
   console.log(
-    "| | llama.cpp | Redwing exact | Redwing / llama.cpp | Redwing int8 | int8 / llama.cpp |",
+    "| | llama.cpp | Redwing exact | exact / llama.cpp | Redwing head (default) | head / llama.cpp | Redwing int8 | int8 / llama.cpp |",
   );
-  console.log("|---|---|---|---|---|---|");
+  console.log("|---|---|---|---|---|---|---|---|");
   for (const r of rows)
     console.log(
       `| ${r.what} | ${r.llama_cpp.toFixed(2)} | ${r.redwing.toFixed(2)} | ${r.ratio.toFixed(2)} | ` +
+        `${r.redwing_head.toFixed(2)} | ${r.ratio_head.toFixed(2)} | ` +
         `${r.redwing_int8.toFixed(2)} | ${r.ratio_int8.toFixed(2)} |`,
     );
   const share = (gbps: number) =>
@@ -298,6 +307,7 @@ export async function runVsLlamaCppBench(): Promise<void> {
   console.log(
     `Decode reads ${(bytesPerToken / 1e9).toFixed(2)} GB of weights per token: Redwing ` +
       `${bandwidth.redwing_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_decode_gbps)} exact, ` +
+      `${bandwidth.redwing_head_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_head_decode_gbps)} head, ` +
       `${bandwidth.redwing_int8_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_int8_decode_gbps)} int8, ` +
       `llama.cpp ${bandwidth.llama_cpp_decode_gbps.toFixed(1)} GB/s${share(bandwidth.llama_cpp_decode_gbps)}; ` +
       `bandwidth probe ${probe?.toFixed(1) ?? "n/a"} GB/s at ${threads} threads`,
