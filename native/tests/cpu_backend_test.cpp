@@ -177,8 +177,11 @@ TEST_CASE(
         for (auto* vec : {&kall, &vall})
           for (float& x : *vec) x = cpu::f16_to_f32(cpu::f32_to_f16(x));
       std::vector<std::vector<float>> runs;  // each run's outputs for every position
-      for (const auto& [threads, chunk] :
-           {std::pair<int, int64_t>{1, 1}, {3, 1}, {2, 128}, {3, 100}}) {
+      for (const auto& setting : {std::pair<int, int64_t>{1, 1}, {3, 1}, {2, 128}, {3, 100}}) {
+        // Plain variables, not a structured binding: CAPTURE's lambda cannot name a binding
+        // before C++20 support in clang 15.
+        const int threads = setting.first;
+        const int64_t chunk = setting.second;
         CAPTURE(threads);
         CAPTURE(chunk);
         auto b = make_cpu_backend(threads);
