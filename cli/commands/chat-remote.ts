@@ -4,7 +4,6 @@
  * (docs/remote.md), through core/connections' client. The reply streams to stdout and the
  * statistics line, measured here, goes to stderr as for a local model.
  */
-import { createInterface } from "node:readline/promises";
 import type { ChatMessage } from "../../core/chat/template.ts";
 import {
   listModels,
@@ -15,6 +14,7 @@ import {
 import type { Endpoint } from "../../core/connections/store.ts";
 import { checkBaseUrl } from "../../core/connections/url.ts";
 import { UserError } from "../../core/errors.ts";
+import { chatLoop } from "./chat-loop.ts";
 
 export interface RemoteChatOptions {
   endpoint: string;
@@ -148,63 +148,10 @@ export async function remoteChat(opts: RemoteChatOptions, messages: ChatMessage[
     if (reply.error) throw reply.error;
     return;
   }
-  await interactive(endpoint, model, messages, opts);
-}
-
-/** Interactive chat: one line per turn, Ctrl-C stops a reply, Ctrl-D or /exit quits. */
-async function interactive(
-  endpoint: Endpoint,
-  model: string,
-  history: ChatMessage[],
-  opts: RemoteChatOptions,
-): Promise<void> {
-  const rl = createInterface({ input: process.stdin, output: process.stderr, terminal: true });
-  let current: AbortController | null = null;
-  rl.on("SIGINT", () => {
-    if (current) current.abort();
-    else rl.close();
-  });
-  process.stderr.write("Type a message; /reset clears the conversation, /exit or Ctrl-D quits.\n");
-  try {
-    for (;;) {
-      let line: string;
-      try {
-        line = await rl.question("> ");
-      } catch {
-        break; // closed (Ctrl-D or Ctrl-C at the prompt)
-      }
-      const text = line.trim();
-      if (text === "/exit" || text === "/quit") break;
-      if (text === "/reset") {
-        history.splice(history[0]?.role === "system" ? 1 : 0);
-        continue;
-      }
-      if (text === "") continue;
-      history.push({ role: "user", content: text });
-      current = new AbortController();
-      try {
-        const reply = await replyOnce(
-          endpoint,
-          request(model, history, opts),
-          { ...opts, json: false },
-          current.signal,
-        );
-        if (opts.quiet && reply.text !== "" && !reply.text.endsWith("\n")) {
-          process.stdout.write("\n");
-        }
-        // What was shown stays in the conversation, even when cut short.
-        if (reply.text !== "") history.push({ role: "assistant", content: reply.text });
-        else history.pop();
-        if (reply.error) process.stderr.write(`redwing: ${reply.error.message}\n`);
-      } catch (error) {
-        history.pop();
-        if (!(error instanceof UserError)) throw error;
-        process.stderr.write(`redwing: ${error.message}\n`);
-      } finally {
-        current = null;
-      }
-    }
-  } finally {
-    rl.close();
-  }
+  await chatLoop(
+    messages,
+    (history, signal) =>
+      replyOnce(endpoint, request(model, history, opts), { ...opts, json: false }, signal),
+    opts,
+  );
 }

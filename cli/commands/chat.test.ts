@@ -1,9 +1,10 @@
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { nativeBuildDir } from "../../core/native.ts";
@@ -116,6 +117,43 @@ describe.skipIf(!haveEngine)("redwing complete / chat / models (real binary, dem
     const bad = await redwing("chat", "--messages-file", file);
     expect(bad.code).toBe(1);
     expect(bad.err).toMatch(/message 0 has role "robot"/);
+  });
+
+  it("chats interactively on a terminal: turns, /reset, /exit (one loop for local and remote)", async () => {
+    // A pseudo-terminal from util-linux's `script` (in every Debian): chat wants a TTY.
+    const command = `${BIN} chat --max-new 6 --temperature 0 --system 'Be brief.'`;
+    const child = spawn("script", ["-q", "-e", "-c", command, "/dev/null"], {
+      env: { ...process.env, REDWING_HOME: home },
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let out = "";
+    child.stdout.on("data", (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on("exit", resolve));
+    const promptTokens = () =>
+      out
+        .split(/\r?\n/)
+        .map((line) => STATS_RE.exec(line.replace(/\r/g, "")))
+        .filter((m) => m !== null)
+        .map((m) => Number(m[1]));
+    // readline drops a line typed before it asks again, so each turn waits for the next prompt.
+    const prompts = () => out.split("> ").length - 1;
+    const turn = async (text: string, replies: number) => {
+      const asked = prompts();
+      child.stdin.write(`${text}\r`);
+      for (let i = 0; i < 300 && (promptTokens().length < replies || prompts() <= asked); i++)
+        await sleep(100);
+      expect(promptTokens().length, out).toBe(replies);
+    };
+    for (let i = 0; i < 300 && prompts() === 0; i++) await sleep(100);
+    await turn("Hello", 1);
+    await turn("And then?", 2); // sees the first turn: a longer prompt
+    await turn("/reset", 2);
+    await turn("Hello", 3); // starts over: the first turn's prompt again
+    child.stdin.write("/exit\r");
+    expect(await exited).toBe(0);
+    const [first, second, afterReset] = promptTokens();
+    expect(second).toBeGreaterThan(first! + 6);
+    expect(afterReset).toBe(first);
   });
 
   it("lists the demo model with size and memory estimate", async () => {

@@ -1,5 +1,4 @@
 import { readFile } from "node:fs/promises";
-import { createInterface } from "node:readline/promises";
 import { InvalidArgumentError, Option, type Command } from "commander";
 import { nativeOneShotBackend, serviceBackend, type Backend } from "../../core/chat/backend.ts";
 import { resolveModel, type ResolvedModel } from "../../core/chat/model.ts";
@@ -18,6 +17,7 @@ import { parseByteSize as parseSize } from "../../core/units.ts";
 import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
 import { toProtocolLoad } from "../../core/generation/settings.ts";
 import { ACTIVATION_KINDS, isActivationPlan } from "../../core/engine/protocol.ts";
+import { chatLoop } from "./chat-loop.ts";
 import { remoteChat } from "./chat-remote.ts";
 
 /** Options shared by `chat` and `complete`. */
@@ -321,61 +321,6 @@ function promptIds(loaded: LoadedModel, template: string, messages: ChatMessage[
   return loaded.tokenizer.encode(text, { addBos: true });
 }
 
-/** Interactive chat on a terminal: one line per user turn, Ctrl-C stops a reply, Ctrl-D quits. */
-async function interactive(
-  backend: Backend,
-  loaded: LoadedModel,
-  template: string,
-  history: ChatMessage[],
-  opts: ChatOptions,
-): Promise<void> {
-  const rl = createInterface({ input: process.stdin, output: process.stderr, terminal: true });
-  let current: AbortController | null = null;
-  rl.on("SIGINT", () => {
-    if (current) current.abort();
-    else rl.close();
-  });
-  process.stderr.write("Type a message; /reset clears the conversation, /exit or Ctrl-D quits.\n");
-  try {
-    for (;;) {
-      let line: string;
-      try {
-        line = await rl.question("> ");
-      } catch {
-        break; // closed (Ctrl-D or Ctrl-C at the prompt)
-      }
-      const text = line.trim();
-      if (text === "/exit" || text === "/quit") break;
-      if (text === "/reset") {
-        history.splice(history[0]?.role === "system" ? 1 : 0);
-        continue;
-      }
-      if (text === "") continue;
-      history.push({ role: "user", content: text });
-      current = new AbortController();
-      try {
-        const result = await generateText(
-          backend,
-          loaded,
-          promptIds(loaded, template, history),
-          { ...opts, json: false },
-          current.signal,
-        );
-        if (opts.quiet && !result.text.endsWith("\n")) process.stdout.write("\n");
-        history.push({ role: "assistant", content: result.text });
-      } catch (error) {
-        history.pop();
-        if (!(error instanceof UserError)) throw error;
-        process.stderr.write(`redwing: ${error.message}\n`);
-      } finally {
-        current = null;
-      }
-    }
-  } finally {
-    rl.close();
-  }
-}
-
 /** `redwing chat`: a conversation with the model's chat template. */
 export function registerChatCommand(program: Command): void {
   const cmd = program
@@ -421,7 +366,18 @@ export function registerChatCommand(program: Command): void {
     const backend = await openBackend();
     try {
       if (!opts.messagesFile) {
-        await interactive(backend, loaded, template, messages, opts);
+        await chatLoop(
+          messages,
+          (history, signal) =>
+            generateText(
+              backend,
+              loaded,
+              promptIds(loaded, template, history),
+              { ...opts, json: false },
+              signal,
+            ),
+          opts,
+        );
         return;
       }
       const ids = promptIds(loaded, template, messages);
