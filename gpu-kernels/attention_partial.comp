@@ -10,14 +10,14 @@
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-// 256 threads. Each score is the sum of PARTS threads' partial dot products (interleaved
-// elements, 8 independent loads per step), and each output element's sum over keys loads 8 keys
+// THREADS threads (256 on a GPU, fewer on a CPU device: docs/gpu.md). Each score is the sum
+// of PARTS threads' partial dot products (interleaved elements, 8 independent loads per step), and each output element's sum over keys loads 8 keys
 // per step: loops of one dependent load per key or element left a large GPU waiting on memory
 // latency (tens of microseconds per call).
-const uint THREADS = 256u;
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
 const uint PARTS = 8u;
 const uint UNROLL = 8u;
-layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer KCache { uint k_cache[]; };
 layout(std430, set = 0, binding = 2) readonly buffer VCache { uint v_cache[]; };
@@ -45,7 +45,7 @@ const uint SPLIT = 256u;  // the most keys of one split (scores' size)
 const uint MAX_HEAD_DIM = 512u;
 shared float qs[MAX_HEAD_DIM];
 shared float scores[SPLIT];
-shared float reduce[THREADS];
+shared float reduce[256];  // THREADS at most
 
 float cache_value(uint word_index_f32, bool is_k) {
   // Element e of the cache as float32 (f16 caches hold two halves per word).

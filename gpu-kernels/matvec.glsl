@@ -2,15 +2,19 @@
 // affine-quantized matrix (4 or 8 bits, any group size of at least 32) against one row of x.
 //
 // Why this shape (docs/gpu.md, "fourth round"): the product is bound by memory latency, not
-// bandwidth, unless many independent loads are in flight. A workgroup of 256 threads computes
-// MV_ROWS = 8 rows, MV_LANES = 32 threads per row; each thread reads one uvec4 (4 weight words:
+// bandwidth, unless many independent loads are in flight. A workgroup of THREADS threads (a
+// specialization constant the device layer picks: 256 on a GPU, 64 on a CPU device such as
+// lavapipe, where idle lanes and barriers cost real time) computes MV_ROWS = 8 rows,
+// MV_LANES = THREADS / 8 threads per row (32 on a GPU); each thread reads one uvec4 (4 weight words:
 // 32 4-bit or 16 8-bit columns, always inside one quantization group) per step, so a row of
 // 2,816 4-bit columns is under 3 steps per thread instead of 22. x is staged once per workgroup
 // in shared memory (all 8 rows read it), in chunks of MV_CHUNK columns, with one pad float per
 // 32 so that the 32 threads of a row, each reading its own 32 consecutive columns, hit 32
 // different banks. Per group it accumulates s * sum(x q) + b * sum(x), the CPU's arithmetic.
 //
-// The including kernel declares: `packed4` (uvec4 words), MV_X(i) (element i of x as float),
+// The including kernel declares: THREADS (constant_id 0, also its local_size_x_id), `packed4`
+// (uvec4 words), MV_X(i) (element i of x as float), MV_X_FACTOR(c) (a factor on column c of x
+// as it is staged: the weight of an RMSNorm folded into the product, else 1.0),
 // MV_SCALE(i) and MV_BIAS(i) (scale and bias i as float), and calls mv_row() from every thread
 // of the workgroup (it has barriers), then mv_reduce().
 //
@@ -19,10 +23,14 @@
 // same on the H200 and was dropped: docs/gpu.md, fourth round.)
 
 const uint MV_ROWS = 8u;
-const uint MV_LANES = 32u;
+const uint MV_LANES = THREADS / MV_ROWS;
 const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of every group size)
 shared float mv_x[MV_CHUNK + MV_CHUNK / 32u];
-shared float mv_partial[MV_ROWS * MV_LANES];
+shared float mv_partial[256];  // THREADS at most (a shared array's size must be a literal)
+
+// Each thread's sum of squares of the raw x it staged (for an RMSNorm folded into the product:
+// mv_norm_factor() reduces it).
+float mv_ss = 0.0;
 
 // Position of column c (inside the chunk) in mv_x: one pad float after every 32.
 uint mv_slot(uint c) { return c + (c >> 5u); }
@@ -37,7 +45,11 @@ float mv_row(bool row_ok, uint row_quad0, uint scale_base, uint xb, uint cols, u
   for (uint c0 = 0u; c0 < cols; c0 += MV_CHUNK) {
     const uint n = min(MV_CHUNK, cols - c0);
     barrier();  // the previous chunk's readers are done
-    for (uint c = tid; c < n; c += MV_ROWS * MV_LANES) mv_x[mv_slot(c)] = MV_X(xb + c0 + c);
+    for (uint c = tid; c < n; c += THREADS) {
+      const float xv = MV_X(xb + c0 + c);
+      mv_ss += xv * xv;
+      mv_x[mv_slot(c)] = xv * MV_X_FACTOR(c0 + c);
+    }
     barrier();
     if (row_ok) {
       const uint quads = n / cols_per_quad;
@@ -83,4 +95,19 @@ float mv_reduce(float acc, uint lane) {
     barrier();
   }
   return mv_partial[tid];
+}
+
+// (mean(x^2) + eps)^-1/2 of the row of x the workgroup staged, from every thread's mv_ss: the
+// factor of an RMSNorm folded into the product (sum_c W[r, c] x[c] f[c] times it is the product
+// with the normed x). Every thread of the workgroup must call it (barriers inside).
+float mv_norm_factor(uint cols, float eps) {
+  const uint tid = gl_LocalInvocationID.x;
+  barrier();  // mv_reduce's readers are done
+  mv_partial[tid] = mv_ss;
+  barrier();
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) mv_partial[tid] += mv_partial[tid + s];
+    barrier();
+  }
+  return 1.0 / sqrt(mv_partial[0] / float(cols) + eps);
 }

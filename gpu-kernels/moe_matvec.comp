@@ -2,14 +2,16 @@
 // slot t * top_k + j) with e = ids[s] read from device memory: the decode product of the routed
 // experts, all of a layer's experts stacked in one buffer (expert e's packed rows start at word
 // e * packed_stride, its scales at e * scale_stride, its biases bias0 after its scales). The
-// same body as qmatvec.comp (matvec.glsl: 8 rows per workgroup, 32 threads per row, per group
+// same body as qmatvec.comp (matvec.glsl: 8 rows per workgroup, THREADS / 8 threads per row, per group
 // s * sum(x q) + b * sum(x)).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-layout(local_size_x = 256) in;
+// Threads per workgroup: 256, or fewer on a CPU device (matvec.glsl; docs/gpu.md).
+layout(constant_id = 0) const uint THREADS = 256u;
+layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) readonly buffer Packed { uvec4 packed4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer ScalesBiases { uint scales[]; };
 layout(std430, set = 0, binding = 2) readonly buffer X { float x[]; };
@@ -38,6 +40,7 @@ layout(push_constant) uniform Params {
 #define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
 #define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
 #define MV_BIAS(I) LOAD_SCALE(scales, p.bias0 + (I), p.scale_type)
+#define MV_X_FACTOR(C) 1.0
 #include "matvec.glsl"
 
 void main() {

@@ -8,7 +8,8 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
-layout(local_size_x = 256) in;  // a head of up to 512 values: two steps at most
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) buffer X { float x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Table { float cos_sin[]; };
@@ -23,7 +24,7 @@ layout(push_constant) uniform Params {
   float eps;
 } p;
 
-shared float partial[256];
+shared float partial[256];  // THREADS at most
 
 float weight_factor(uint c) { return p.has_weight != 0u ? p.weight_offset + weight[c] : 1.0; }
 
@@ -36,15 +37,15 @@ void main() {
   const uint d = 2u * p.half_dim;
   const uint base = p.x_offset + t * p.x_stride + h * d;
   float ss = 0.0;
-  for (uint c = tid; c < d; c += 256u) ss += x[base + c] * x[base + c];
+  for (uint c = tid; c < d; c += THREADS) ss += x[base + c] * x[base + c];
   partial[tid] = ss;
   barrier();
-  for (uint s = 128u; s > 0u; s >>= 1u) {
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
     if (tid < s) partial[tid] += partial[tid + s];
     barrier();
   }
   const float inv = 1.0 / sqrt(partial[0] / float(d) + p.eps);
-  for (uint j = tid; j < p.half_dim; j += 256u) {
+  for (uint j = tid; j < p.half_dim; j += THREADS) {
     const float a = x[base + j] * inv * weight_factor(j);
     const float b = x[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
     const float c = cos_sin[t * d + j];

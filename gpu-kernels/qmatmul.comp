@@ -1,5 +1,5 @@
 // Y[t, row0 + r] = sum_c W[r, c] X[t, c] for many tokens (prefill): each workgroup computes a
-// tile of 16 weight rows by 8 tokens. 16 threads share a row; each reads one uvec4 of weight
+// tile of 16 weight rows by 8 tokens. LANES = THREADS / 16 threads share a row (16 on a GPU); each reads one uvec4 of weight
 // words (32 4-bit or 16 8-bit columns of one quantization group) per step, adjacent threads
 // adjacent uvec4s, dequantizes s * q + b (as the CPU's qmatmul and MLX's qmm) and multiplies
 // each value with the 8 tokens' inputs, which the workgroup stages in shared memory 512 columns
@@ -14,7 +14,8 @@
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-layout(local_size_x = 256) in;
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) readonly buffer Packed { uvec4 packed4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
@@ -35,13 +36,15 @@ layout(push_constant) uniform Params {
 } p;
 
 const uint TILE_ROWS = 16u;
-const uint LANES = 16u;  // threads per row
+const uint LANES = THREADS / TILE_ROWS;  // threads per row
 const uint TILE_TOKENS = 8u;
 const uint SLAB = 512u;  // columns staged per step (a multiple of every group size)
 const uint SLAB_VEC4 = SLAB / 4u;
 const uint PADDED_VEC4 = SLAB_VEC4 + SLAB_VEC4 / 8u;
 shared vec4 xs[TILE_TOKENS][PADDED_VEC4];
-shared float partial[TILE_TOKENS][TILE_ROWS * LANES];
+shared float partial[TILE_TOKENS][256];  // [token][THREADS at most]
+const uint STAGED = TILE_TOKENS * SLAB_VEC4 / THREADS;  // vec4s each thread stages per slab
+const uint MAX_STAGED = TILE_TOKENS * SLAB_VEC4 / 64u;  // at the fewest threads the host picks
 
 // Position of vec4 v (columns 4v..4v+3 of the slab) in xs: one pad after every 8.
 uint slot(uint v) { return v + (v >> 3u); }
@@ -61,10 +64,11 @@ void main() {
   for (uint c0 = 0u; c0 < p.cols; c0 += SLAB) {
     const uint width = min(SLAB, p.cols - c0);  // a multiple of 32
     barrier();  // the previous slab's readers are done
-    // Stage 8 tokens x 512 columns: each thread 4 vec4s, all loads issued before any store.
-    vec4 staged[4];
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      const uint v = tid + i * 256u;  // vec4 index over [token][SLAB_VEC4]
+    // Stage 8 tokens x 512 columns: each thread STAGED vec4s (4 on a GPU), all loads issued
+    // before any store.
+    vec4 staged[MAX_STAGED];
+    [[unroll]] for (uint i = 0u; i < STAGED; ++i) {
+      const uint v = tid + i * THREADS;  // vec4 index over [token][SLAB_VEC4]
       const uint j = v / SLAB_VEC4;
       const uint c = (v % SLAB_VEC4) * 4u;
       const bool ok = t0 + j < p.tokens && c < width;
@@ -72,8 +76,8 @@ void main() {
       vec4 xv = vec4(x[base], x[base + 1u], x[base + 2u], x[base + 3u]);
       staged[i] = ok ? xv : vec4(0.0);
     }
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      const uint v = tid + i * 256u;
+    [[unroll]] for (uint i = 0u; i < STAGED; ++i) {
+      const uint v = tid + i * THREADS;
       xs[v / SLAB_VEC4][slot(v % SLAB_VEC4)] = staged[i];
     }
     barrier();
@@ -113,9 +117,10 @@ void main() {
     }
     barrier();
   }
-  if (row_ok && lane < TILE_TOKENS) {
-    const uint t = t0 + lane;
+  if (row_ok) {
     const uint row_tid = tid - lane;  // lane 0 of this row holds the sums
-    if (t < p.tokens) y[p.y_offset + t * p.y_stride + r] = partial[lane][row_tid];
+    for (uint j = lane; j < TILE_TOKENS; j += LANES) {
+      if (t0 + j < p.tokens) y[p.y_offset + (t0 + j) * p.y_stride + r] = partial[j][row_tid];
+    }
   }
 }

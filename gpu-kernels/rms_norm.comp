@@ -35,14 +35,16 @@ layout(push_constant) uniform Params {
   float col_scale;
 } p;
 
-// 256 threads per row; each holds up to NORM_HELD of its columns in registers between the two
-// passes (all of a row of up to 4,096 columns, so x is read once), and issues those loads
+// THREADS threads per row (256 on a GPU, fewer on a CPU device: docs/gpu.md); each holds up
+// to NORM_HELD of its columns in registers between the two passes (on a GPU all of a row of up
+// to 4,096 columns, so x is read once), and issues those loads
 // back to back: a row is a few memory latencies, not one per 64 columns as with a loop of
 // dependent loads. Wider rows read the rest again in the second pass.
-const uint NORM_THREADS = 256u;
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
+const uint NORM_THREADS = THREADS;
 const uint NORM_HELD = 16u;
-layout(local_size_x = 256) in;
-shared float partial[NORM_THREADS];
+shared float partial[256];  // NORM_THREADS at most (a shared array's size must be a literal)
 
 // y's new value from x's value xc, the norm's factor, the weight's value wc and y's old value
 // yc (used when accumulating).

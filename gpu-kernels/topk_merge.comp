@@ -6,7 +6,8 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
-layout(local_size_x = 256) in;
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) readonly buffer Partial { uint partial[]; };
 layout(std430, set = 0, binding = 1) writeonly buffer Result { uint result[]; };
 layout(push_constant) uniform Params {
@@ -15,9 +16,9 @@ layout(push_constant) uniform Params {
 } p;
 
 const float LOWEST = -3.402823466e38;
-shared float sv[256];
-shared int si[256];
-shared uint sflag[256];
+shared float sv[256];  // THREADS at most
+shared int si[256];  // THREADS at most
+shared uint sflag[256];  // THREADS at most
 
 bool before(float va, int ia, float vb, int ib) {
   return ib < 0 || (ia >= 0 && (va > vb || (va == vb && ia < ib)));
@@ -28,14 +29,14 @@ void main() {
   const uint stride = 2u * p.k + 3u;
   float m = LOWEST;
   uint bad = 0u;
-  for (uint g = tid; g < p.groups; g += 256u) {
+  for (uint g = tid; g < p.groups; g += THREADS) {
     m = max(m, uintBitsToFloat(partial[g * stride + 2u * p.k]));
     bad |= partial[g * stride + 2u * p.k + 2u] != 0u ? 1u : 0u;
   }
   sv[tid] = m;
   sflag[tid] = bad;
   barrier();
-  for (uint s = 128u; s > 0u; s >>= 1u) {
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
     if (tid < s) {
       sv[tid] = max(sv[tid], sv[tid + s]);
       sflag[tid] |= sflag[tid + s];
@@ -46,13 +47,13 @@ void main() {
   const uint gbad = sflag[0];
   barrier();
   float sum = 0.0;
-  for (uint g = tid; g < p.groups; g += 256u) {
+  for (uint g = tid; g < p.groups; g += THREADS) {
     const float gsum = uintBitsToFloat(partial[g * stride + 2u * p.k + 1u]);
     if (gsum > 0.0) sum += gsum * exp(uintBitsToFloat(partial[g * stride + 2u * p.k]) - gmax);
   }
   sv[tid] = sum;
   barrier();
-  for (uint s = 128u; s > 0u; s >>= 1u) {
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
     if (tid < s) sv[tid] += sv[tid + s];
     barrier();
   }
@@ -69,7 +70,7 @@ void main() {
   for (uint j = 0u; j < p.k; ++j) {
     float bv = 0.0;
     int bi = -1;
-    for (uint c = tid; c < candidates; c += 256u) {
+    for (uint c = tid; c < candidates; c += THREADS) {
       const uint g = c / p.k;
       const uint q = c % p.k;
       const int i = int(partial[g * stride + q]);
@@ -84,7 +85,7 @@ void main() {
     sv[tid] = bv;
     si[tid] = bi;
     barrier();
-    for (uint s = 128u; s > 0u; s >>= 1u) {
+    for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
       if (tid < s && before(sv[tid + s], si[tid + s], sv[tid], si[tid])) {
         sv[tid] = sv[tid + s];
         si[tid] = si[tid + s];

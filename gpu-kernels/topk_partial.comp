@@ -6,7 +6,8 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
-layout(local_size_x = 256) in;
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) readonly buffer Logits { float logits[]; };
 layout(std430, set = 0, binding = 1) writeonly buffer Partial { uint partial[]; };
 layout(push_constant) uniform Params {
@@ -18,9 +19,9 @@ layout(push_constant) uniform Params {
 
 const uint MAX_K = 64u;
 const float LOWEST = -3.402823466e38;
-shared float sv[256];
-shared int si[256];
-shared uint sflag[256];
+shared float sv[256];  // THREADS at most
+shared int si[256];  // THREADS at most
+shared uint sflag[256];  // THREADS at most
 
 // a before b in the sampler's order: larger logit first, lower id on ties.
 bool before(float va, int ia, float vb, int ib) {
@@ -37,7 +38,7 @@ void main() {
   // Max and non-finite flag.
   float m = LOWEST;
   uint bad = 0u;
-  for (uint i = begin + tid; i < end; i += 256u) {
+  for (uint i = begin + tid; i < end; i += THREADS) {
     const float v = logits[p.offset + i];
     if (isnan(v) || isinf(v)) bad = 1u;
     else m = max(m, v);
@@ -45,7 +46,7 @@ void main() {
   sv[tid] = m;
   sflag[tid] = bad;
   barrier();
-  for (uint s = 128u; s > 0u; s >>= 1u) {
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
     if (tid < s) {
       sv[tid] = max(sv[tid], sv[tid + s]);
       sflag[tid] |= sflag[tid + s];
@@ -58,10 +59,10 @@ void main() {
 
   // Sum of exp(l - max).
   float sum = 0.0;
-  for (uint i = begin + tid; i < end; i += 256u) sum += exp(logits[p.offset + i] - gmax);
+  for (uint i = begin + tid; i < end; i += THREADS) sum += exp(logits[p.offset + i] - gmax);
   sv[tid] = sum;
   barrier();
-  for (uint s = 128u; s > 0u; s >>= 1u) {
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
     if (tid < s) sv[tid] += sv[tid + s];
     barrier();
   }
@@ -78,7 +79,7 @@ void main() {
   for (uint j = 0u; j < p.k; ++j) {
     float bv = 0.0;
     int bi = -1;
-    for (uint i = begin + tid; i < end; i += 256u) {
+    for (uint i = begin + tid; i < end; i += THREADS) {
       const float v = logits[p.offset + i];
       const bool after = v < prev_v || (v == prev_v && int(i) > prev_i);
       if (after && before(v, int(i), bv, bi)) {
@@ -89,7 +90,7 @@ void main() {
     sv[tid] = bv;
     si[tid] = bi;
     barrier();
-    for (uint s = 128u; s > 0u; s >>= 1u) {
+    for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
       if (tid < s && before(sv[tid + s], si[tid + s], sv[tid], si[tid])) {
         sv[tid] = sv[tid + s];
         si[tid] = si[tid + s];

@@ -348,7 +348,7 @@ struct TokenStats {
   double compute_ms = 0;        // the rest of the forward pass
   redwing::ForwardParts parts;  // wall time per part (experts include io_wait_ms)
   // A GPU backend's command submissions and kernel dispatches (zero on the CPU).
-  uint64_t submissions = 0, dispatches = 0;
+  uint64_t submissions = 0, dispatches = 0, barriers = 0;
 
   TokenStats& operator+=(const TokenStats& o) {
     expert_hits += o.expert_hits;
@@ -358,6 +358,7 @@ struct TokenStats {
     compute_ms += o.compute_ms;
     submissions += o.submissions;
     dispatches += o.dispatches;
+    barriers += o.barriers;
     parts.embed_ms += o.parts.embed_ms;
     parts.attention_ms += o.parts.attention_ms;
     parts.router_ms += o.parts.router_ms;
@@ -394,6 +395,7 @@ class ForwardRecorder {
     const redwing::Backend::WorkCounters work = engine_.backend().work_counters();
     s.submissions = work.submissions - work_before_.submissions;
     s.dispatches = work.dispatches - work_before_.dispatches;
+    s.barriers = work.barriers - work_before_.barriers;
     work_before_ = work;
     parts_before_ = p;
     experts_before_ = now;
@@ -483,10 +485,11 @@ std::string expert_stats_json(const redwing::Engine& engine,
       buf, sizeof(buf),
       ", \"backend\": \"%s\", \"prefill_submissions\": %llu, "
       "\"prefill_dispatches\": %llu, \"decode_submissions_per_token\": %.3f, "
-      "\"decode_dispatches_per_token\": %.3f",
+      "\"decode_dispatches_per_token\": %.3f, \"decode_barriers_per_token\": %.3f",
       engine.backend().name().c_str(), static_cast<unsigned long long>(prefill.submissions),
       static_cast<unsigned long long>(prefill.dispatches),
-      static_cast<double>(decode.submissions) / n, static_cast<double>(decode.dispatches) / n);
+      static_cast<double>(decode.submissions) / n, static_cast<double>(decode.dispatches) / n,
+      static_cast<double>(decode.barriers) / n);
   out += buf;
   out += ", \"device\": \"" + json_escape(engine.backend().describe()) + "\"";
   out += ", \"kernel_times\": [";

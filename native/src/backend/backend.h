@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -175,6 +176,9 @@ class Backend {
   struct WorkCounters {
     uint64_t submissions = 0;
     uint64_t dispatches = 0;
+    // Barriers recorded between dispatches: each starts a new level of dependent work, which
+    // waits for everything before it (a GPU drains between levels).
+    uint64_t barriers = 0;
   };
   virtual WorkCounters work_counters() const { return {}; }
   // Device time per kernel since the backend was made, where it measures it (a GPU backend with
@@ -232,6 +236,17 @@ class Backend {
     add(acc, x, acc);
     if (acc_scale != 1.0f) scale(acc, acc_scale);
   }
+  // The end of a Gemma 4 MoE layer's feed-forward: m = rms_norm(m, w1), then
+  // add_rms_norm(experts, w2, m), then add_rms_norm(m, w3, x, layer_scalar), i.e.
+  // x = (x + rms_norm(rms_norm(m, w1) + rms_norm(experts, w2), w3)) * layer_scalar. m and experts
+  // are left undefined. The default runs those three ops; a GPU fuses them into one dispatch.
+  virtual void moe_ffn_tail(Mat m, Mat experts, const Buffer& w1, const Buffer& w2,
+                            const Buffer& w3, float weight_offset, float eps, Mat x,
+                            float layer_scalar) {
+    rms_norm(m, &w1, weight_offset, eps, m);
+    add_rms_norm(experts, &w2, weight_offset, eps, m);
+    add_rms_norm(m, &w3, weight_offset, eps, x, layer_scalar);
+  }
   // rms_norm over each head of x (rows of n_heads * head_dim values; weight has head_dim values),
   // then rope: the q/k norm and rotation of attention. The default runs the two ops; a GPU fuses
   // them into one dispatch.
@@ -266,6 +281,27 @@ class Backend {
   };
   virtual void qmatmul_batch(std::span<const QProduct> products) {
     for (const QProduct& p : products) qmatmul(*p.w, p.x, p.y);
+  }
+  // The RMSNorm in front of products (qmatmul_normed): rms_norm(x, weight, weight_offset, eps),
+  // or with mul_cols set rms_norm_mul_cols(x, eps, *weight, mul_cols).
+  struct InputNorm {
+    const Buffer* weight = nullptr;
+    float weight_offset = 0.0f;
+    float eps = 1e-6f;
+    std::optional<float> mul_cols;
+  };
+  // Products of one normed input: normed = norm(x), then every product's y = w * normed (each
+  // QProduct's x must be `normed`). The default runs exactly that (the norm op, then
+  // qmatmul_batch); a GPU folds the norm into the decode products instead (each product
+  // normalizes x as it stages it: one dispatch and one dependent step less), leaving `normed`
+  // unwritten.
+  virtual void qmatmul_normed(Mat x, const InputNorm& norm, Mat normed,
+                              std::span<const QProduct> products) {
+    if (norm.mul_cols)
+      rms_norm_mul_cols(x, norm.eps, *norm.weight, *norm.mul_cols, normed);
+    else
+      rms_norm(x, norm.weight, norm.weight_offset, norm.eps, normed);
+    qmatmul_batch(products);
   }
   // out[i] = scale * row ids[i] of `table` (dequantized).
   virtual void embed(const QWeight& table, std::span<const int32_t> ids, float scale, Mat out) = 0;

@@ -148,14 +148,16 @@ class Gemma4 final : public Model {
         gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
       });
       if (moe) {
-        backend_.rms_norm(m, l.post_ffn_norm_1.get(), off, eps, m);  // h1
-        timed(parts_.experts_ms, [&] {
-          Mat sum = banked ? banked_experts(i, e_in) : moe_branch(i, e_in, routing);
-          backend_.add_rms_norm(sum, l.post_ffn_norm_2.get(), off, eps, m);  // m += h2
-        });
+        Mat sum;
+        timed(parts_.experts_ms,
+              [&] { sum = banked ? banked_experts(i, e_in) : moe_branch(i, e_in, routing); });
+        // x = (x + post_ffn_norm(post_ffn_norm_1(m) + post_ffn_norm_2(sum))) * layer_scalar
+        backend_.moe_ffn_tail(m, sum, *l.post_ffn_norm_1, *l.post_ffn_norm_2, *l.post_ffn_norm, off,
+                              eps, x, l.layer_scalar);
+      } else {
+        // x = (x + post_ffn_norm(m)) * layer_scalar
+        backend_.add_rms_norm(m, l.post_ffn_norm.get(), off, eps, x, l.layer_scalar);
       }
-      // x = (x + post_ffn_norm(m)) * layer_scalar
-      backend_.add_rms_norm(m, l.post_ffn_norm.get(), off, eps, x, l.layer_scalar);
     }
     cache.advance(T);
 
@@ -188,11 +190,15 @@ class Gemma4 final : public Model {
   // The router's logits for the residual r [T, hidden] (on the un-normed residual).
   Mat router_logits(const Layer& l, Mat r) {
     const int64_t hidden = arch_.hidden_size;
+    // rl = router_proj * z, z = rms_norm(r) * router_scale * hidden^-0.5 (folded into the
+    // product on a GPU).
     Mat z = scratch_.get(kRouterIn, r.rows, hidden);
-    backend_.rms_norm_mul_cols(r, arch_.rms_norm_eps, *l.router_scale,
-                               static_cast<float>(std::pow(static_cast<double>(hidden), -0.5)), z);
     Mat rl = scratch_.get(kRouterLogits, r.rows, arch_.moe->num_experts);
-    backend_.qmatmul(*l.router_proj, z, rl);
+    const Backend::QProduct router[] = {{l.router_proj.get(), z, rl}};
+    backend_.qmatmul_normed(r,
+                            {l.router_scale.get(), 0.0f, arch_.rms_norm_eps,
+                             static_cast<float>(std::pow(static_cast<double>(hidden), -0.5))},
+                            z, router);
     return rl;
   }
 

@@ -81,16 +81,15 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
   const float eps = arch.rms_norm_eps;
   const RopeParams rope{lc.rope.theta, lc.rope.rotary_pairs, lc.rope.freq_dim, lc.rope.scale};
 
+  // h = input_norm(x); q, k and v read it: one batched product (a GPU folds the norm into it).
   Mat h = scratch.get(kNormed, T, arch.hidden_size);
-  backend.rms_norm(x, w.input_norm.get(), off, eps, h);
-
-  // q, k and v read the same input: one batched product.
   Mat q = scratch.get(kQuery, T, static_cast<int64_t>(heads) * d);
   Mat k = scratch.get(kKey, T, static_cast<int64_t>(lc.num_kv_heads) * d);
   Mat v = scratch.get(kValue, T, static_cast<int64_t>(lc.num_kv_heads) * d);
   const Backend::QProduct qkv[] = {
       {w.q_proj.get(), h, q}, {w.k_proj.get(), h, k}, {w.v_proj.get(), h, v}};
-  backend.qmatmul_batch(std::span(qkv, lc.k_eq_v ? 2 : 3));
+  backend.qmatmul_normed(x, {w.input_norm.get(), off, eps, std::nullopt}, h,
+                         std::span(qkv, lc.k_eq_v ? 2 : 3));
   if (lc.k_eq_v) backend.copy(k, v);  // the raw projection, before k_norm and RoPE
   backend.rms_norm_rope(q, heads, d, w.q_norm.get(), off, eps, rope, pos0);
   backend.rms_norm_rope(k, lc.num_kv_heads, d, w.k_norm.get(), off, eps, rope, pos0);
@@ -118,9 +117,12 @@ void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& 
 Mat head_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,
                 const QWeight& embed_tokens, Mat x, int64_t r0, int64_t n, Scratch& scratch) {
   Mat h = scratch.get(kHeadIn, n, arch.hidden_size);
-  backend.rms_norm(x.row_range(r0, n), &final_norm, arch.norm_weight_offset, arch.rms_norm_eps, h);
   Mat l = scratch.get(kLogits, n, arch.vocab_size);
-  backend.qmatmul(embed_tokens, h, l);  // tied head: the quantized embedding as output matrix
+  // l = embed_tokens * final_norm(x): the tied head, the quantized embedding as output matrix.
+  const Backend::QProduct head[] = {{&embed_tokens, h, l}};
+  backend.qmatmul_normed(x.row_range(r0, n),
+                         {&final_norm, arch.norm_weight_offset, arch.rms_norm_eps, std::nullopt}, h,
+                         head);
   if (arch.final_logit_softcap) backend.softcap(l, *arch.final_logit_softcap);
   return l;
 }

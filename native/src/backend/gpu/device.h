@@ -40,10 +40,17 @@ enum class Kernel : int {
   topk_partial,
   topk_merge,
   norm_rope,
+  // moe_matvec's down product: the same kernel (moe_matvec.comp), a name of its own so that the
+  // per-kernel times show the experts' two products apart.
+  moe_matvec_down,
+  ffn_tail,
   count,
 };
+// The name a profile shows.
 const char* kernel_name(Kernel k);
-constexpr int kMaxBindings = 5;
+// The kernel's source, gpu-kernels/<name>.comp (the function name in the Metal library).
+const char* kernel_source_name(Kernel k);
+constexpr int kMaxBindings = 6;
 constexpr size_t kMaxPushBytes = 128;
 
 struct DeviceInfo {
@@ -54,7 +61,20 @@ struct DeviceInfo {
   uint64_t memory_bytes = 0;  // the largest device-local heap
   uint64_t max_binding_bytes = 0;  // the most one storage binding may cover
   uint64_t binding_alignment = 0;  // required alignment of a binding's offset
+  // Threads per workgroup of the kernels whose shape is a specialization constant (constant_id
+  // 0: the products, norms, attention and sampling passes; each kernel derives its loop strides
+  // from it). Real GPUs take kGpuWorkgroupThreads; a CPU device (lavapipe) runs every idle lane
+  // and every barrier of a workgroup on one core, so it takes kCpuWorkgroupThreads.
+  uint32_t workgroup_threads = 256;
 };
+constexpr uint32_t kGpuWorkgroupThreads = 256;
+constexpr uint32_t kCpuWorkgroupThreads = 64;
+// The workgroup_threads a device of this kind uses: REDWING_GPU_WORKGROUP (64, 128 or 256)
+// when set (tests and benchmarks force either shape with it), else by the device type.
+uint32_t choose_workgroup_threads(bool software);
+// Whether n is a shape the kernels accept (a power of two from 64 to 256: qmatmul stages a
+// fixed 1,024 vec4s over at most 16 per thread; the shared arrays hold 256).
+bool valid_workgroup_threads(uint32_t n);
 
 // Device memory, zero-initialized.
 class DeviceBuffer {
@@ -108,7 +128,8 @@ class Device {
 // The Vulkan devices this machine has (empty when there is no Vulkan loader or driver).
 std::vector<DeviceInfo> list_vulkan_devices();
 // Opens Vulkan device `index` of list_vulkan_devices(); throws std::runtime_error.
-std::unique_ptr<Device> open_vulkan_device(int index);
+// workgroup_threads 0: choose_workgroup_threads() for the device; else that shape (tests).
+std::unique_ptr<Device> open_vulkan_device(int index, uint32_t workgroup_threads = 0);
 
 // The embedded SPIR-V of a kernel (generated at build time from gpu-kernels/).
 std::span<const uint32_t> kernel_spirv(Kernel k);

@@ -90,7 +90,10 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 struct QuantParams {
   uint32_t rows, cols, bits, group_size, scale_type, scale0, x_offset, x_stride, y_offset, y_stride,
       tokens;
+  uint32_t norm_mode = 0;  // qmatvec.comp: an RMSNorm of x folded into the product
+  float norm_offset = 0, norm_eps = 0, col_scale = 1;
 };
+enum NormMode : uint32_t { kNoNorm = 0, kNormWeighted, kNormMulCols, kNormPlain };
 struct EmbedParams {
   uint32_t rows, cols, bits, group_size, scale_type, scale0, out_offset, out_stride, count, row0;
   float scale;
@@ -102,6 +105,10 @@ struct NormParams {
   float acc_scale;
   uint32_t pair, y2_offset, y2_stride;
   float col_scale;
+};
+struct FfnTailParams {
+  uint32_t rows, cols, m_offset, m_stride, e_offset, e_stride, x_offset, x_stride;
+  float weight_offset, eps, layer_scalar;
 };
 struct NormRopeParams {
   uint32_t rows, n_heads, half_dim, x_offset, x_stride, has_weight;
@@ -162,6 +169,7 @@ constexpr int64_t kMatvecMaxTokens = 4;        // more tokens: the tiled qmatmul
 constexpr int64_t kMatmulTileRows = 16;        // qmatmul.comp's TILE_ROWS
 constexpr int64_t kMatmulTileTokens = 8;       // qmatmul.comp's TILE_TOKENS
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
+constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
 class GpuBackend final : public Backend {
  public:
@@ -188,7 +196,9 @@ class GpuBackend final : public Backend {
 
   gpu::Device& device() { return *dev_; }
 
-  WorkCounters work_counters() const override { return {dev_->submissions(), dispatches_}; }
+  WorkCounters work_counters() const override {
+    return {dev_->submissions(), dispatches_, barriers_};
+  }
   std::vector<KernelTiming> kernel_timings() const override {
     std::vector<KernelTiming> out;
     if (!profile_) return out;
@@ -302,6 +312,28 @@ class GpuBackend final : public Backend {
     norm(x, weight, offset, eps, acc, true, acc_scale);
   }
 
+  void moe_ffn_tail(Mat m, Mat experts, const Buffer& w1, const Buffer& w2, const Buffer& w3,
+                    float offset, float eps, Mat x, float layer_scalar) override {
+    check_same_shape(m, experts, "moe_ffn_tail");
+    check_same_shape(m, x, "moe_ffn_tail");
+    // ffn_tail.comp holds a row in registers: wider rows take the separate ops.
+    if (m.cols > kNormHeld * dev_->info().workgroup_threads)
+      return Backend::moe_ffn_tail(m, experts, w1, w2, w3, offset, eps, x, layer_scalar);
+    for (const Buffer* w : {&w1, &w2, &w3})
+      if (w->size_bytes() < sizeof(float) * m.cols)
+        throw std::logic_error("moe_ffn_tail: weight too short");
+    if (m.rows == 0) return;
+    const View vm = view(m), ve = view(experts), vx = view(x);
+    FfnTailParams p{u32(m.rows),         u32(m.cols), vm.offset,     u32(m.stride), ve.offset,
+                    u32(experts.stride), vx.offset,   u32(x.stride), offset,        eps,
+                    layer_scalar};
+    touch({vm.b.buffer, ve.b.buffer, vx.b.buffer, &dev_of(w1), &dev_of(w2), &dev_of(w3)},
+          {vx.b.buffer});
+    const Binding binds[] = {
+        vm.b, ve.b, vx.b, whole(dev_of(w1)), whole(dev_of(w2)), whole(dev_of(w3))};
+    dispatch_linear(Kernel::ffn_tail, binds, &p, sizeof p, static_cast<uint64_t>(m.rows));
+  }
+
   void rope(Mat x, int n_heads, int head_dim, const RopeParams& rp, int64_t pos0) override {
     if (x.cols != static_cast<int64_t>(n_heads) * head_dim)
       throw std::logic_error("rope: bad width");
@@ -339,7 +371,36 @@ class GpuBackend final : public Backend {
 
   // ---- products ----
 
-  void qmatmul(const QWeight& wq, Mat x, Mat y) override {
+  void qmatmul_normed(Mat x, const InputNorm& norm, Mat normed,
+                      std::span<const QProduct> products) override {
+    bool fold = x.rows <= kMatvecMaxTokens && x.rows > 0;
+    for (const QProduct& p : products)
+      fold = fold && p.x.buf == normed.buf && p.x.offset == normed.offset && p.x.rows == x.rows &&
+             p.x.cols == x.cols;
+    if (norm.mul_cols && !norm.weight) fold = false;
+    if (!fold) return Backend::qmatmul_normed(x, norm, normed, products);
+    check_same_shape(x, normed, "qmatmul_normed");
+    if (norm.weight && norm.weight->size_bytes() < sizeof(float) * x.cols)
+      throw std::logic_error("qmatmul_normed: norm weight too short");
+    FoldedNorm f;
+    f.mode = norm.mul_cols ? kNormMulCols : norm.weight ? kNormWeighted : kNormPlain;
+    f.weight = norm.weight ? &dev_of(*norm.weight) : nullptr;
+    f.offset = norm.weight_offset;
+    f.eps = norm.eps;
+    f.col_scale = norm.mul_cols.value_or(1.0f);
+    for (const QProduct& p : products) qmatmul(*p.w, x, p.y, &f);
+  }
+
+  void qmatmul(const QWeight& wq, Mat x, Mat y) override { qmatmul(wq, x, y, nullptr); }
+
+  // An RMSNorm folded into a decode product (qmatvec.comp's norm_mode).
+  struct FoldedNorm {
+    NormMode mode = kNoNorm;
+    const DeviceBuffer* weight = nullptr;
+    float offset = 0, eps = 0, col_scale = 1;
+  };
+
+  void qmatmul(const QWeight& wq, Mat x, Mat y, const FoldedNorm* fold) {
     const auto& w = static_cast<const GpuQWeight&>(wq);
     if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
       throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
@@ -347,14 +408,26 @@ class GpuBackend final : public Backend {
                              std::to_string(w.cols) + ")");
     if (x.rows == 0) return;
     const View vx = view(x), vy = view(y);
-    touch({vx.b.buffer, w.buf.get()}, {vy.b.buffer});
+    if (fold && fold->weight)
+      touch({vx.b.buffer, w.buf.get(), fold->weight}, {vy.b.buffer});
+    else
+      touch({vx.b.buffer, w.buf.get()}, {vy.b.buffer});
     const bool matvec = x.rows <= kMatvecMaxTokens;
+    if (fold && !matvec) throw std::logic_error("qmatmul: a folded norm needs the decode product");
     for_each_chunk(w, [&](int64_t r0, int64_t n, const Binding& packed, const Binding& scales,
                           const Binding& biases, uint32_t scale0) {
       QuantParams p{u32(n),     u32(w.cols), w.bits,        w.group_size,        w.scale_type,
                     scale0,     vx.offset,   u32(x.stride), vy.offset + u32(r0), u32(y.stride),
                     u32(x.rows)};
-      const Binding binds[] = {packed, scales, biases, vx.b, vy.b};
+      Binding norm_weight{};
+      if (fold) {
+        p.norm_mode = fold->mode;
+        p.norm_offset = fold->offset;
+        p.norm_eps = fold->eps;
+        p.col_scale = fold->col_scale;
+        if (fold->weight) norm_weight = whole(*fold->weight);
+      }
+      const Binding binds[] = {packed, scales, biases, vx.b, vy.b, norm_weight};
       if (matvec) {
         const uint64_t groups =
             static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
@@ -724,7 +797,9 @@ class GpuBackend final : public Backend {
         ids};
     const auto [gx, gy] =
         grid(static_cast<uint64_t>((s.rows + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup));
-    dispatch(Kernel::moe_matvec, binds, &p, sizeof p, gx, gy, slots);
+    // The down product (the one that computes the GeGLU) under its own name in the profile.
+    dispatch(geglu_half != 0 ? Kernel::moe_matvec_down : Kernel::moe_matvec, binds, &p, sizeof p,
+             gx, gy, slots);
   }
 
   void experts_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
@@ -883,6 +958,7 @@ class GpuBackend final : public Backend {
     for (auto* w : writes) hazard = hazard || written_.count(w) || read_.count(w);
     if (hazard) {
       dev_->barrier();
+      ++barriers_;
       written_.clear();
       read_.clear();
     }
@@ -995,6 +1071,7 @@ class GpuBackend final : public Backend {
 
   bool profile_ = false;
   uint64_t dispatches_ = 0;
+  uint64_t barriers_ = 0;
   std::unique_ptr<gpu::Device> dev_;
   uint64_t align_ = 16;
   uint64_t max_binding_ = 0;

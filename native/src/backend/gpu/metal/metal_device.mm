@@ -50,8 +50,9 @@ const WorkgroupSize kWorkgroupSizes[] = {
 
 WorkgroupSize workgroup_size(Kernel k) {
   for (const auto& w : kWorkgroupSizes)
-    if (std::strcmp(w.name, kernel_name(k)) == 0) return w;
-  throw std::logic_error(std::string("metal: no workgroup size for kernel ") + kernel_name(k));
+    if (std::strcmp(w.name, kernel_source_name(k)) == 0) return w;
+  throw std::logic_error(std::string("metal: no workgroup size for kernel ") +
+                         kernel_source_name(k));
 }
 
 std::string describe_error(NSError* error) {
@@ -204,10 +205,10 @@ std::unique_ptr<DeviceBuffer> MetalDevice::create_buffer(size_t bytes) {
 id<MTLComputePipelineState> MetalDevice::pipeline(Kernel k) {
   id<MTLComputePipelineState>& p = pipelines_[static_cast<size_t>(k)];
   if (p) return p;
-  NSString* name = [NSString stringWithUTF8String:kernel_name(k)];
+  NSString* name = [NSString stringWithUTF8String:kernel_source_name(k)];
   id<MTLFunction> function = [library_ newFunctionWithName:name];
   if (!function)
-    throw std::runtime_error(std::string("metal: no function ") + kernel_name(k) +
+    throw std::runtime_error(std::string("metal: no function ") + kernel_source_name(k) +
                              " in the embedded metallib");
   NSError* error = nil;
   p = [device_ newComputePipelineStateWithFunction:function error:&error];

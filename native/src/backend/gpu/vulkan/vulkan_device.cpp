@@ -101,6 +101,7 @@ DeviceInfo describe(VkPhysicalDevice pd) {
       info.memory_bytes = std::max<uint64_t>(info.memory_bytes, mem.memoryHeaps[i].size);
   info.max_binding_bytes = props.limits.maxStorageBufferRange;
   info.binding_alignment = std::max<uint64_t>(props.limits.minStorageBufferOffsetAlignment, 4);
+  info.workgroup_threads = info.software ? kCpuWorkgroupThreads : kGpuWorkgroupThreads;
   return info;
 }
 
@@ -108,7 +109,7 @@ struct VulkanBuffer;
 
 class VulkanDevice final : public Device {
  public:
-  explicit VulkanDevice(int index);
+  VulkanDevice(int index, uint32_t workgroup_threads);
   ~VulkanDevice() override;
 
   const DeviceInfo& info() const override { return info_; }
@@ -212,13 +213,18 @@ struct VulkanBuffer final : DeviceBuffer {
   size_t size_bytes() const override { return raw.bytes; }
 };
 
-VulkanDevice::VulkanDevice(int index) {
+VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads) {
   instance_ = create_instance();
   auto devs = physical_devices(instance_);
   if (index < 0 || index >= static_cast<int>(devs.size()))
     throw std::runtime_error("vulkan: no device " + std::to_string(index));
   physical_ = devs[static_cast<size_t>(index)];
   info_ = describe(physical_);
+  if (workgroup_threads != 0 && !valid_workgroup_threads(workgroup_threads))
+    throw std::invalid_argument("vulkan: unsupported workgroup size " +
+                                std::to_string(workgroup_threads));
+  info_.workgroup_threads =
+      workgroup_threads != 0 ? workgroup_threads : choose_workgroup_threads(info_.software);
   vkGetPhysicalDeviceMemoryProperties(physical_, &memory_props_);
   const int family = compute_queue_family(physical_);
   if (family < 0) throw std::runtime_error("vulkan: " + info_.name + " has no compute queue");
@@ -546,6 +552,11 @@ VkPipeline VulkanDevice::pipeline(Kernel k) {
   cpci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   cpci.stage.module = module;
   cpci.stage.pName = "main";
+  // Specialization constant 0: the workgroup size (device.h). Kernels that do not declare it
+  // ignore the entry.
+  const VkSpecializationMapEntry threads_entry{0, 0, sizeof(uint32_t)};
+  VkSpecializationInfo spec{1, &threads_entry, sizeof(uint32_t), &info_.workgroup_threads};
+  cpci.stage.pSpecializationInfo = &spec;
   cpci.layout = pipeline_layout_;
   VkResult r = vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &cpci, nullptr, &p);
   vkDestroyShaderModule(device_, module, nullptr);
@@ -688,8 +699,8 @@ std::vector<DeviceInfo> list_vulkan_devices() {
   return out;
 }
 
-std::unique_ptr<Device> open_vulkan_device(int index) {
-  return std::make_unique<VulkanDevice>(index);
+std::unique_ptr<Device> open_vulkan_device(int index, uint32_t workgroup_threads) {
+  return std::make_unique<VulkanDevice>(index, workgroup_threads);
 }
 
 }  // namespace redwing::gpu

@@ -1,0 +1,101 @@
+// The end of a Gemma 4 MoE layer's feed-forward, per row, in one dispatch instead of three
+// (backend.h's moe_ffn_tail):
+//   t = rms_norm(m, w1) + rms_norm(e, w2)        (the dense MLP's and the experts' post-norms)
+//   x = (x + rms_norm(t, w3)) * layer_scalar     (the feed-forward's post-norm, the residual add
+//                                                 and the layer scalar)
+// with each norm x * (mean(x^2) + eps)^-1/2 * (weight_offset + w), the arithmetic of rms_norm.comp
+// in the order of the separate ops (rms_norm, add_rms_norm, add_rms_norm), so the result equals
+// theirs up to the reductions' order. One workgroup per row; the row is held in registers
+// (NORM_HELD columns per thread: up to 4,096 columns with 256 threads; the host runs the
+// separate ops on wider rows). m is left as it was (the separate ops overwrite it).
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
+layout(std430, set = 0, binding = 0) readonly buffer M { float m[]; };
+layout(std430, set = 0, binding = 1) readonly buffer E { float e[]; };
+layout(std430, set = 0, binding = 2) buffer X { float x[]; };
+layout(std430, set = 0, binding = 3) readonly buffer W1 { float w1[]; };
+layout(std430, set = 0, binding = 4) readonly buffer W2 { float w2[]; };
+layout(std430, set = 0, binding = 5) readonly buffer W3 { float w3[]; };
+layout(push_constant) uniform Params {
+  uint rows;
+  uint cols;
+  uint m_offset;
+  uint m_stride;
+  uint e_offset;
+  uint e_stride;
+  uint x_offset;
+  uint x_stride;
+  float weight_offset;
+  float eps;
+  float layer_scalar;
+} p;
+
+const uint NORM_HELD = 16u;
+shared vec2 partial[256];  // THREADS at most
+
+// The workgroup's sums of v.x and v.y (every thread gets them).
+vec2 workgroup_sum(vec2 v) {
+  const uint tid = gl_LocalInvocationID.x;
+  barrier();  // the previous reduction's readers are done
+  partial[tid] = v;
+  barrier();
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) partial[tid] += partial[tid + s];
+    barrier();
+  }
+  return partial[0];
+}
+
+void main() {
+  const uint r = linear_group();
+  if (r >= p.rows) return;  // uniform over the workgroup
+  const uint tid = gl_LocalInvocationID.x;
+  const uint last = p.cols - 1u;
+  const uint mb = p.m_offset + r * p.m_stride;
+  const uint eb = p.e_offset + r * p.e_stride;
+  const uint xb = p.x_offset + r * p.x_stride;
+  float hm[NORM_HELD];
+  float he[NORM_HELD];
+  vec2 ss = vec2(0.0);
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    const float a = m[mb + min(c, last)];  // clamped, not guarded: the loads issue together
+    const float b = e[eb + min(c, last)];
+    hm[i] = c < p.cols ? a : 0.0;
+    he[i] = c < p.cols ? b : 0.0;
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += vec2(hm[i] * hm[i], he[i] * he[i]);
+  const vec2 sums = workgroup_sum(ss);
+  const float inv_m = 1.0 / sqrt(sums.x / float(p.cols) + p.eps);
+  const float inv_e = 1.0 / sqrt(sums.y / float(p.cols) + p.eps);
+  float t[NORM_HELD];
+  float st = 0.0;
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * THREADS, last);
+    const float a = hm[i] * inv_m * (p.weight_offset + w1[c]);
+    const float b = he[i] * inv_e * (p.weight_offset + w2[c]);
+    t[i] = tid + i * THREADS < p.cols ? a + b : 0.0;
+    st += t[i] * t[i];
+  }
+  const float inv_t = 1.0 / sqrt(workgroup_sum(vec2(st, 0.0)).x / float(p.cols) + p.eps);
+  float xo[NORM_HELD];
+  float w3c[NORM_HELD];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * THREADS, last);
+    xo[i] = x[xb + c];
+    w3c[i] = w3[c];
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    if (c < p.cols) {
+      const float v = t[i] * inv_t * (p.weight_offset + w3c[i]);
+      // (x + v) * layer_scalar, as add then scale (a scalar of 1 is exact).
+      x[xb + c] = (xo[i] + v) * p.layer_scalar;
+    }
+  }
+}
