@@ -1030,7 +1030,34 @@ class GpuBackend final : public Backend {
 
   // The RoPE table exactly as the CPU backend computes it (backend.h), so both rotate by the
   // same bits: per row, cos of every pair then sin of every pair; in the upload ring.
+  // The last table is reused while it is still in the ring: q and k of a layer rotate by the
+  // same table, and a second upload would be a write into the ring after the barrier that q's
+  // rotation needs, i.e. one more dependent step for k's.
   Binding rope_table(int64_t rows, int head_dim, const RopeParams& rp, int64_t pos0) {
+    const RopeKey key{rows,        head_dim, rp.theta, rp.rotary_pairs,
+                      rp.freq_dim, rp.scale, pos0,     dev_->submissions(),
+                      ring_.get()};
+    if (last_rope_ && last_rope_->first == key) return last_rope_->second;
+    const Binding b = upload_rope_table(rows, head_dim, rp, pos0);
+    last_rope_.emplace(RopeKey{rows, head_dim, rp.theta, rp.rotary_pairs, rp.freq_dim, rp.scale,
+                               pos0, dev_->submissions(), ring_.get()},
+                       b);
+    return b;
+  }
+  struct RopeKey {
+    int64_t rows;
+    int head_dim;
+    double theta;
+    int rotary_pairs, freq_dim;
+    double scale;
+    int64_t pos0;
+    uint64_t epoch;
+    const DeviceBuffer* ring;
+    bool operator==(const RopeKey&) const = default;
+  };
+  std::optional<std::pair<RopeKey, Binding>> last_rope_;
+
+  Binding upload_rope_table(int64_t rows, int head_dim, const RopeParams& rp, int64_t pos0) {
     const int half = head_dim / 2;
     const std::vector<float> inv_freq = rope_inv_freq(rp, head_dim);
     std::vector<float> table(static_cast<size_t>(rows) * 2 * static_cast<size_t>(half));
