@@ -35,9 +35,11 @@ layout(push_constant) uniform Params {
   float norm_offset;
   float norm_eps;
   float col_scale;
+  uint geglu_half;  // 0, or x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (a gated MLP's
+                    // GeGLU computed while staging the down product's input)
 } p;
 
-#define MV_X(I) x[(I)]
+#define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
 #define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
 #define MV_BIAS(I) LOAD_SCALE(biases, (I), p.scale_type)
 #define MV_X_FACTOR(C)                                       \

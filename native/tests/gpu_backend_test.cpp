@@ -234,6 +234,39 @@ TEST_CASE("gpu: norms folded into the decode products match the CPU's norm then 
   }
 }
 
+// A gated MLP's end: gate and up side by side from one batched product, then the down product
+// over GeGLU(gate, up), which the GPU computes in its staging on the decode path (1 and 3
+// tokens; 9 run the separate ops there too).
+TEST_CASE("gpu: gate and up in one buffer and the GeGLU inside the down product match the CPU") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend(threads);
+  const int64_t hidden = 160, inter = 96;
+  HostQuant gq(inter, hidden, 4, 32, DType::bf16, 801), uq(inter, hidden, 4, 32, DType::bf16, 802);
+  HostQuant dq(hidden, inter, 8, 32, DType::f16, 803);
+  auto gc = cpu->import_qweight(gq.m), uc = cpu->import_qweight(uq.m), dc = cpu->import_qweight(dq.m);
+  auto gg = gpu->import_qweight(gq.m), ug = gpu->import_qweight(uq.m), dg = gpu->import_qweight(dq.m);
+  for (int64_t tokens : {1, 3, 9}) {
+    CAPTURE(tokens);
+    const auto x = randn(static_cast<size_t>(tokens * hidden), static_cast<uint64_t>(810 + tokens));
+    std::vector<float> gu(static_cast<size_t>(tokens * 2 * inter), 0.0f);
+    std::vector<float> out(static_cast<size_t>(tokens * hidden), 0.0f);
+    const double d = compare(*cpu, *gpu, {x, gu, out}, [&](Backend& b, auto& bufs) {
+      const bool on_cpu = &b == cpu.get();
+      const Mat in{bufs[0].get(), 0, tokens, hidden, hidden};
+      const Mat both{bufs[1].get(), 0, tokens, 2 * inter, 2 * inter};
+      const Backend::QProduct products[] = {
+          {on_cpu ? gc.get() : gg.get(), in, both.col_range(0, inter)},
+          {on_cpu ? uc.get() : ug.get(), in, both.col_range(inter, inter)}};
+      b.qmatmul_batch(products);
+      b.geglu_qmatmul(on_cpu ? *dc : *dg, both.col_range(0, inter), both.col_range(inter, inter),
+                      Mat{bufs[2].get(), 0, tokens, hidden, hidden});
+      b.fill_zero(both.col_range(0, inter));  // gate is left undefined
+    });
+    CHECK(d < 1e-4);
+  }
+}
+
 // Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096
 // columns (matvec.glsl), qmatmul in slabs of 512, rms_norm holds 4,096 columns in registers and
 // reads the rest again.

@@ -282,6 +282,13 @@ class Backend {
   virtual void qmatmul_batch(std::span<const QProduct> products) {
     for (const QProduct& p : products) qmatmul(*p.w, p.x, p.y);
   }
+  // gelu_tanh(gate) * up, then out = down * that (the end of a gated MLP). gate is left
+  // undefined. The default runs gelu_tanh_mul into gate, then qmatmul; a GPU computes the GeGLU
+  // inside the decode product where gate and up are column ranges of one buffer.
+  virtual void geglu_qmatmul(const QWeight& down, Mat gate, Mat up, Mat out) {
+    gelu_tanh_mul(gate, up, gate);
+    qmatmul(down, gate, out);
+  }
   // The RMSNorm in front of products (qmatmul_normed): rms_norm(x, weight, weight_offset, eps),
   // or with mul_cols set rms_norm_mul_cols(x, eps, *weight, mul_cols).
   struct InputNorm {

@@ -106,12 +106,13 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
 
 void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& scratch) {
   const int64_t inter = w.gate->rows;
-  Mat g = scratch.get(kGate, in.rows, inter);
-  Mat u = scratch.get(kUp, in.rows, inter);
+  // gate and up side by side in one buffer: a GPU reads both in the down product's staging.
+  Mat gu = scratch.get(kGate, in.rows, 2 * inter);
+  Mat g = gu.col_range(0, inter);
+  Mat u = gu.col_range(inter, inter);
   const Backend::QProduct gate_up[] = {{w.gate.get(), in, g}, {w.up.get(), in, u}};
   backend.qmatmul_batch(gate_up);
-  backend.gelu_tanh_mul(g, u, g);
-  backend.qmatmul(*w.down, g, out);
+  backend.geglu_qmatmul(*w.down, g, u, out);
 }
 
 Mat head_logits(Backend& backend, const Architecture& arch, const Buffer& final_norm,

@@ -92,6 +92,7 @@ struct QuantParams {
       tokens;
   uint32_t norm_mode = 0;  // qmatvec.comp: an RMSNorm of x folded into the product
   float norm_offset = 0, norm_eps = 0, col_scale = 1;
+  uint32_t geglu_half = 0;  // qmatvec.comp: x is GeGLU(x[c], x[c + geglu_half])
 };
 enum NormMode : uint32_t { kNoNorm = 0, kNormWeighted, kNormMulCols, kNormPlain };
 struct EmbedParams {
@@ -388,10 +389,49 @@ class GpuBackend final : public Backend {
     f.offset = norm.weight_offset;
     f.eps = norm.eps;
     f.col_scale = norm.mul_cols.value_or(1.0f);
-    for (const QProduct& p : products) qmatmul(*p.w, x, p.y, &f);
+    touch_products(products, &x, f.weight);
+    for (const QProduct& p : products) qmatmul(*p.w, x, p.y, &f, false);
+  }
+
+  // One hazard check for the whole batch: the products read their x and write their y, so none
+  // needs to wait for another, also where their outputs share a buffer (gate and up side by
+  // side). A batch where one product reads another's output takes the one-by-one default.
+  void qmatmul_batch(std::span<const QProduct> products) override {
+    for (const QProduct& a : products)
+      for (const QProduct& b : products)
+        if (a.y.buf == b.x.buf) return Backend::qmatmul_batch(products);
+    touch_products(products, nullptr, nullptr);
+    for (const QProduct& p : products) qmatmul(*p.w, p.x, p.y, nullptr, false);
+  }
+
+  // gelu_tanh(gate) * up, then the down product: on the decode path the product computes the
+  // GeGLU while staging its input (one dispatch and one dependent step less), when gate and up
+  // are column ranges of one buffer with up after gate.
+  void geglu_qmatmul(const QWeight& down, Mat gate, Mat up, Mat out) override {
+    check_same_shape(gate, up, "geglu_qmatmul");
+    const int64_t half = up.offset - gate.offset;
+    const bool fused = gate.rows <= kMatvecMaxTokens && gate.buf == up.buf &&
+                       gate.stride == up.stride && half >= gate.cols && half + up.cols <= gate.stride;
+    if (!fused) return Backend::geglu_qmatmul(down, gate, up, out);
+    if (gate.rows == 0) return;
+    qmatmul(down, gate, out, nullptr, true, u32(half));
   }
 
   void qmatmul(const QWeight& wq, Mat x, Mat y) override { qmatmul(wq, x, y, nullptr); }
+
+  // The hazard check of products reading `x` (each product's own where null) and the norm
+  // weight, writing their outputs.
+  void touch_products(std::span<const QProduct> products, const Mat* x,
+                      const DeviceBuffer* norm_weight) {
+    std::vector<const DeviceBuffer*> reads, writes;
+    for (const QProduct& p : products) {
+      reads.push_back(view(x ? *x : p.x).b.buffer);
+      reads.push_back(static_cast<const GpuQWeight&>(*p.w).buf.get());
+      writes.push_back(view(p.y).b.buffer);
+    }
+    if (norm_weight) reads.push_back(norm_weight);
+    touch(reads, writes);
+  }
 
   // An RMSNorm folded into a decode product (qmatvec.comp's norm_mode).
   struct FoldedNorm {
@@ -400,25 +440,32 @@ class GpuBackend final : public Backend {
     float offset = 0, eps = 0, col_scale = 1;
   };
 
-  void qmatmul(const QWeight& wq, Mat x, Mat y, const FoldedNorm* fold) {
+  // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on).
+  void qmatmul(const QWeight& wq, Mat x, Mat y, const FoldedNorm* fold, bool check_hazards = true,
+               uint32_t geglu_half = 0) {
     const auto& w = static_cast<const GpuQWeight&>(wq);
     if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
       throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
                              std::to_string(x.cols) + " by " + std::to_string(w.rows) + "x" +
                              std::to_string(w.cols) + ")");
     if (x.rows == 0) return;
-    const View vx = view(x), vy = view(y);
-    if (fold && fold->weight)
-      touch({vx.b.buffer, w.buf.get(), fold->weight}, {vy.b.buffer});
-    else
-      touch({vx.b.buffer, w.buf.get()}, {vy.b.buffer});
+    const View vx = view(geglu_half ? Mat{x.buf, x.offset, x.rows, x.cols + geglu_half, x.stride} : x);
+    const View vy = view(y);
+    if (check_hazards) {
+      if (fold && fold->weight)
+        touch({vx.b.buffer, w.buf.get(), fold->weight}, {vy.b.buffer});
+      else
+        touch({vx.b.buffer, w.buf.get()}, {vy.b.buffer});
+    }
     const bool matvec = x.rows <= kMatvecMaxTokens;
-    if (fold && !matvec) throw std::logic_error("qmatmul: a folded norm needs the decode product");
+    if ((fold || geglu_half) && !matvec)
+      throw std::logic_error("qmatmul: a folded norm or GeGLU needs the decode product");
     for_each_chunk(w, [&](int64_t r0, int64_t n, const Binding& packed, const Binding& scales,
                           const Binding& biases, uint32_t scale0) {
       QuantParams p{u32(n),     u32(w.cols), w.bits,        w.group_size,        w.scale_type,
                     scale0,     vx.offset,   u32(x.stride), vy.offset + u32(r0), u32(y.stride),
                     u32(x.rows)};
+      p.geglu_half = geglu_half;
       Binding norm_weight{};
       if (fold) {
         p.norm_mode = fold->mode;
