@@ -180,6 +180,17 @@ class GpuBackend final : public Backend {
     // REDWING_GPU_PROFILE=1: per-kernel GPU time, printed to stderr when the backend closes.
     const char* profile = std::getenv("REDWING_GPU_PROFILE");
     profile_ = profile != nullptr && std::string(profile) == "1";
+    // REDWING_GPU_UNFUSED=geglu,tail: run those fusions as separate ops (A/B measurements).
+    // REDWING_GPU_FOLD_NORMS=1: fold input norms into the decode products (qmatmul_normed). Off
+    // by default: on the H200 it cut 61 dispatches per token but made the products slower than
+    // the norm dispatches it saved (docs/gpu.md, fifth round).
+    if (const char* unfused = std::getenv("REDWING_GPU_UNFUSED")) {
+      const std::string u = unfused;
+      fold_geglu_ = u.find("geglu") == std::string::npos;
+      fuse_tail_ = u.find("tail") == std::string::npos;
+    }
+    const char* fold = std::getenv("REDWING_GPU_FOLD_NORMS");
+    fold_norms_ = fold != nullptr && std::string(fold) == "1";
     dev_->enable_timestamps(profile_);
   }
   ~GpuBackend() override {
@@ -318,7 +329,7 @@ class GpuBackend final : public Backend {
     check_same_shape(m, experts, "moe_ffn_tail");
     check_same_shape(m, x, "moe_ffn_tail");
     // ffn_tail.comp holds a row in registers: wider rows take the separate ops.
-    if (m.cols > kNormHeld * dev_->info().workgroup_threads)
+    if (m.cols > kNormHeld * dev_->info().workgroup_threads || !fuse_tail_)
       return Backend::moe_ffn_tail(m, experts, w1, w2, w3, offset, eps, x, layer_scalar);
     for (const Buffer* w : {&w1, &w2, &w3})
       if (w->size_bytes() < sizeof(float) * m.cols)
@@ -378,7 +389,7 @@ class GpuBackend final : public Backend {
     for (const QProduct& p : products)
       fold = fold && p.x.buf == normed.buf && p.x.offset == normed.offset && p.x.rows == x.rows &&
              p.x.cols == x.cols;
-    if (norm.mul_cols && !norm.weight) fold = false;
+    if ((norm.mul_cols && !norm.weight) || !fold_norms_) fold = false;
     if (!fold) return Backend::qmatmul_normed(x, norm, normed, products);
     check_same_shape(x, normed, "qmatmul_normed");
     if (norm.weight && norm.weight->size_bytes() < sizeof(float) * x.cols)
@@ -411,8 +422,9 @@ class GpuBackend final : public Backend {
     check_same_shape(gate, up, "geglu_qmatmul");
     const int64_t half = up.offset - gate.offset;
     const bool fused = gate.rows <= kMatvecMaxTokens && gate.buf == up.buf &&
-                       gate.stride == up.stride && half >= gate.cols && half + up.cols <= gate.stride;
-    if (!fused) return Backend::geglu_qmatmul(down, gate, up, out);
+                       gate.stride == up.stride && half >= gate.cols &&
+                       half + up.cols <= gate.stride;
+    if (!fused || !fold_geglu_) return Backend::geglu_qmatmul(down, gate, up, out);
     if (gate.rows == 0) return;
     qmatmul(down, gate, out, nullptr, true, u32(half));
   }
@@ -449,7 +461,8 @@ class GpuBackend final : public Backend {
                              std::to_string(x.cols) + " by " + std::to_string(w.rows) + "x" +
                              std::to_string(w.cols) + ")");
     if (x.rows == 0) return;
-    const View vx = view(geglu_half ? Mat{x.buf, x.offset, x.rows, x.cols + geglu_half, x.stride} : x);
+    const View vx =
+        view(geglu_half ? Mat{x.buf, x.offset, x.rows, x.cols + geglu_half, x.stride} : x);
     const View vy = view(y);
     if (check_hazards) {
       if (fold && fold->weight)
@@ -1144,6 +1157,7 @@ class GpuBackend final : public Backend {
   }
 
   bool profile_ = false;
+  bool fold_norms_ = false, fold_geglu_ = true, fuse_tail_ = true;
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
   std::unique_ptr<gpu::Device> dev_;
