@@ -43,6 +43,7 @@ const GenerateReport = z.object({
   prefill_dispatches: z.number(),
   decode_submissions_per_token: z.number(),
   decode_dispatches_per_token: z.number(),
+  decode_barriers_per_token: z.number(),
   kernel_times: z.array(z.object({ kernel: z.string(), dispatches: z.number(), ms: z.number() })),
 });
 type GenerateReport = z.infer<typeof GenerateReport>;
@@ -187,6 +188,7 @@ export async function runGpuBench(): Promise<void> {
     prefill_tokens_per_s: Object.fromEntries([...prefill].map(([n, v]) => [n, median(v)])),
     decode_submissions_per_token: first.decode_submissions_per_token,
     decode_dispatches_per_token: first.decode_dispatches_per_token,
+    decode_barriers_per_token: first.decode_barriers_per_token,
     weight_bytes_per_decode_token: weightBytes,
     decode_weight_gbps: gbps,
     peak_gbps: peak,
@@ -209,7 +211,8 @@ export async function runGpuBench(): Promise<void> {
     console.log(`prefill ${n} tokens            ${fmt(median(v))} tok/s`);
   console.log(
     `per decode token: ${first.decode_submissions_per_token.toFixed(1)} submissions, ` +
-      `${first.decode_dispatches_per_token.toFixed(0)} dispatches, ` +
+      `${first.decode_dispatches_per_token.toFixed(0)} dispatches ` +
+      `(${first.decode_barriers_per_token.toFixed(0)} barriers), ` +
       `${(weightBytes / 1e9).toFixed(3)} GB of weights` +
       (gbps !== null ? ` (${gbps.toFixed(1)} GB/s` : "") +
       (result.bandwidth_share !== null
