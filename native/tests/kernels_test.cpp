@@ -559,35 +559,37 @@ TEST_CASE("qmatmul_split matches double-precision math under every ISA, odd shap
 }
 
 TEST_CASE("qmatmul_split: every ISA within summation order of the scalar reference") {
-  // A Gemma shape (2816 -> 64 rows of the 2112-row gate) at a prefill chunk of 40 tokens, with
-  // inputs of very different sizes; each ISA against the scalar version of the same sums.
-  const TestMatrix m = make_matrix(4, 64, 64, 2816, ScaleType::bf16, 3);
+  // A Gemma width (2816 columns; 200 rows: more than one pass of the matrix unit's 128-row
+  // blocks, and a partial block) at a prefill chunk of 40 tokens, with inputs of very different
+  // sizes; each ISA against the scalar version of the same sums.
+  const int64_t rows = 200;
+  const TestMatrix m = make_matrix(4, 64, rows, 2816, ScaleType::bf16, 3);
   const int64_t n_x = 40;
   std::vector<float> x = random_vector(n_x * 2816, 23);
   for (size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i % 61) - 30);
   SplitActivation xs;
   xs.split(x.data(), n_x, 2816, 2816);
-  std::vector<float> want(static_cast<size_t>(n_x * 64));
+  std::vector<float> want(static_cast<size_t>(n_x * rows));
   {
     IsaScope scalar(Isa::scalar);
-    qmatmul_split(m.view(), xs, want.data(), 64, 0, 64);
+    qmatmul_split(m.view(), xs, want.data(), rows, 0, rows);
   }
   for (Isa isa : available_isas()) {
     IsaScope scope(isa);
     CAPTURE(std::string(isa_name(isa)));
     std::vector<float> got(want.size(), 0.0f);
-    qmatmul_split(m.view(), xs, got.data(), 64, 0, 64);
+    qmatmul_split(m.view(), xs, got.data(), rows, 0, rows);
     for (int64_t t = 0; t < n_x; ++t) {
-      for (int64_t r = 0; r < 64; ++r) {
+      for (int64_t r = 0; r < rows; ++r) {
         CAPTURE(t);
         CAPTURE(r);
-        REQUIRE(std::fabs(got[t * 64 + r] - want[t * 64 + r]) <=
+        REQUIRE(std::fabs(got[t * rows + r] - want[t * rows + r]) <=
                 2 * row_tolerance(m, r, x.data() + t * 2816));
       }
     }
     // The qmatmul entry point gives the same products on the matrix unit (it splits itself).
     std::vector<float> via_qmatmul(want.size(), 0.0f);
-    qmatmul(m.view(), x.data(), n_x, 2816, via_qmatmul.data(), 64, 0, 64);
+    qmatmul(m.view(), x.data(), n_x, 2816, via_qmatmul.data(), rows, 0, rows);
     if (isa == Isa::amx) REQUIRE(via_qmatmul == got);
   }
 }

@@ -7,8 +7,15 @@
 // median of the per-round ratios, and every ratio.
 //
 //   redwing-bench-prefill [--threads 2] [--rounds 5] [--tokens 128,512] [--base avx512]
+//                         [--cpu-time]
+//
+// --cpu-time measures the process's CPU time instead of wall time: on a loaded machine that
+// tracks the kernels' own cost much more steadily (with 1 thread; with more, waiting threads
+// spin and count too).
 //
 // Expert products run at the tokens each expert gets on average (tokens * 8 / 128).
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -78,6 +85,7 @@ int main(int argc, char** argv) {
   int rounds = 5;
   std::vector<int> token_counts{128, 512};
   Isa base = Isa::avx512;
+  bool cpu_time = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -86,13 +94,15 @@ int main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--tokens" && i + 1 < argc) {
       token_counts = parse_list(argv[++i]);
+    } else if (a == "--cpu-time") {
+      cpu_time = true;
     } else if (a == "--base" && i + 1 < argc) {
       const std::string b = argv[++i];
       base = b == "avx2" ? Isa::avx2 : b == "scalar" ? Isa::scalar : Isa::avx512;
     } else {
       std::fprintf(stderr,
                    "usage: redwing-bench-prefill [--threads 2] [--rounds 5] [--tokens 128,512] "
-                   "[--base avx512|avx2|scalar]\n");
+                   "[--base avx512|avx2|scalar] [--cpu-time]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -112,8 +122,8 @@ int main(int argc, char** argv) {
       {"expert gate/up", 1408, 2816, true},   {"expert down", 2816, 704, true},
   };
   ThreadPool pool(threads);
-  std::printf("A = %s qmatmul, B = amx (split + qmatmul_split); %d thread(s), %d rounds\n",
-              isa_name(base), threads, rounds);
+  std::printf("A = %s qmatmul, B = amx (split + qmatmul_split); %d thread(s), %d rounds, %s\n",
+              isa_name(base), threads, rounds, cpu_time ? "CPU time" : "wall time");
   std::printf("%-16s %6s %11s %11s %8s  per-round B/A speed-up\n", "product", "tokens", "A ms",
               "B ms", "A/B");
   for (int n_tokens : token_counts) {
@@ -147,10 +157,16 @@ int main(int argc, char** argv) {
       // Enough repetitions per timing for about 20 ms of work on the slower path.
       run_a();
       run_b();
+      auto now = [&] {
+        if (!cpu_time) return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+        timespec ts{};
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+      };
       auto time = [&](auto&& fn, int reps) {
-        const auto t0 = Clock::now();
+        const double t0 = now();
         for (int r = 0; r < reps; ++r) fn();
-        return std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+        return (now() - t0) / reps;
       };
       const double probe = time(run_a, 1);
       const int reps = std::max(1, static_cast<int>(0.02 / std::max(probe, 1e-6)));

@@ -118,6 +118,13 @@ void convert_weights(const QuantMatrix& w, int64_t r0, uint32_t* out) {
       _mm512_set1_epi32(static_cast<int>(row_bytes)));
   const __m512i zero = _mm512_setzero_si512();
   const __m512i byte_mask = _mm512_set1_epi32(0xff);
+  // bfloat16 of 0..15 (the float32's top half: exact for small integers), in the low half of a
+  // lane and in the high half.
+  const __m512i bf16_low = _mm512_srli_epi32(
+      _mm512_castps_si512(_mm512_cvtepi32_ps(
+          _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0))),
+      16);
+  const __m512i bf16_high = _mm512_slli_epi32(bf16_low, 16);
   for (int j = 0; j < 2; ++j) {
     const int64_t first = r0 + 16 * j;
     const __mmask16 valid = first_lanes(w.rows - first);
@@ -131,14 +138,15 @@ void convert_weights(const QuantMatrix& w, int64_t r0, uint32_t* out) {
       const char* cols = rows + kc * kSplitK * kBits / 8;
       if constexpr (kBits == 4) {
         // Each gathered uint32 holds 8 values (4 pairs) of one row: byte b is pair 4 d + b.
+        // vpermd reads only the low 4 bits of each index, so a shift alone picks a nibble and
+        // the tables give its bfloat16 in the low or the high half of the pair.
         for (int d = 0; d < 4; ++d) {
           const __m512i v = _mm512_mask_i32gather_epi32(zero, valid, lane_offsets, cols + 4 * d, 1);
           for (int b = 0; b < 4; ++b) {
-            const __m512i byte = _mm512_and_si512(_mm512_srli_epi32(v, 8 * b), byte_mask);
-            const __m512i pair =
-                _mm512_or_si512(_mm512_and_si512(byte, _mm512_set1_epi32(0x0f)),
-                                _mm512_slli_epi32(_mm512_srli_epi32(byte, 4), 16));
-            _mm512_store_si512(tile + (4 * d + b) * 16, pair_to_bf16(pair));
+            const __m512i lo = _mm512_permutexvar_epi32(_mm512_srli_epi32(v, 8 * b), bf16_low);
+            const __m512i hi =
+                _mm512_permutexvar_epi32(_mm512_srli_epi32(v, 8 * b + 4), bf16_high);
+            _mm512_store_si512(tile + (4 * d + b) * 16, _mm512_or_si512(lo, hi));
           }
         }
       } else {
@@ -159,17 +167,44 @@ void convert_weights(const QuantMatrix& w, int64_t r0, uint32_t* out) {
   }
 }
 
+// Scales (or biases) of rows [r0, r0 + 32) as float32 in [group][32 rows], zero past the matrix.
+void transpose_scales(const QuantMatrix& w, const void* src, int64_t r0, float* out) {
+  const int64_t gpr = w.cols / w.group_size;
+  for (int64_t i = 0; i < 32; ++i) {
+    const int64_t r = r0 + i;
+    const int64_t first = r * gpr;
+    if (r >= w.rows) {
+      for (int64_t g = 0; g < gpr; ++g) out[g * 32 + i] = 0.0f;
+    } else if (w.scale_type == ScaleType::bf16) {
+      const auto* p = static_cast<const uint16_t*>(src) + first;
+      for (int64_t g = 0; g < gpr; ++g) out[g * 32 + i] = bf16_bits_to_f32(p[g]);
+    } else if (w.scale_type == ScaleType::f16) {
+      const auto* p = static_cast<const uint16_t*>(src) + first;
+      for (int64_t g = 0; g < gpr; ++g) out[g * 32 + i] = f16_bits_to_f32(p[g]);
+    } else {
+      const auto* p = static_cast<const float*>(src) + first;
+      for (int64_t g = 0; g < gpr; ++g) out[g * 32 + i] = p[g];
+    }
+  }
+}
+
 // Per-thread buffers of one call.
 struct AmxScratch {
   Scratch weights, scales, biases, acc, sums;
 };
 
-// kTiles (1 or 2) token tiles starting at tile tt against the 32 converted weight rows at r0:
-// writes y for the tokens < xs.rows() and rows < re.
+// Weight rows go through the matrix unit in blocks of 32 (two tiles), kBlocks blocks per pass:
+// the token tiles of one group (12 KiB) then stay in L1 while every block's weight tiles stream
+// from L2, instead of the activations being fetched from L2 again for each block.
+constexpr int64_t kBlocks = 4;
+
+// kTiles (1 or 2) token tiles starting at tile tt against n_blocks blocks of 32 converted weight
+// rows starting at r0 (block b's tiles at wt + b * n_kc * 512, its scales and biases at
+// sv/bv + b * gpr * 32): writes y for the tokens < xs.rows() and rows < re.
 template <int kTiles>
 void token_block(const QuantMatrix& w, const SplitActivation& xs, int64_t tt, const uint32_t* wt,
-                 const float* sv, const float* bv, int64_t r0, int64_t re, float* y, int64_t ys,
-                 float* acc, float* sums) {
+                 const float* sv, const float* bv, int64_t n_blocks, int64_t r0, int64_t re,
+                 float* y, int64_t ys, float* acc, float* sums) {
   const int64_t n_kc = w.cols / kSplitK;
   const int64_t gpr = w.cols / w.group_size;
   const int64_t kc_per_group = w.group_size / kSplitK;
@@ -178,7 +213,8 @@ void token_block(const QuantMatrix& w, const SplitActivation& xs, int64_t tt, co
   const uint16_t* a1 = a0 + tile_stride;
   const int64_t n_tok = kTiles * 16;
   alignas(64) float cbuf[4 * 256];
-  for (int64_t i = 0; i < n_tok * 32; i += 16) _mm512_store_ps(acc + i, _mm512_setzero_ps());
+  for (int64_t i = 0; i < n_blocks * n_tok * 32; i += 16)
+    _mm512_store_ps(acc + i, _mm512_setzero_ps());
   for (int64_t g = 0; g < gpr; ++g) {
     // Group sums of x (the per-block sums added in order, as the scalar reference does); zero
     // for the padding rows of the last tile.
@@ -191,56 +227,66 @@ void token_block(const QuantMatrix& w, const SplitActivation& xs, int64_t tt, co
       }
       sums[i] = s;
     }
-    memory_fence_for_tiles();
-    _tile_zero(0);
-    _tile_zero(1);
-    if constexpr (kTiles == 2) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-    for (int64_t kc = g * kc_per_group; kc < (g + 1) * kc_per_group; ++kc) {
-      _tile_loadd(6, wt + kc * 512, 64);
-      _tile_loadd(7, wt + kc * 512 + 256, 64);
-      for (int part = 0; part < 3; ++part) {
-        _tile_loadd(4, a0 + kc * 1536 + part * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if constexpr (kTiles == 2) {
-          _tile_loadd(5, a1 + kc * 1536 + part * 512, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      const uint32_t* wb = wt + blk * n_kc * 512;
+      memory_fence_for_tiles();
+      _tile_zero(0);
+      _tile_zero(1);
+      if constexpr (kTiles == 2) {
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int64_t kc = g * kc_per_group; kc < (g + 1) * kc_per_group; ++kc) {
+        _tile_loadd(6, wb + kc * 512, 64);
+        _tile_loadd(7, wb + kc * 512 + 256, 64);
+        for (int part = 0; part < 3; ++part) {
+          _tile_loadd(4, a0 + kc * 1536 + part * 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          if constexpr (kTiles == 2) {
+            _tile_loadd(5, a1 + kc * 1536 + part * 512, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
         }
       }
-    }
-    _tile_stored(0, cbuf, 64);
-    _tile_stored(1, cbuf + 256, 64);
-    if constexpr (kTiles == 2) {
-      _tile_stored(2, cbuf + 512, 64);
-      _tile_stored(3, cbuf + 768, 64);
-    }
-    memory_fence_for_tiles();
-    const __m512 s0 = _mm512_load_ps(sv + g * 32);
-    const __m512 s1 = _mm512_load_ps(sv + g * 32 + 16);
-    const __m512 b0 = _mm512_load_ps(bv + g * 32);
-    const __m512 b1 = _mm512_load_ps(bv + g * 32 + 16);
-    for (int64_t i = 0; i < n_tok; ++i) {
-      const float* c = cbuf + (i / 16) * 512 + (i % 16) * 16;
-      const __m512 sx = _mm512_set1_ps(sums[i]);
-      float* a = acc + i * 32;
-      const __m512 t0 = _mm512_fmadd_ps(b0, sx, _mm512_mul_ps(s0, _mm512_load_ps(c)));
-      const __m512 t1 = _mm512_fmadd_ps(b1, sx, _mm512_mul_ps(s1, _mm512_load_ps(c + 256)));
-      _mm512_store_ps(a, _mm512_add_ps(_mm512_load_ps(a), t0));
-      _mm512_store_ps(a + 16, _mm512_add_ps(_mm512_load_ps(a + 16), t1));
+      _tile_stored(0, cbuf, 64);
+      _tile_stored(1, cbuf + 256, 64);
+      if constexpr (kTiles == 2) {
+        _tile_stored(2, cbuf + 512, 64);
+        _tile_stored(3, cbuf + 768, 64);
+      }
+      memory_fence_for_tiles();
+      const float* svb = sv + blk * gpr * 32 + g * 32;
+      const float* bvb = bv + blk * gpr * 32 + g * 32;
+      const __m512 s0 = _mm512_load_ps(svb);
+      const __m512 s1 = _mm512_load_ps(svb + 16);
+      const __m512 b0 = _mm512_load_ps(bvb);
+      const __m512 b1 = _mm512_load_ps(bvb + 16);
+      float* accb = acc + blk * n_tok * 32;
+      for (int64_t i = 0; i < n_tok; ++i) {
+        const float* c = cbuf + (i / 16) * 512 + (i % 16) * 16;
+        const __m512 sx = _mm512_set1_ps(sums[i]);
+        float* a = accb + i * 32;
+        const __m512 t0 = _mm512_fmadd_ps(b0, sx, _mm512_mul_ps(s0, _mm512_load_ps(c)));
+        const __m512 t1 = _mm512_fmadd_ps(b1, sx, _mm512_mul_ps(s1, _mm512_load_ps(c + 256)));
+        _mm512_store_ps(a, _mm512_add_ps(_mm512_load_ps(a), t0));
+        _mm512_store_ps(a + 16, _mm512_add_ps(_mm512_load_ps(a + 16), t1));
+      }
     }
   }
-  const __mmask16 m0 = first_lanes(re - r0);
-  const __mmask16 m1 = first_lanes(re - r0 - 16);
-  for (int64_t i = 0; i < n_tok; ++i) {
-    const int64_t t = tt * 16 + i;
-    if (t >= xs.rows()) break;
-    float* yt = y + t * ys + r0;
-    _mm512_mask_storeu_ps(yt, m0, _mm512_load_ps(acc + i * 32));
-    if (m1 != 0) _mm512_mask_storeu_ps(yt + 16, m1, _mm512_load_ps(acc + i * 32 + 16));
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t rb0 = r0 + blk * 32;
+    const __mmask16 m0 = first_lanes(re - rb0);
+    const __mmask16 m1 = first_lanes(re - rb0 - 16);
+    const float* accb = acc + blk * n_tok * 32;
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const int64_t t = tt * 16 + i;
+      if (t >= xs.rows()) break;
+      float* yt = y + t * ys + rb0;
+      _mm512_mask_storeu_ps(yt, m0, _mm512_load_ps(accb + i * 32));
+      if (m1 != 0) _mm512_mask_storeu_ps(yt + 16, m1, _mm512_load_ps(accb + i * 32 + 16));
+    }
   }
 }
 
@@ -250,28 +296,30 @@ void amx_rows(const QuantMatrix& w, const SplitActivation& xs, float* y, int64_t
   thread_local AmxScratch scratch;
   const int64_t n_kc = w.cols / kSplitK;
   const int64_t gpr = w.cols / w.group_size;
-  auto* wt = reinterpret_cast<uint32_t*>(scratch.weights.floats(static_cast<size_t>(n_kc * 512)));
-  float* sv = scratch.scales.floats(static_cast<size_t>(gpr * 32));
-  float* bv = scratch.biases.floats(static_cast<size_t>(gpr * 32));
-  float* acc = scratch.acc.floats(32 * 32);
+  auto* wt = reinterpret_cast<uint32_t*>(
+      scratch.weights.floats(static_cast<size_t>(kBlocks * n_kc * 512)));
+  float* sv = scratch.scales.floats(static_cast<size_t>(kBlocks * gpr * 32));
+  float* bv = scratch.biases.floats(static_cast<size_t>(kBlocks * gpr * 32));
+  float* acc = scratch.acc.floats(kBlocks * 32 * 32);
   float* sums = scratch.sums.floats(32);
   const int64_t n_tiles = (xs.rows() + 15) / 16;
   configure_tiles();
-  for (int64_t r0 = rb; r0 < re; r0 += 32) {
-    convert_weights<kBits>(w, r0, wt);
-    // Scales and biases transposed to [group][32 rows], zero past the matrix.
-    for (int64_t i = 0; i < 32; ++i) {
-      const int64_t r = r0 + i;
-      for (int64_t g = 0; g < gpr; ++g) {
-        sv[g * 32 + i] = r < w.rows ? load_scale(w.scales, w.scale_type, r * gpr + g) : 0.0f;
-        bv[g * 32 + i] = r < w.rows ? load_scale(w.biases, w.scale_type, r * gpr + g) : 0.0f;
-      }
+  for (int64_t r0 = rb; r0 < re; r0 += kBlocks * 32) {
+    // (No std::min here: a template instantiated in this target region could be a weak symbol
+    // with AVX-512 code in it, kernels_impl.h.)
+    const int64_t left = (re - r0 + 31) / 32;
+    const int64_t n_blocks = left < kBlocks ? left : kBlocks;
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      convert_weights<kBits>(w, r0 + blk * 32, wt + blk * n_kc * 512);
+      // Scales and biases transposed to [group][32 rows], zero past the matrix.
+      transpose_scales(w, w.scales, r0 + blk * 32, sv + blk * gpr * 32);
+      transpose_scales(w, w.biases, r0 + blk * 32, bv + blk * gpr * 32);
     }
     memory_fence_for_tiles();
     int64_t tt = 0;
     for (; tt + 2 <= n_tiles; tt += 2)
-      token_block<2>(w, xs, tt, wt, sv, bv, r0, re, y, ys, acc, sums);
-    if (tt < n_tiles) token_block<1>(w, xs, tt, wt, sv, bv, r0, re, y, ys, acc, sums);
+      token_block<2>(w, xs, tt, wt, sv, bv, n_blocks, r0, re, y, ys, acc, sums);
+    if (tt < n_tiles) token_block<1>(w, xs, tt, wt, sv, bv, n_blocks, r0, re, y, ys, acc, sums);
   }
   // Hands the tile state back, so that context switches stop saving it.
   _tile_release();
