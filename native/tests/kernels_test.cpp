@@ -527,7 +527,8 @@ TEST_CASE("qmatmul_split matches double-precision math under every ISA, odd shap
             const int64_t y_stride = rows + 2;
             // Magnitudes from 1e-3 to 1e3 in one row, so that mid and lo carry real bits.
             std::vector<float> x = random_vector(n_x * x_stride, 19 + static_cast<uint32_t>(n_x));
-            for (size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, static_cast<float>(i % 7) - 3);
+            for (size_t i = 0; i < x.size(); ++i)
+              x[i] *= std::pow(10.0f, static_cast<float>(i % 7) - 3);
             SplitActivation xs;
             xs.split(x.data(), n_x, x_stride, cols);
             for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, rows}, {3, 42}, {17, 18}}) {

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     bool expert;
   };
   const Shape shapes[] = {
-      {"q/k/v stacked", 8192, 2816, false},  {"o", 2816, 4096, false},
+      {"q/k/v stacked", 8192, 2816, false},   {"o", 2816, 4096, false},
       {"gate/up stacked", 4224, 2816, false}, {"down", 2816, 2112, false},
       {"expert gate/up", 1408, 2816, true},   {"expert down", 2816, 704, true},
   };
@@ -158,7 +158,8 @@ int main(int argc, char** argv) {
       run_a();
       run_b();
       auto now = [&] {
-        if (!cpu_time) return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+        if (!cpu_time)
+          return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
         timespec ts{};
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
         return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);

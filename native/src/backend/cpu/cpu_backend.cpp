@@ -324,8 +324,8 @@ class CpuBackend final : public Backend {
       any_split = true;
       for (size_t k = 0; k < i && j.split == nullptr; ++k) {
         const BatchedProduct& o = batch_[k];
-        if (o.split != nullptr && o.x == j.x && o.x_rows == j.x_rows &&
-            o.x_stride == j.x_stride && o.w->cols == j.w->cols)
+        if (o.split != nullptr && o.x == j.x && o.x_rows == j.x_rows && o.x_stride == j.x_stride &&
+            o.w->cols == j.w->cols)
           j.split = o.split;
       }
       if (j.split != nullptr) continue;

@@ -272,8 +272,9 @@ void split_bf16x3(float x, uint16_t& hi, uint16_t& mid, uint16_t& lo) {
 
 void SplitActivation::resize(int64_t n_rows, int64_t cols) {
   if (cols <= 0 || cols % kSplitK != 0 || n_rows < 0)
-    throw std::invalid_argument("redwing::cpu::SplitActivation: cols must be a positive multiple of " +
-                                std::to_string(kSplitK) + ", got " + std::to_string(cols));
+    throw std::invalid_argument(
+        "redwing::cpu::SplitActivation: cols must be a positive multiple of " +
+        std::to_string(kSplitK) + ", got " + std::to_string(cols));
   rows_ = n_rows;
   cols_ = cols;
   const int64_t padded = (n_rows + kSplitTile - 1) / kSplitTile * kSplitTile;

@@ -98,8 +98,8 @@ inline __mmask16 first_lanes(int64_t n) {
 
 // Two 16-bit integers per lane (low, high; each < 256) as the bfloat16 pair of the same values.
 inline __m512i pair_to_bf16(__m512i pair) {
-  const __m512i lo = _mm512_castps_si512(
-      _mm512_cvtepi32_ps(_mm512_and_si512(pair, _mm512_set1_epi32(0xffff))));
+  const __m512i lo =
+      _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_and_si512(pair, _mm512_set1_epi32(0xffff))));
   const __m512i hi = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_srli_epi32(pair, 16)));
   return _mm512_or_si512(_mm512_srli_epi32(lo, 16),
                          _mm512_and_si512(hi, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
@@ -108,22 +108,24 @@ inline __m512i pair_to_bf16(__m512i pair) {
 // The weight tiles of rows [r0, r0 + 32) for every block of 32 columns: tile (kc, j) at
 // out + (2 kc + j) * 256 has in row k' (16 uint32) the bfloat16 pair (q[r][32 kc + 2 k'],
 // q[r][32 kc + 2 k' + 1]) of each row r = r0 + 16 j + lane. Rows past the matrix are zero.
+constexpr int64_t kPrefetchBytes = 512;  // per weight row, ahead of the conversion
+
 template <int kBits>
 void convert_weights(const QuantMatrix& w, int64_t r0, uint32_t* out) {
   const int64_t row_bytes = w.cols * kBits / 8;
   const int64_t n_kc = w.cols / kSplitK;
   const char* base = reinterpret_cast<const char*>(w.packed);
-  const __m512i lane_offsets = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i lane_offsets =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
   const __m512i zero = _mm512_setzero_si512();
   const __m512i byte_mask = _mm512_set1_epi32(0xff);
   // bfloat16 of 0..15 (the float32's top half: exact for small integers), in the low half of a
   // lane and in the high half.
-  const __m512i bf16_low = _mm512_srli_epi32(
-      _mm512_castps_si512(_mm512_cvtepi32_ps(
-          _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0))),
-      16);
+  const __m512i bf16_low =
+      _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_set_epi32(
+                            15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0))),
+                        16);
   const __m512i bf16_high = _mm512_slli_epi32(bf16_low, 16);
   for (int j = 0; j < 2; ++j) {
     const int64_t first = r0 + 16 * j;
@@ -136,6 +138,15 @@ void convert_weights(const QuantMatrix& w, int64_t r0, uint32_t* out) {
     for (int64_t kc = 0; kc < n_kc; ++kc) {
       uint32_t* tile = out + (2 * kc + j) * 256;
       const char* cols = rows + kc * kSplitK * kBits / 8;
+      // The weights come from memory once per product, and the gathers touch 16 rows at once,
+      // which the hardware prefetchers do not follow: fetch each row a few lines ahead.
+      if ((kc * kSplitK * kBits / 8) % 64 == 0) {
+        const char* ahead = cols + kPrefetchBytes;
+        if (ahead < rows + row_bytes) {
+          for (int r = 0; r < 16; ++r)
+            if ((valid >> r) & 1) _mm_prefetch(ahead + r * row_bytes, _MM_HINT_T0);
+        }
+      }
       if constexpr (kBits == 4) {
         // Each gathered uint32 holds 8 values (4 pairs) of one row: byte b is pair 4 d + b.
         // vpermd reads only the low 4 bits of each index, so a shift alone picks a nibble and
@@ -144,8 +155,7 @@ void convert_weights(const QuantMatrix& w, int64_t r0, uint32_t* out) {
           const __m512i v = _mm512_mask_i32gather_epi32(zero, valid, lane_offsets, cols + 4 * d, 1);
           for (int b = 0; b < 4; ++b) {
             const __m512i lo = _mm512_permutexvar_epi32(_mm512_srli_epi32(v, 8 * b), bf16_low);
-            const __m512i hi =
-                _mm512_permutexvar_epi32(_mm512_srli_epi32(v, 8 * b + 4), bf16_high);
+            const __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(v, 8 * b + 4), bf16_high);
             _mm512_store_si512(tile + (4 * d + b) * 16, _mm512_or_si512(lo, hi));
           }
         }
@@ -156,9 +166,8 @@ void convert_weights(const QuantMatrix& w, int64_t r0, uint32_t* out) {
           const __m512i p0 = _mm512_or_si512(
               _mm512_and_si512(v, byte_mask),
               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8), byte_mask), 16));
-          const __m512i p1 = _mm512_or_si512(
-              _mm512_and_si512(_mm512_srli_epi32(v, 16), byte_mask),
-              _mm512_slli_epi32(_mm512_srli_epi32(v, 24), 16));
+          const __m512i p1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 16), byte_mask),
+                                             _mm512_slli_epi32(_mm512_srli_epi32(v, 24), 16));
           _mm512_store_si512(tile + (2 * d) * 16, pair_to_bf16(p0));
           _mm512_store_si512(tile + (2 * d + 1) * 16, pair_to_bf16(p1));
         }

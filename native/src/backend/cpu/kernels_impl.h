@@ -24,8 +24,8 @@ struct KernelTable {
   // Y[t * y_stride + r] for t < n_x: the 8-bit-activation product of row r with xa[t].
   void (*qmatmul_q8)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
                      int64_t y_stride, int64_t row_begin, int64_t row_end);
-  void (*qmatmul_split)(const QuantMatrix& w, const SplitActivation& xs, float* y,
-                        int64_t y_stride, int64_t row_begin, int64_t row_end);
+  void (*qmatmul_split)(const QuantMatrix& w, const SplitActivation& xs, float* y, int64_t y_stride,
+                        int64_t row_begin, int64_t row_end);
   void (*rms_norm)(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
                    float* y);
   void (*gelu_tanh_mul)(const float* gate, const float* up, int64_t n, float* out);
