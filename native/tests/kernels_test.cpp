@@ -29,7 +29,7 @@ constexpr double kEps = 1.0 / (1 << 24);  // float32 unit roundoff
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
   const Isa before = active_isa();
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx, Isa::neon}) {
     if (set_active_isa(isa)) out.push_back(isa);
   }
   set_active_isa(before);
@@ -220,6 +220,7 @@ TEST_CASE("isa selection") {
   CHECK(std::string(isa_name(Isa::avx2)) == "avx2");
   CHECK(std::string(isa_name(Isa::neon)) == "neon");
   CHECK(std::string(isa_name(Isa::avx512)) == "avx512");
+  CHECK(std::string(isa_name(Isa::amx)) == "amx");
   CHECK(set_active_isa(detect_isa()));
 #if defined(__x86_64__)
   CHECK_FALSE(set_active_isa(Isa::neon));
@@ -232,13 +233,21 @@ TEST_CASE("isa selection") {
                           features.find("avx512vl") != std::string::npos;
   CHECK(set_active_isa(Isa::avx2) == has_avx2);
   CHECK(set_active_isa(Isa::avx512) == has_avx512);
-  CHECK(detect_isa() == (has_avx512 ? Isa::avx512 : has_avx2 ? Isa::avx2 : Isa::scalar));
+  // cpu_features lists the matrix unit only when the OS granted the tile state too.
+  const bool has_amx = has_avx512 && features.find("amx-bf16") != std::string::npos;
+  CHECK(set_active_isa(Isa::amx) == has_amx);
+  CHECK(has_matrix_product() == has_amx);
+  CHECK(detect_isa() == (has_amx      ? Isa::amx
+                         : has_avx512 ? Isa::avx512
+                         : has_avx2   ? Isa::avx2
+                                      : Isa::scalar));
   CHECK(set_active_isa(detect_isa()));
 #endif
 #if defined(__aarch64__)
   CHECK(detect_isa() == Isa::neon);
   CHECK_FALSE(set_active_isa(Isa::avx2));
   CHECK_FALSE(set_active_isa(Isa::avx512));
+  CHECK_FALSE(set_active_isa(Isa::amx));
 #endif
 }
 
@@ -459,6 +468,175 @@ TEST_CASE("qmatmul matches double-precision math for every row of X") {
       }
     }
   }
+}
+
+TEST_CASE("split_bf16x3: three bfloat16 parts add up to every float32 exactly") {
+  std::mt19937 rng(5);
+  auto check = [](float x) {
+    uint16_t hi = 0, mid = 0, lo = 0;
+    split_bf16x3(x, hi, mid, lo);
+    CAPTURE(x);
+    // The sum in double is exact (three values within 2^48 of each other's scale). Below 2^-110
+    // the last part would need bits under bfloat16's smallest subnormal (2^-133) and is cut.
+    const double sum = bf16_to_double(hi) + bf16_to_double(mid) + bf16_to_double(lo);
+    if (std::fabs(x) >= 0x1p-110f)
+      REQUIRE(sum == static_cast<double>(x));
+    else
+      REQUIRE(std::fabs(sum - static_cast<double>(x)) < 0x1p-133);
+  };
+  for (int i = 0; i < 200000; ++i) {
+    // Every finite bit pattern is equally likely: all exponents, subnormals, both signs.
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    const float x = std::bit_cast<float>(bits);
+    if (!std::isfinite(x)) continue;
+    check(x);
+  }
+  for (float x : {0.0f, -0.0f, 1.0f, 1.0f + 0x1p-23f, -3.0f - 0x1p-22f,
+                  std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                  std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(),
+                  std::nextafter(1.0f, 2.0f), std::nextafter(0.5f, 0.0f)})
+    check(x);
+  uint16_t hi = 1, mid = 1, lo = 1;
+  split_bf16x3(std::numeric_limits<float>::infinity(), hi, mid, lo);
+  CHECK(hi == 0x7f80);
+  CHECK((mid | lo) == 0);
+  // A NaN whose payload sits in the low 16 bits must not become inf when they are cleared.
+  split_bf16x3(std::bit_cast<float>(0x7f800001u), hi, mid, lo);
+  CHECK(std::isnan(bf16_to_double(hi)));
+  CHECK((mid | lo) == 0);
+}
+
+TEST_CASE("qmatmul_split matches double-precision math under every ISA, odd shapes") {
+  // 45 rows and ranges that are not multiples of the 16- or 32-row blocks of the matrix unit;
+  // token counts below, at and past its 16-token tiles.
+  for (int bits : {4, 8}) {
+    for (int gs : {32, 64, 128}) {
+      for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32}) {
+        const int64_t rows = 45;
+        const int64_t cols = gs * (gs == 128 ? 3 : 5);
+        const TestMatrix m = make_matrix(bits, gs, rows, cols, type, 7 + bits + gs);
+        for (int64_t n_x : {1, 5, 16, 33}) {
+          CAPTURE(bits);
+          CAPTURE(gs);
+          CAPTURE(type_name(type));
+          CAPTURE(n_x);
+          const int64_t x_stride = cols + 3;
+          const int64_t y_stride = rows + 2;
+          // Magnitudes from 1e-3 to 1e3 in one row, so that mid and lo carry real bits.
+          std::vector<float> x = random_vector(n_x * x_stride, 19 + static_cast<uint32_t>(n_x));
+          for (size_t i = 0; i < x.size(); ++i)
+            x[i] *= std::pow(10.0f, static_cast<float>(i % 7) - 3);
+          SplitActivation xs;
+          xs.split(x.data(), n_x, x_stride, cols);
+          // The exact products and their float32 bounds, once for every range below.
+          std::vector<double> want(static_cast<size_t>(n_x * rows)), bound(want.size());
+          for (int64_t t = 0; t < n_x; ++t) {
+            const float* xt = x.data() + t * x_stride;
+            for (int64_t r = 0; r < rows; ++r) {
+              double sum = 0.0;
+              for (int64_t c = 0; c < cols; ++c) sum += m.w(r, c) * xt[c];
+              want[static_cast<size_t>(t * rows + r)] = sum;
+              bound[static_cast<size_t>(t * rows + r)] = row_tolerance(m, r, xt);
+            }
+          }
+          for (Isa isa : available_isas()) {
+            IsaScope scope(isa);
+            CAPTURE(std::string(isa_name(isa)));
+            for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, rows}, {3, 42}, {17, 18}}) {
+              CAPTURE(rb);
+              CAPTURE(re);
+              std::vector<float> y(static_cast<size_t>(n_x * y_stride), -7.0f);
+              qmatmul_split(m.view(), xs, y.data(), y_stride, rb, re);
+              for (int64_t t = 0; t < n_x; ++t) {
+                for (int64_t r = 0; r < y_stride; ++r) {
+                  const float got = y[t * y_stride + r];
+                  if (r < rb || r >= re) {
+                    REQUIRE(got == -7.0f);
+                    continue;
+                  }
+                  CAPTURE(t);
+                  CAPTURE(r);
+                  const size_t i = static_cast<size_t>(t * rows + r);
+                  REQUIRE(std::fabs(got - want[i]) <= bound[i]);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatmul_split: every ISA within summation order of the scalar reference") {
+  // A Gemma width (2816 columns; 150 rows: more than one pass of the matrix unit's 128-row
+  // blocks, and a partial block) at 36 tokens (token tiles in a pair and alone), with inputs of
+  // very different sizes; each ISA against the scalar version of the same sums.
+  const int64_t rows = 150;
+  const TestMatrix m = make_matrix(4, 64, rows, 2816, ScaleType::bf16, 3);
+  const int64_t n_x = 36;
+  std::vector<float> x = random_vector(n_x * 2816, 23);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i % 61) - 30);
+  SplitActivation xs;
+  xs.split(x.data(), n_x, 2816, 2816);
+  std::vector<float> want(static_cast<size_t>(n_x * rows));
+  {
+    IsaScope scalar(Isa::scalar);
+    qmatmul_split(m.view(), xs, want.data(), rows, 0, rows);
+  }
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    CAPTURE(std::string(isa_name(isa)));
+    std::vector<float> got(want.size(), 0.0f);
+    qmatmul_split(m.view(), xs, got.data(), rows, 0, rows);
+    for (int64_t t = 0; t < n_x; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        CAPTURE(t);
+        CAPTURE(r);
+        REQUIRE(std::fabs(got[t * rows + r] - want[t * rows + r]) <=
+                2 * row_tolerance(m, r, x.data() + t * 2816));
+      }
+    }
+    // The qmatmul entry point gives the same products on the matrix unit (it splits itself).
+    if (isa == Isa::amx) {
+      std::vector<float> via_qmatmul(want.size(), 0.0f);
+      qmatmul(m.view(), x.data(), n_x, 2816, via_qmatmul.data(), rows, 0, rows);
+      REQUIRE(via_qmatmul == got);
+    }
+  }
+}
+
+TEST_CASE("qmatmul_split: inf and NaN inputs give non-finite rows, subnormals are harmless") {
+  const TestMatrix m = make_matrix(4, 32, 20, 64, ScaleType::bf16, 9);
+  std::vector<float> x = random_vector(3 * 64, 4);
+  x[5] = std::numeric_limits<float>::infinity();                   // token 0
+  x[64 + 40] = std::numeric_limits<float>::quiet_NaN();            // token 1
+  for (int c = 0; c < 64; ++c) x[128 + c] = 1e-40f * (c % 3 - 1);  // token 2: subnormal
+  SplitActivation xs;
+  xs.split(x.data(), 3, 64, 64);
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    CAPTURE(std::string(isa_name(isa)));
+    std::vector<float> y(3 * 20, 0.0f);
+    qmatmul_split(m.view(), xs, y.data(), 20, 0, 20);
+    for (int r = 0; r < 20; ++r) {
+      CHECK_FALSE(std::isfinite(y[r]));
+      CHECK(std::isnan(y[20 + r]));
+      CHECK(std::fabs(y[40 + r]) <= 1e-30f);
+    }
+  }
+}
+
+TEST_CASE("qmatmul_split refuses mismatched inputs") {
+  const TestMatrix m = make_matrix(4, 32, 4, 64, ScaleType::bf16, 3);
+  SplitActivation xs;
+  CHECK_THROWS_AS(xs.resize(2, 48), std::invalid_argument);
+  std::vector<float> x(96, 1.0f), y(8);
+  xs.split(x.data(), 1, 96, 96);
+  CHECK_THROWS_AS(qmatmul_split(m.view(), xs, y.data(), 4, 0, 4), std::invalid_argument);
+  xs.split(x.data(), 2, 64, 64);
+  CHECK_THROWS_AS(qmatmul_split(m.view(), xs, y.data(), 4, 0, 5), std::invalid_argument);
+  CHECK_THROWS_AS(qmatmul_split(m.view(), xs, y.data(), 3, 0, 4), std::invalid_argument);
 }
 
 TEST_CASE("quantized kernels reject bad matrices and ranges") {

@@ -228,6 +228,26 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // Whether an exact product of n_rows inputs runs on the matrix unit (AMX): it pads the tokens
+  // to tiles of 16, so it pays from a few rows on (bench: redwing-bench-prefill).
+  static bool use_split(const cpu::QuantMatrix& w, int64_t n_rows) {
+    return n_rows >= kSplitMinRows && cpu::has_matrix_product() && w.cols % cpu::kSplitK == 0;
+  }
+  static constexpr int64_t kSplitMinRows = 4;
+  // Row chunks of whole 32-row blocks (the matrix-unit kernel converts weights 32 rows at a time).
+  static int64_t split_grain(int64_t cols) {
+    const int64_t base = std::max<int64_t>(32, 65536 / std::max<int64_t>(cols, 1));
+    return (base + 31) / 32 * 32;
+  }
+
+  void split_input(cpu::SplitActivation& xs, const float* x, int64_t rows, int64_t stride,
+                   int64_t cols) {
+    xs.resize(rows, cols);
+    pool_.parallel_for(rows, 4, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) xs.split_row(t, x + t * stride);
+    });
+  }
+
   void qmatmul(const QWeight& wq, Mat x, Mat y) override {
     const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(wq).m;
     check_product(w, x, y);
@@ -250,6 +270,13 @@ class CpuBackend final : public Backend {
     if (x.rows == 1) {
       pool_.parallel_for(w.rows, grain,
                          [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
+    } else if (use_split(w, x.rows)) {
+      if (split_.empty()) split_.emplace_back();
+      cpu::SplitActivation& xs = split_.front();
+      split_input(xs, px, x.rows, x.stride, w.cols);
+      pool_.parallel_for(w.rows, split_grain(w.cols), [&](int64_t b, int64_t e) {
+        cpu::qmatmul_split(w, xs, py, y.stride, b, e);
+      });
     } else {
       pool_.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
         cpu::qmatmul(w, px, x.rows, x.stride, py, y.stride, b, e);
@@ -268,7 +295,7 @@ class CpuBackend final : public Backend {
       const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(*p.w).m;
       check_product(w, p.x, p.y);
       batch_.push_back({&w, use_q8(*p.w), f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride,
-                        total_rows, nullptr});
+                        total_rows, nullptr, nullptr});
       total_rows += w.rows;
       max_cols = std::max(max_cols, w.cols);
     }
@@ -288,7 +315,26 @@ class CpuBackend final : public Backend {
       quantize_input(q8_[n_q8], j.x, j.x_rows, j.x_stride, *j.w);
       j.q8 = &q8_[n_q8++];
     }
-    const int64_t grain = std::max<int64_t>(4, 65536 / max_cols);
+    // Exact products on the matrix unit: split each distinct input once, likewise.
+    size_t n_split = 0;
+    bool any_split = false;
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      BatchedProduct& j = batch_[i];
+      if (j.int8 || !use_split(*j.w, j.x_rows)) continue;
+      any_split = true;
+      for (size_t k = 0; k < i && j.split == nullptr; ++k) {
+        const BatchedProduct& o = batch_[k];
+        if (o.split != nullptr && o.x == j.x && o.x_rows == j.x_rows && o.x_stride == j.x_stride &&
+            o.w->cols == j.w->cols)
+          j.split = o.split;
+      }
+      if (j.split != nullptr) continue;
+      if (split_.size() <= n_split) split_.resize(n_split + 1);
+      split_input(split_[n_split], j.x, j.x_rows, j.x_stride, j.w->cols);
+      j.split = &split_[n_split++];
+    }
+    const int64_t grain =
+        any_split ? split_grain(max_cols) : std::max<int64_t>(4, 65536 / max_cols);
     pool_.parallel_for(total_rows, grain, [&](int64_t b, int64_t e) {
       for (const BatchedProduct& j : batch_) {
         const int64_t lo = std::max(b, j.first_row) - j.first_row;
@@ -300,6 +346,8 @@ class CpuBackend final : public Backend {
           cpu::qmatmul_q8(*j.w, *j.q8, j.y, j.y_stride, lo, hi);
         else if (j.x_rows == 1)
           cpu::qmatvec(*j.w, j.x, j.y, lo, hi);
+        else if (j.split != nullptr)
+          cpu::qmatmul_split(*j.w, *j.split, j.y, j.y_stride, lo, hi);
         else
           cpu::qmatmul(*j.w, j.x, j.x_rows, j.x_stride, j.y, j.y_stride, lo, hi);
       }
@@ -482,11 +530,15 @@ class CpuBackend final : public Backend {
     int64_t y_stride;
     int64_t first_row;
     const cpu::Q8Buffer* q8;  // the quantized input on the 8-bit path, else null
+    // The split input when the exact product runs on the matrix unit, else null.
+    const cpu::SplitActivation* split;
   };
   ThreadPool pool_;
   ActivationPlan plan_ = ActivationPlan::exact();
   // Quantized inputs of the current product(s); a deque keeps them in place as it grows.
   std::deque<cpu::Q8Buffer> q8_;
+  // Inputs split for the matrix unit (exact products of several rows on AMX CPUs).
+  std::deque<cpu::SplitActivation> split_;
   std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
   // Attention's per-block partials (max, weight, values), kept between calls; at most
   // kPartialFloats values (16 MiB) beyond a single row's.

@@ -70,6 +70,12 @@ bool isa_supported(Isa isa) {
       return cpu_has_avx2_fma_f16c();
     case Isa::avx512:
       return cpu_has_avx512();
+    case Isa::amx:
+#if defined(REDWING_HAVE_AVX2)
+      return cpu_has_avx512() && cpu_has_amx();
+#else
+      return false;
+#endif
     case Isa::neon:
 #if defined(REDWING_HAVE_NEON)
       return true;  // Advanced SIMD is mandatory on AArch64
@@ -87,6 +93,8 @@ const KernelTable& table_for(Isa isa) {
       return avx2_kernels();
     case Isa::avx512:
       return avx512_kernels();
+    case Isa::amx:
+      return amx_kernels();
 #endif
 #if defined(REDWING_HAVE_NEON)
     case Isa::neon:
@@ -103,7 +111,7 @@ Isa initial_isa() {
   const char* env = std::getenv("REDWING_ISA");
   if (env == nullptr || *env == '\0') return detected;
   const std::string want(env);
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx, Isa::neon}) {
     if (want != isa_name(isa)) continue;
     if (isa_supported(isa)) return isa;
     std::fprintf(stderr, "redwing: REDWING_ISA=%s is not supported by this CPU/build; using %s\n",
@@ -111,7 +119,8 @@ Isa initial_isa() {
     return detected;
   }
   std::fprintf(
-      stderr, "redwing: unknown REDWING_ISA=%s (expected scalar, avx2, avx512 or neon); using %s\n",
+      stderr,
+      "redwing: unknown REDWING_ISA=%s (expected scalar, avx2, avx512, amx or neon); using %s\n",
       env, isa_name(detected));
   return detected;
 }
@@ -161,6 +170,7 @@ void check_row_range(const QuantMatrix& w, int64_t row_begin, int64_t row_end, c
 }  // namespace
 
 Isa detect_isa() {
+  if (isa_supported(Isa::amx)) return Isa::amx;
   if (isa_supported(Isa::avx512)) return Isa::avx512;
   if (isa_supported(Isa::avx2)) return Isa::avx2;
   if (isa_supported(Isa::neon)) return Isa::neon;
@@ -186,6 +196,8 @@ const char* isa_name(Isa isa) {
       return "neon";
     case Isa::avx512:
       return "avx512";
+    case Isa::amx:
+      return "amx";
   }
   return "unknown";
 }
@@ -209,6 +221,9 @@ const char* cpu_features() {
     if (__builtin_cpu_supports("avx512dq")) add("avx512dq");
     if (__builtin_cpu_supports("avx512vl")) add("avx512vl");
     if (__builtin_cpu_supports("avx512vnni")) add("avx512vnni");
+#if defined(REDWING_HAVE_AVX2)
+    if (cpu_has_amx()) add("amx-tile amx-bf16");
+#endif
 #elif defined(__aarch64__)
     add("neon");
 #endif
@@ -236,6 +251,76 @@ void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_s
   if (row_begin == row_end || n_rows_x == 0) return;
   kernels().qmatmul(w, x, n_rows_x, x_stride, y, y_stride, row_begin, row_end);
 }
+
+// ---- exact products on matrix units ------------------------------------------------------
+
+void split_bf16x3(float x, uint16_t& hi, uint16_t& mid, uint16_t& lo) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+  if ((bits & 0x7f800000u) == 0x7f800000u) {
+    // inf keeps its bits; a NaN is made quiet so that clearing the low bits cannot make it inf.
+    hi = static_cast<uint16_t>((bits >> 16) | ((bits & 0x7fffffu) != 0 ? 0x0040u : 0u));
+    mid = lo = 0;
+    return;
+  }
+  hi = static_cast<uint16_t>(bits >> 16);
+  // Both subtractions are exact: the remainder has at most 16, then 8, significant bits.
+  const float r1 = x - bf16_bits_to_f32(hi);
+  mid = static_cast<uint16_t>(__builtin_bit_cast(uint32_t, r1) >> 16);
+  const float r2 = r1 - bf16_bits_to_f32(mid);
+  lo = static_cast<uint16_t>(__builtin_bit_cast(uint32_t, r2) >> 16);
+}
+
+void SplitActivation::resize(int64_t n_rows, int64_t cols) {
+  if (cols <= 0 || cols % kSplitK != 0 || n_rows < 0)
+    throw std::invalid_argument(
+        "redwing::cpu::SplitActivation: cols must be a positive multiple of " +
+        std::to_string(kSplitK) + ", got " + std::to_string(cols));
+  rows_ = n_rows;
+  cols_ = cols;
+  const int64_t padded = (n_rows + kSplitTile - 1) / kSplitTile * kSplitTile;
+  // Rows past n_rows must read as zero (the matrix unit multiplies whole tiles).
+  tiles_.assign(static_cast<size_t>(padded * cols * 3), 0);
+  sums_.resize(static_cast<size_t>(n_rows * (cols / kSplitK)));
+}
+
+void SplitActivation::split_row(int64_t t, const float* x) {
+  const int64_t n_kc = cols_ / kSplitK;
+  uint16_t* row = tiles_.data() + (t / kSplitTile) * n_kc * 3 * 512 + (t % kSplitTile) * kSplitK;
+  float* sums = sums_.data() + t * n_kc;
+  for (int64_t kc = 0; kc < n_kc; ++kc) {
+    uint16_t* tile = row + kc * 3 * 512;
+    float sum = 0.0f;
+    for (int j = 0; j < kSplitK; ++j) {
+      const float v = x[kc * kSplitK + j];
+      split_bf16x3(v, tile[j], tile[512 + j], tile[1024 + j]);
+      sum += v;
+    }
+    sums[kc] = sum;
+  }
+}
+
+void SplitActivation::split(const float* x, int64_t n_rows, int64_t x_stride, int64_t cols) {
+  if (n_rows > 1 && x_stride < cols)
+    throw std::invalid_argument("redwing::cpu::SplitActivation: row stride shorter than a row");
+  resize(n_rows, cols);
+  for (int64_t t = 0; t < n_rows; ++t) split_row(t, x + t * x_stride);
+}
+
+void qmatmul_split(const QuantMatrix& w, const SplitActivation& xs, float* y, int64_t y_stride,
+                   int64_t row_begin, int64_t row_end) {
+  check_quant_matrix(w, "qmatmul_split");
+  check_row_range(w, row_begin, row_end, "qmatmul_split");
+  if (xs.cols() != w.cols)
+    throw std::invalid_argument("redwing::cpu::qmatmul_split: input of " +
+                                std::to_string(xs.cols()) + " columns for a matrix of " +
+                                std::to_string(w.cols));
+  if (xs.rows() > 1 && y_stride < row_end)
+    throw std::invalid_argument("redwing::cpu::qmatmul_split: bad y_stride");
+  if (xs.rows() == 0 || row_begin == row_end) return;
+  kernels().qmatmul_split(w, xs, y, y_stride, row_begin, row_end);
+}
+
+bool has_matrix_product() { return active_isa() == Isa::amx; }
 
 void qdequant_row(const QuantMatrix& w, int64_t row, float* out) {
   check_quant_matrix(w, "qdequant_row");

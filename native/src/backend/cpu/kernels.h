@@ -32,13 +32,15 @@ struct QuantMatrix {
 };
 
 // avx512 is the AVX2 set with the quantized products widened to 512 bits (needs AVX-512 F, BW,
-// DQ and VL besides AVX2, FMA and F16C); the other kernels are the AVX2 ones.
-enum class Isa : uint8_t { scalar, avx2, neon, avx512 };
+// DQ and VL besides AVX2, FMA and F16C); the other kernels are the AVX2 ones. amx is the avx512
+// set plus the prefill products on the matrix units (AMX-TILE and AMX-BF16, and the operating
+// system's permission to use the tile registers): qmatmul and qmatmul_split below.
+enum class Isa : uint8_t { scalar, avx2, neon, avx512, amx };
 
 // The best implementation this CPU supports (AVX2 needs FMA and F16C too).
 Isa detect_isa();
 // The implementation in use; defaults to detect_isa(). Overridable with
-// REDWING_ISA=scalar|avx2|avx512|neon.
+// REDWING_ISA=scalar|avx2|avx512|amx|neon.
 Isa active_isa();
 // Tests and benchmarks switch implementations; returns false if the CPU lacks it.
 bool set_active_isa(Isa isa);
@@ -61,6 +63,60 @@ void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_s
 
 // out[c] = W[row, c] for every column (embedding lookup).
 void qdequant_row(const QuantMatrix& w, int64_t row, float* out);
+
+// ---- exact products on bfloat16 matrix units ------------------------------------------------
+//
+// A float32 x is the exact sum of three bfloat16 values: hi = x with its low 16 bits cleared,
+// mid = (x - hi) likewise, lo = x - hi - mid (8 + 8 + 8 significant bits, float32's 24; each
+// subtraction is exact). The weights' 4-bit and 8-bit codes are exact in bfloat16 too, and the
+// product of two bfloat16 values is exact in float32. So a bfloat16 dot-product unit that
+// accumulates in float32 (AMX TDPBF16PS) computes sum(q * x) over a group as hi, mid and lo
+// passes whose products are all exact: the result differs from the float32 path only in
+// summation order. The product then accumulates s * sum(q x) + b * sum(x) per group, as qmatvec
+// does. Limits: the split is exact for |x| >= 2^-110 (below, lo loses the bits under
+// bfloat16's smallest subnormal, 2^-133); the matrix unit reads bfloat16 subnormals as zero
+// (parts under 2^-126, so inputs under about 2^-103 = 1e-31 lose up to 2^-126 each) and flushes
+// float32 subnormal sums, all far below what a model's activations or logits resolve. inf or NaN
+// in x gives hi = x and mid = lo = 0 (NaN stays NaN).
+void split_bf16x3(float x, uint16_t& hi, uint16_t& mid, uint16_t& lo);
+
+inline constexpr int kSplitTile = 16;  // activation rows per tile
+inline constexpr int kSplitK = 32;     // columns per tile (64 bytes of bfloat16)
+
+// Activation rows split for the matrix unit. Storage is in whole tiles: tile (i, k, part) holds
+// rows [16 i, 16 i + 16) and columns [32 k, 32 k + 32) of one part, 16 rows of 32 bfloat16, so
+// that a product loads it with one instruction; rows past rows() are zero.
+class SplitActivation {
+ public:
+  // For n_rows rows of cols values (a positive multiple of kSplitK); throws
+  // std::invalid_argument otherwise. Then split_row for every row t < n_rows (rows may be split
+  // in parallel).
+  void resize(int64_t n_rows, int64_t cols);
+  void split_row(int64_t t, const float* x);
+  // Both steps for rows at x + t * x_stride.
+  void split(const float* x, int64_t n_rows, int64_t x_stride, int64_t cols);
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  // Tile (i, k, part) starts at tiles() + ((i * cols / kSplitK + k) * 3 + part) * 512.
+  const uint16_t* tiles() const { return tiles_.data(); }
+  // Float32 sums of row t over each block of kSplitK columns: block_sums() + t * cols / kSplitK.
+  const float* block_sums() const { return sums_.data(); }
+
+ private:
+  std::vector<uint16_t> tiles_;
+  std::vector<float> sums_;
+  int64_t rows_ = 0, cols_ = 0;
+};
+
+// Y[t * y_stride + r] = sum_c W[r, c] * X[t, c] for every row t of xs and r in [row_begin,
+// row_end), accumulated per group as s * sum(q x) + b * sum(x) (float32-accurate, like qmatvec).
+// On the amx ISA this runs on the matrix unit; elsewhere a scalar version computes the same
+// sums (x rebuilt from its parts), so callers should prefer qmatmul unless
+// has_matrix_product(). Throws std::invalid_argument for a bad matrix, range or input width.
+void qmatmul_split(const QuantMatrix& w, const SplitActivation& xs, float* y, int64_t y_stride,
+                   int64_t row_begin, int64_t row_end);
+// Whether the active ISA runs qmatmul_split on a matrix unit.
+bool has_matrix_product();
 
 // ---- 8-bit-activation products (approximate; the float32 ones above are exact) ---------------
 //

@@ -24,6 +24,8 @@ struct KernelTable {
   // Y[t * y_stride + r] for t < n_x: the 8-bit-activation product of row r with xa[t].
   void (*qmatmul_q8)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
                      int64_t y_stride, int64_t row_begin, int64_t row_end);
+  void (*qmatmul_split)(const QuantMatrix& w, const SplitActivation& xs, float* y, int64_t y_stride,
+                        int64_t row_begin, int64_t row_end);
   void (*rms_norm)(const float* x, const float* weight, float weight_offset, float eps, int64_t n,
                    float* y);
   void (*gelu_tanh_mul)(const float* gate, const float* up, int64_t n, float* out);
@@ -50,6 +52,10 @@ bool cpu_has_avx512_vnni();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();  // kernels_avx512.cpp: the AVX2 table plus wider kernels
 Q8Kernel avx512_vnni_qmatmul_q8();    // kernels_avx512vnni.cpp
+// Whether the CPU has AMX-TILE and AMX-BF16 and the OS lets this process use the tile registers
+// (asked once, on Linux with arch_prctl). kernels_amx.cpp.
+bool cpu_has_amx();
+const KernelTable& amx_kernels();  // the avx512 table with the products on the matrix unit
 #endif
 #if defined(REDWING_HAVE_NEON)
 const KernelTable& neon_kernels();

@@ -94,6 +94,50 @@ void qmatmul_q8_scalar(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x
   for (int64_t t = 0; t < n_x; ++t) qmatvec_q8_one(w, xa[t], y + t * y_stride, row_begin, row_end);
 }
 
+// The reference for the matrix-unit product: x rebuilt exactly from its three bfloat16 parts,
+// then qmatvec's per-group accumulation (s * sum(q x) + b * sum(x)), the group sums of x taken
+// from the per-block sums in order, as the matrix-unit version does.
+void qmatmul_split_scalar(const QuantMatrix& w, const SplitActivation& xs, float* y,
+                          int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  thread_local std::vector<float> x;
+  x.resize(static_cast<size_t>(w.cols));
+  const int64_t n_kc = w.cols / kSplitK;
+  const int64_t wpr = words_per_row(w);
+  const int64_t gpr = groups_per_row(w);
+  const int64_t blocks_per_group = w.group_size / kSplitK;
+  for (int64_t t = 0; t < xs.rows(); ++t) {
+    const int64_t tile_row = t / kSplitTile;
+    const int64_t in_tile = t % kSplitTile;
+    for (int64_t kc = 0; kc < n_kc; ++kc) {
+      const uint16_t* tile = xs.tiles() + (tile_row * n_kc + kc) * 3 * 512 + in_tile * kSplitK;
+      for (int j = 0; j < kSplitK; ++j) {
+        // hi + mid + lo is exact in float32 (kernels.h), so the order of the two additions
+        // does not matter.
+        x[static_cast<size_t>(kc * kSplitK + j)] = bf16_bits_to_f32(tile[j]) +
+                                                   bf16_bits_to_f32(tile[512 + j]) +
+                                                   bf16_bits_to_f32(tile[1024 + j]);
+      }
+    }
+    const float* block_sums = xs.block_sums() + t * n_kc;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint32_t* row = w.packed + r * wpr;
+      float acc = 0.0f;
+      for (int64_t g = 0; g < gpr; ++g) {
+        float sxq = 0.0f;
+        float sx = 0.0f;
+        for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b)
+          sx += block_sums[b];
+        for (int64_t c = g * w.group_size; c < (g + 1) * w.group_size; ++c)
+          sxq += x[static_cast<size_t>(c)] * static_cast<float>(quant_at(row, w.bits, c));
+        const float s = load_scale(w.scales, w.scale_type, r * gpr + g);
+        const float b = load_scale(w.biases, w.scale_type, r * gpr + g);
+        acc += s * sxq + b * sx;
+      }
+      y[t * y_stride + r] = acc;
+    }
+  }
+}
+
 // Dequantizes one weight row at a time (s * q + b in float32, like MLX's qmm) and reuses it for
 // every row of X.
 void qmatmul_scalar(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride,
@@ -203,6 +247,7 @@ const KernelTable& scalar_kernels() {
       .qmatmul = qmatmul_scalar,
       .qdequant_row = qdequant_row_scalar,
       .qmatmul_q8 = qmatmul_q8_scalar,
+      .qmatmul_split = qmatmul_split_scalar,
       .rms_norm = rms_norm_scalar,
       .gelu_tanh_mul = gelu_tanh_mul_scalar,
       .softcap = softcap_scalar,
