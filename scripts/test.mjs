@@ -113,7 +113,7 @@ for (const [name, command, args] of steps) {
   if (job) {
     status = await job.done;
     process.stderr.write(Buffer.concat(job.output));
-    note = ` (waited ${seconds(Date.now() - started)} s; ran ${seconds(job.finished - job.started)} s in the background from the start)`;
+    note = ` (in the background since the start of the run: ${seconds(job.finished - job.started)} s)`;
   } else {
     status = spawnSync(command, args, { stdio: "inherit", cwd: root }).status;
   }
