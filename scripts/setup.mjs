@@ -12,8 +12,8 @@
 // the other flags: scripts/test.mjs installs the sanitizer build's in the foreground, where sudo
 // can ask for a password, before it starts that build in the background).
 //
-// On a fresh clone the native build runs while `npm ci` does (npm ci is mostly one core and the
-// network; they share nothing), which saves most of npm ci's time.
+// On a fresh clone the native build runs while `npm ci` and the renderer's build do (they are
+// mostly one core and the network, and share nothing with it), which saves most of their time.
 import { execFileSync, spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import {
@@ -234,6 +234,7 @@ async function ensureNativeBuild(whileBuilding = () => {}) {
     whileBuilding();
   } catch (error) {
     compile.child.kill("SIGTERM");
+    compile.done.catch(() => {}); // the first failure is the one to report
     throw error;
   }
   await compile.done;
@@ -280,12 +281,11 @@ try {
     process.exit(0);
   }
   await ensureNativeBuild(() => {
-    if (!nativeOnly) ensureNodeModules();
-  });
-  if (!nativeOnly) {
+    if (nativeOnly) return;
+    ensureNodeModules();
     ensureRenderer();
     ensureElectronShell();
-  }
+  });
 } catch (error) {
   log(`failed: ${error instanceof Error ? error.message : String(error)}`);
   process.exit(1);
