@@ -2,24 +2,18 @@
  * End-to-end tests of the app (e2e/): Debian's Chromium (/usr/bin/chromium, installed by
  * `node scripts/setup.mjs --chromium`, which `npm test` runs) against web mode (`redwing ui`),
  * and the same specs through Playwright's Electron support where an Electron binary exists
- * (skipped with a message otherwise). Two workers: every test starts its own app process with
- * its own REDWING_HOME and spends most of its time waiting on the browser and the engine, so two
- * at once fill two cores. The specs that compare speeds (TIMED) run after all the others, one at
- * a time, each shell in its own project ("web timed", "electron timed").
+ * (skipped with a message otherwise). One worker: every test starts its own app process with
+ * its own REDWING_HOME, and the engine wants the machine's cores.
  */
 import { defineConfig } from "@playwright/test";
 import type { Shell } from "./e2e/fixtures.ts";
-
-// A decode rate through the server against the chat's, measured in one test: no other test may
-// run meanwhile.
-const TIMED = ["server-watch.spec.ts"];
 
 export default defineConfig<{ shell: Shell }>({
   testDir: "e2e",
   testMatch: "*.spec.ts",
   globalSetup: "./e2e/global-setup.ts",
   outputDir: "e2e/results/output",
-  workers: 2,
+  workers: 1,
   retries: 0,
   fullyParallel: false,
   forbidOnly: true,
@@ -41,19 +35,7 @@ export default defineConfig<{ shell: Shell }>({
     },
   },
   projects: [
-    { name: "web", use: { shell: "web" }, testIgnore: TIMED },
-    { name: "electron", use: { shell: "electron" }, testIgnore: TIMED },
-    {
-      name: "web timed",
-      use: { shell: "web" },
-      testMatch: TIMED,
-      dependencies: ["web", "electron"],
-    },
-    {
-      name: "electron timed",
-      use: { shell: "electron" },
-      testMatch: TIMED,
-      dependencies: ["web timed"],
-    },
+    { name: "web", use: { shell: "web" } },
+    { name: "electron", use: { shell: "electron" } },
   ],
 });
