@@ -163,6 +163,8 @@ function main() {
         "-DCMAKE_BUILD_TYPE=Release",
         // Only compiling and linking is checked: -O1 keeps the build short on small CI machines.
         "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
+        // The test sources at -O0: they only need to compile and link (a third less time).
+        "-DREDWING_TEST_OPTIMIZATION=-O0",
       ],
       { stdio: ["ignore", "ignore", "inherit"] },
     );

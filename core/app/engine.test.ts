@@ -1,33 +1,19 @@
 import { describe, expect, it } from "vitest";
 import type { PlanEvent } from "../engine/index.ts";
+import { planEvent } from "../../testkit/plan-event.ts";
 import { budgetTooSmall } from "./engine.ts";
 
 const MIB = 1024 ** 2;
 
+/** A plan over a 1 MiB budget: 106 MiB and 5 bytes in all. */
 function plan(over: Partial<PlanEvent>): PlanEvent {
-  return {
-    type: "plan",
-    id: 1,
-    model: "/models/m",
-    backend: "cpu",
-    context: 4096,
-    chunk: 256,
-    prefix_slack: 0,
-    kv_dtype: "f16",
-    slots: 1,
-    moe_layers: 2,
-    expert_bytes_each: MIB,
-    core_bytes: 30 * MIB,
+  return planEvent({
     kv_bytes: 2 * MIB,
-    expert_bytes: 4 * MIB,
-    work_bytes: 70 * MIB,
     total_bytes: 106 * MIB + 5,
-    all_experts_bytes: 64 * MIB,
     memory_budget: MIB,
     over_budget: "memory budget of 1 MiB cannot hold the model",
-    device_bytes: 0,
     ...over,
-  };
+  });
 }
 
 describe("budgetTooSmall", () => {

@@ -1,35 +1,9 @@
 import { describe, expect, it } from "vitest";
-import type { PlanEvent } from "../engine/index.ts";
+import { planEvent as plan } from "../../testkit/plan-event.ts";
 import { HitRateBook, memoryPlan } from "./memory.ts";
 
 const MIB = 1024 ** 2;
 const GIB = 1024 ** 3;
-
-function plan(over: Partial<PlanEvent>): PlanEvent {
-  return {
-    type: "plan",
-    id: 1,
-    model: "/models/demo",
-    backend: "cpu",
-    context: 4096,
-    chunk: 512,
-    prefix_slack: 0,
-    kv_dtype: "f16",
-    slots: 1,
-    moe_layers: 2,
-    expert_bytes_each: MIB,
-    core_bytes: 30 * MIB,
-    kv_bytes: 10 * MIB,
-    expert_bytes: 4 * MIB,
-    work_bytes: 70 * MIB,
-    total_bytes: 114 * MIB,
-    all_experts_bytes: 64 * MIB,
-    memory_budget: 0,
-    over_budget: null,
-    device_bytes: 0,
-    ...over,
-  };
-}
 
 describe("memoryPlan", () => {
   it("keeps the free-memory answer apart from the budget's: a small plan over a tiny budget fits the free memory", () => {

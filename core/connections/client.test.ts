@@ -43,7 +43,9 @@ async function holdEngine(url: string): Promise<AbortController> {
     body: JSON.stringify({
       model: "demo",
       messages: hello,
-      max_tokens: 400,
+      // To the context's end, not a count: 400 tokens of the demo model could finish inside
+      // the client's 1 s Retry-After wait, and the retry found the engine free.
+      max_tokens: 100_000,
       stream: true,
       ignore_eos: true,
     }),
