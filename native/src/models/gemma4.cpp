@@ -139,8 +139,7 @@ class Gemma4 final : public Model {
         timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
       } else if (slotted) {
         timed(parts_.router_ms, [&] {
-          route_to_backend(i, l, x);
-          slot_routing = routes_to_host(x.rows);  // the layer's one host round trip
+          slot_routing = route_to_host(i, l, x);  // the layer's one host round trip
           experts_->prefetch(i, slot_routing.distinct);
         });
       } else if (moe) {
@@ -237,14 +236,20 @@ class Gemma4 final : public Model {
     return sum;
   }
 
-  // The routing in routes_ brought to the host, for streamed experts in backend slots.
+  // The routing in routes_, also on the host, for streamed experts in backend slots.
   struct SlotRouting {
     std::vector<int32_t> ids;       // T * top_k, route_to's order
     std::vector<float> weights;     // likewise
     std::vector<int32_t> distinct;  // the chosen experts, ascending
   };
-  SlotRouting routes_to_host(int64_t rows) {
-    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(arch_.moe->top_k);
+  // The router's choice for the residual r in routes_ (as route_to_backend) and on the host: one
+  // download of ids and weights; a routing hook edits the ids there and they go back up.
+  SlotRouting route_to_host(int layer, const Layer& l, Mat x) {
+    const MoeConfig& moe = *arch_.moe;
+    const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(moe.top_k);
+    if (!routes_ || routes_->size_bytes() < route_buffer_bytes(count))
+      routes_ = backend_.alloc(route_buffer_bytes(count));
+    backend_.route_to(router_logits(l, x), moe.top_k, *l.per_expert_scale, *routes_);
     std::vector<std::byte> host(route_buffer_bytes(count));
     backend_.download(*routes_, 0, host.data(), host.size());
     SlotRouting r;
@@ -252,6 +257,10 @@ class Gemma4 final : public Model {
     r.weights.resize(count);
     std::memcpy(r.ids.data(), host.data(), count * sizeof(int32_t));
     std::memcpy(r.weights.data(), host.data() + route_weights_offset(count), count * sizeof(float));
+    if (routing_hook_ != nullptr) {
+      routing_hook_->apply(layer, x.rows, moe.top_k, moe.num_experts, r.ids.data());
+      backend_.upload(*routes_, 0, r.ids.data(), count * sizeof(int32_t));
+    }
     for (int32_t e : r.ids)
       if (e < 0 || e >= arch_.moe->num_experts)
         throw std::logic_error("routing chose expert " + std::to_string(e) + ", outside the model");
