@@ -110,7 +110,15 @@ export async function runGpuStreamingBench(): Promise<void> {
   };
 
   const rows = [await run(null)];
-  for (const b of budgetList) rows.push(await run(b));
+  const refused: { budget: string; error: string }[] = [];
+  for (const b of budgetList) {
+    try {
+      rows.push(await run(b));
+    } catch (e) {
+      // A budget that cannot hold the model: the engine says why; the other budgets still run.
+      refused.push({ budget: b, error: e instanceof Error ? e.message : String(e) });
+    }
+  }
   console.log(`${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens`);
   console.log(
     "GPU budget | slots/layer | device GB | decode tok/s | hit rate | MB read/token | I/O wait ms/token | submissions/token",
@@ -128,12 +136,16 @@ export async function runGpuStreamingBench(): Promise<void> {
         r.submissions_per_token.toFixed(1),
       ].join(" | "),
     );
+  for (const r of refused) console.log(`${r.budget}: refused: ${r.error.slice(-400)}`);
   const dir = option("out") ?? join(root, "bench", "results");
   await mkdir(dir, { recursive: true });
   await writeFile(
     join(dir, "gpu-streaming.json"),
-    JSON.stringify({ model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows }, null, 2) +
-      "\n",
+    JSON.stringify(
+      { model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows, refused },
+      null,
+      2,
+    ) + "\n",
   );
 }
 
