@@ -34,6 +34,7 @@ const Report = z.object({
   device: z.string(),
   device_memory_bytes: z.number(),
   expert_cache_slots: z.number(),
+  direct_io: z.boolean().optional(),
   decode_hit_rate: z.number().optional(),
   decode_bytes_read_per_token: z.number().optional(),
   decode_io_wait_ms_per_token: z.number().optional(),
@@ -106,6 +107,7 @@ export async function runGpuStreamingBench(): Promise<void> {
       submissions_per_token: r.decode_submissions_per_token,
       dispatches_per_token: r.decode_dispatches_per_token,
       device: r.device,
+      direct_io: r.direct_io ?? null,
     };
   };
 
@@ -119,7 +121,10 @@ export async function runGpuStreamingBench(): Promise<void> {
       refused.push({ budget: b, error: e instanceof Error ? e.message : String(e) });
     }
   }
-  console.log(`${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens`);
+  const direct = rows.find((r) => r.direct_io !== null)?.direct_io;
+  console.log(
+    `${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens; expert reads ${direct === false ? "through the page cache" : "direct (O_DIRECT)"}`,
+  );
   console.log(
     "GPU budget | slots/layer | device GB | decode tok/s | hit rate | MB read/token | I/O wait ms/token | submissions/token",
   );
