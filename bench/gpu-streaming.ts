@@ -121,7 +121,7 @@ export async function runGpuStreamingBench(): Promise<void> {
       refused.push({ budget: b, error: e instanceof Error ? e.message : String(e) });
     }
   }
-  const direct = rows.find((r) => r.direct_io !== null)?.direct_io;
+  const direct = rows.slice(1).find((r) => r.direct_io !== null)?.direct_io;
   console.log(
     `${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens; expert reads ${direct === false ? "through the page cache" : "direct (O_DIRECT)"}`,
   );
