@@ -5,7 +5,7 @@
  *
  *   npm run bench -- gpu-streaming [--model DIR | --synth-layers N] [--budgets 2G,4G,8G]
  *                                  [--decode 32] [--trace synthetic:reuse=0.45,seed=1]
- *                                  [--kv-dtype f16] [--engine PATH] [--out DIR]
+ *                                  [--kv-dtype f16] [--direct-io off] [--engine PATH] [--out DIR]
  *
  * The model is --model, or the synthetic Gemma 4 26B-A4B cut to --synth-layers N of its 30
  * layers, or by default the gemma4-moe fixture (then the budgets default to a few MiB, so that
@@ -94,6 +94,9 @@ export async function runGpuStreamingBench(): Promise<void> {
       "0",
       ...(budget === null ? ["--expert-cache-slots", "0"] : ["--vram-budget", budget]),
       ...(trace === "router" ? [] : ["--routing-trace", trace]),
+      // --direct-io off: expert reads through the page cache (a RAM tier once the files are
+      // cached), to split the SSD's share of a token from the rest of the streaming path.
+      ...(option("direct-io") === "off" ? ["--direct-io", "off"] : []),
     ];
     const r = Report.parse(JSON.parse(await captureOutput(argv)));
     return {
