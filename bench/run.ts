@@ -8,6 +8,7 @@ import { runStreamingBench } from "./streaming.ts";
 import { runCachePolicyBench } from "./cache-policy.ts";
 import { runVsLlamaCppBench } from "./vs-llama-cpp.ts";
 import { runGpuBench } from "./gpu.ts";
+import { runGpuStreamingBench } from "./gpu-streaming.ts";
 import { runConversationSearchBench } from "./conversation-search.ts";
 
 const benches: Record<string, () => Promise<unknown>> = {
@@ -19,15 +20,16 @@ const benches: Record<string, () => Promise<unknown>> = {
   "cache-policy": runCachePolicyBench,
   "vs-llama-cpp": runVsLlamaCppBench,
   gpu: runGpuBench,
+  "gpu-streaming": runGpuStreamingBench,
   search: runConversationSearchBench,
 };
 
 // Names are the arguments that are neither options nor an option's value (`--model DIR`).
 const args = process.argv.slice(2);
 const requested = args.filter((arg, i) => !arg.startsWith("-") && !args[i - 1]?.startsWith("--"));
-// vs-llama-cpp installs its peer from the npm registry and writes two 14 GB models, and gpu needs
-// a Vulkan device: they run only when named.
-const onlyNamed = new Set(["vs-llama-cpp", "gpu"]);
+// vs-llama-cpp installs its peer from the npm registry and writes two 14 GB models, and gpu and
+// gpu-streaming need a Vulkan device: they run only when named.
+const onlyNamed = new Set(["vs-llama-cpp", "gpu", "gpu-streaming"]);
 const names =
   requested.length > 0 ? requested : Object.keys(benches).filter((n) => !onlyNamed.has(n));
 for (const name of names) {

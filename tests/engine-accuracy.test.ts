@@ -371,6 +371,31 @@ for (const fixture of FIXTURES) {
       });
     }
 
+    if (fixture === "gemma4-moe") {
+      // Experts streamed into GPU slots (docs/gpu.md, "Expert streaming on the GPU"): the same
+      // bits as every expert resident, with fewer slots than a token's experts (waves), fewer
+      // than the layer's experts, and more than there are. 12 prompt tokens keep lavapipe quick.
+      for (const [name, flags] of [
+        ["decode", ["--mode", "decode"]],
+        ["prefill chunk 7", ["--mode", "prefill", "--chunk", "7"]],
+      ] as [string, string[]][]) {
+        it(`${name}, streamed experts in 1, 2 and 16 GPU slots: identical to resident`, () => {
+          const tokens = ref.prompt.slice(0, 12);
+          const base = [...gpu, ...flags, "--kv-dtype", "f32"];
+          const resident = engineLogits(model, tokens, [...base, "--expert-cache-slots", "0"]);
+          expect(resident).toHaveLength(tokens.length);
+          for (const slots of [1, 2, 16]) {
+            const got = engineLogits(model, tokens, [
+              ...base,
+              "--expert-cache-slots",
+              String(slots),
+            ]);
+            expect(got, `${slots} slots`).toEqual(resident);
+          }
+        });
+      }
+    }
+
     it("greedy continuation equals transformers' token for token", () => {
       const out = greedyContinuation(model, ref, [...gpu, "--chunk", "7"]);
       const result = JSON.parse(out) as { tokens: number[]; stop_reason: string };

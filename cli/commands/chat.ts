@@ -33,6 +33,7 @@ export interface GenerationCliOptions {
   stop: string[];
   expertCacheSlots?: number;
   memoryBudget?: number;
+  vramBudget?: number;
   threads?: number;
   backend?: "cpu" | "metal" | "vulkan" | "auto";
   /** An activation plan (activationsOption). */
@@ -122,6 +123,14 @@ export function addForwardPassOptions(cmd: Command): Command {
     .option("--threads <n>", "CPU threads (default: all)");
 }
 
+/** `--vram-budget SIZE` (docs/gpu.md): GPU memory for the model on a GPU backend. */
+export function vramBudgetOption(): Option {
+  return new Option(
+    "--vram-budget <size>",
+    "GPU memory for the model on a GPU backend, e.g. 4G: every expert resident if it fits, else streamed through the expert slots that fit",
+  ).argParser(parseByteSize);
+}
+
 /** Adds the engine options (expert cache, memory budget, threads, backend) to a command. */
 export function addEngineOptions(cmd: Command): Command {
   return cmd
@@ -131,6 +140,7 @@ export function addEngineOptions(cmd: Command): Command {
       intArg(0),
     )
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
+    .addOption(vramBudgetOption())
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))
     .addOption(backendOption())
     .addOption(activationsOption());

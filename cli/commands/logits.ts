@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import { UserError } from "../../core/errors.ts";
 import { runNative } from "../../core/native.ts";
-import { addForwardPassOptions, backendOption } from "./chat.ts";
+import { addForwardPassOptions, backendOption, vramBudgetOption } from "./chat.ts";
 
 interface LogitsOptions {
   model: string;
@@ -12,6 +12,7 @@ interface LogitsOptions {
   chunk: string;
   threads?: string;
   backend?: string;
+  vramBudget?: number;
 }
 
 function positiveInteger(value: string, flag: string): string {
@@ -31,7 +32,8 @@ export function registerLogitsCommand(program: Command): void {
     .requiredOption("--model <model-dir>", "an installed Redwing model directory")
     .requiredOption("--tokens <ids>", "comma-separated token ids, e.g. 2,17,99")
     .option("--mode <mode>", "prefill (batched chunks) or decode (one token at a time)", "prefill")
-    .addOption(backendOption());
+    .addOption(backendOption())
+    .addOption(vramBudgetOption());
   addForwardPassOptions(cmd).action(async (options: LogitsOptions) => {
     const tokens = options.tokens.replace(/\s+/g, "");
     if (!/^\d+(,\d+)*$/.test(tokens)) {
@@ -62,6 +64,7 @@ export function registerLogitsCommand(program: Command): void {
       args.push("--threads", positiveInteger(options.threads, "--threads"));
     }
     if (options.backend !== undefined) args.push("--backend", options.backend);
+    if (options.vramBudget !== undefined) args.push("--vram-budget", String(options.vramBudget));
     const status = await runNative("redwing-engine", args);
     if (status !== 0) process.exitCode = status;
   });

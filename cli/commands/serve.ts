@@ -21,6 +21,7 @@ interface ServeOptions {
   activations?: string;
   expertCacheSlots?: number;
   memoryBudget?: number;
+  vramBudget?: number;
   quiet?: boolean;
 }
 
@@ -93,6 +94,7 @@ export function registerServeCommand(program: Command): void {
         activations: opts.activations,
         expertCacheSlots: opts.expertCacheSlots,
         memoryBudget: opts.memoryBudget,
+        vramBudget: opts.vramBudget,
         log: opts.quiet ? undefined : log,
         engine: { onCrash: (e) => log(`engine crashed, restarting: ${e.message}`) },
       });

@@ -103,6 +103,7 @@ function oneShotArgs(load: LoadParams, params: GenerateParams, streaming: boolea
       ["--context", load.context],
       ["--expert-cache-slots", load.expert_cache_slots],
       ["--memory-budget", load.memory_budget],
+      ["--vram-budget", load.vram_budget],
     ];
     for (const [flag, value] of more) if (value !== undefined) args.push(flag, String(value));
   }

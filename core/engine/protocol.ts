@@ -75,6 +75,8 @@ export const LoadParamsSchema = z.object({
   prefix_slack: z.number().int().nonnegative().optional(),
   /** Bytes. */
   memory_budget: z.number().int().nonnegative().optional(),
+  /** GPU memory in bytes (GPU backends): core, KV cache and experts, resident or in slots. */
+  vram_budget: z.number().int().nonnegative().optional(),
 });
 export type LoadParams = z.infer<typeof LoadParamsSchema>;
 
@@ -203,6 +205,8 @@ export const PlanEventSchema = z.object({
   over_budget: z.string().nullable(),
   /** GPU backends: the device memory, estimated; 0 on the CPU. */
   device_bytes: z.number(),
+  /** The GPU memory budget planned for (0: none). Absent from services older than it. */
+  vram_budget: z.number().optional(),
 });
 export type PlanEvent = z.infer<typeof PlanEventSchema>;
 

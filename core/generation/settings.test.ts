@@ -59,5 +59,10 @@ describe("toProtocolLoad", () => {
     const budgeted = toProtocolLoad("m", { context: 4096, memoryBudget: 1e9 });
     expect(budgeted.expert_cache_slots).toBeUndefined();
     expect(budgeted.memory_budget).toBe(1e9);
+    // A GPU memory budget picks the count (or every expert resident) the same way.
+    const gpu = toProtocolLoad("m", { context: 4096, backend: "vulkan", vramBudget: 4e9 });
+    expect(gpu.expert_cache_slots).toBeUndefined();
+    expect(gpu.vram_budget).toBe(4e9);
+    expect(LoadParamsSchema.strict().parse(gpu)).toEqual(gpu);
   });
 });

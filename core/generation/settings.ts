@@ -45,6 +45,11 @@ export interface EngineOptions {
   expertCacheSlots?: number;
   /** Bytes. */
   memoryBudget?: number;
+  /**
+   * GPU memory in bytes (GPU backends, docs/gpu.md "Expert streaming on the GPU"): every expert
+   * resident when they fit, else streamed through the slots that fit.
+   */
+  vramBudget?: number;
 }
 
 /** The protocol's load request for `model` (a directory) with these options. */
@@ -56,8 +61,9 @@ export function toProtocolLoad(model: string, o: EngineOptions): LoadParams {
     backend: o.backend,
     kv_dtype: o.kvDtype,
     activations: o.activations,
-    // With a memory budget and no slot count, the engine picks the count that fits.
-    expert_cache_slots: expertCacheSlotsFor(o.expertCacheSlots, o.memoryBudget),
+    // With a memory or GPU memory budget and no slot count, the engine picks the count that fits.
+    expert_cache_slots: expertCacheSlotsFor(o.expertCacheSlots, o.memoryBudget ?? o.vramBudget),
     memory_budget: o.memoryBudget,
+    vram_budget: o.vramBudget,
   };
 }

@@ -78,6 +78,8 @@ export interface ServerOptions extends AccessOptions {
   activations?: string;
   expertCacheSlots?: number;
   memoryBudget?: number;
+  /** GPU memory in bytes (GPU backends; settings.ts EngineOptions). */
+  vramBudget?: number;
   engine?: EngineClientOptions;
   /**
    * An engine that someone else owns (the desktop app's): the server neither starts, loads nor

@@ -129,13 +129,50 @@ TEST_CASE("expert store: LFU keeps the most used experts, LRU the most recent, L
   CHECK_THROWS_AS(ExpertStore(dir, bad), std::invalid_argument);
 }
 
+void read_error_mid_generation(const EngineOptions& o, const fs::path& model);
+void wrong_size_or_missing_file(const std::string& backend);
+
+// The backends an engine test runs on: the CPU, and Vulkan through lavapipe where this build
+// has it (streamed experts then go through the GPU's expert slots).
+std::vector<std::string> engine_backends() {
+#if defined(REDWING_HAVE_VULKAN)
+  for (const char* icd : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
+                          "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json"}) {
+    if (fs::exists(icd)) {
+      setenv("VK_DRIVER_FILES", icd, 0);
+      setenv("VK_ICD_FILENAMES", icd, 0);
+      return {"cpu", "vulkan"};
+    }
+  }
+#endif
+  return {"cpu"};
+}
+
 TEST_CASE("expert store: a read error mid-generation fails that generation only") {
-  ModelFixture m("ioerr");
-  EngineOptions o;
-  o.model_dir = m.path.string();
-  o.kv_dtype = KvDType::f32;
-  o.threads = 2;
-  o.expert_cache_slots = 1;
+  for (const std::string& backend : engine_backends()) {
+    CAPTURE(backend);
+    for (int slots : {1, 3}) {
+      CAPTURE(slots);
+      ModelFixture m("ioerr");
+      EngineOptions o;
+      o.model_dir = m.path.string();
+      o.kv_dtype = KvDType::f32;
+      o.threads = 2;
+      o.expert_cache_slots = slots;
+      o.backend = backend;
+      read_error_mid_generation(o, m.path);
+    }
+  }
+}
+
+TEST_CASE("expert store: a wrong-size or missing expert file is named") {
+  for (const std::string& backend : engine_backends()) {
+    CAPTURE(backend);
+    wrong_size_or_missing_file(backend);
+  }
+}
+
+void read_error_mid_generation(const EngineOptions& o, const fs::path& model) {
   Engine engine(o);
   SamplerConfig s;
   s.temperature = 0;
@@ -145,7 +182,7 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   CHECK(engine.expert_stats().misses > 0);
 
   // Truncate an expert file under the running engine: the next read past the end fails.
-  const fs::path file = m.path / "experts" / "layer_001.bin";
+  const fs::path file = model / "experts" / "layer_001.bin";
   const auto bytes = read_all(file);
   fs::resize_file(file, 0);
   try {
@@ -162,13 +199,14 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
   CHECK(again.tokens == first.tokens);
 }
 
-TEST_CASE("expert store: a wrong-size or missing expert file is named") {
+void wrong_size_or_missing_file(const std::string& backend) {
   ModelFixture m("badfile");
   const fs::path file = m.path / "experts" / "layer_002.bin";
   const auto bytes = read_all(file);
   EngineOptions o;
   o.model_dir = m.path.string();
   o.expert_cache_slots = 4;
+  o.backend = backend;
   auto message = [&] {
     try {
       Engine engine(o);
@@ -238,6 +276,32 @@ TEST_CASE("memory plan: the budget picks the slots that fit and refuses what can
   const MemoryPlan gpu = plan_memory(dir, slack);
   CHECK(gpu.device_bytes == gpu.core_bytes + gpu.expert_bytes + gpu.kv_bytes + gpu.work_bytes -
                                 defaults::kProcessAllowanceBytes);
+  // A GPU memory budget: every expert resident when all fit; else the most slots that fit
+  // (3 here), the smaller of both budgets' picks when there is a host budget too; refused with
+  // the numbers when one slot per layer does not fit; ignored on the CPU.
+  PlanSettings vram;
+  vram.context = 64;
+  vram.gpu = true;
+  const uint64_t gpu_one = device_bytes_of(plan_memory(dir, 64, 1, KvDType::f16, 128));
+  vram.vram_budget = gpu_one + 2 * one.expert_bytes + 100;
+  MemoryPlan v = plan_memory(dir, vram);
+  CHECK(v.slots == 3);
+  CHECK(v.over_budget.empty());
+  CHECK(v.device_bytes <= vram.vram_budget);
+  CHECK(v.vram_budget == vram.vram_budget);
+  CHECK(v.to_json().find("\"vram_budget\":" + std::to_string(vram.vram_budget)) !=
+        std::string::npos);
+  vram.memory_budget = one.total() + one.expert_bytes + 100;  // 2 slots on the host
+  CHECK(plan_memory(dir, vram).slots == 2);
+  vram.memory_budget = 0;
+  vram.vram_budget = device_bytes_of(plan_memory(dir, 64, 0, KvDType::f16, 128));
+  CHECK(plan_memory(dir, vram).slots == 0);  // everything fits: resident, no streaming
+  vram.vram_budget = gpu_one - 1;
+  v = plan_memory(dir, vram);
+  CHECK(v.over_budget.find("GPU memory budget") != std::string::npos);
+  vram.gpu = false;
+  CHECK(plan_memory(dir, vram).over_budget.empty());
+  CHECK(plan_memory(dir, vram).slots == 0);
   CHECK(parse_byte_size("2.5G") == static_cast<uint64_t>(2.5 * 1024 * 1024 * 1024));
   CHECK(parse_byte_size("800M") == 800ull << 20);
   CHECK_THROWS_AS(parse_byte_size("lots"), std::invalid_argument);

@@ -60,14 +60,18 @@ const char* kUsage =
     "                             [--window N] [--stride N] [--kv-dtype f16|f32] [--chunk N]\n"
     "                             [--threads N]\n"
     "       redwing-engine memory --model DIR [--context N] [--expert-cache-slots N]\n"
-    "                             [--memory-budget SIZE] [--kv-dtype f16|f32] [--chunk N]\n"
-    "                             [--prefix-slack N] [--backend B]\n"
+    "                             [--memory-budget SIZE] [--vram-budget SIZE]\n"
+    "                             [--kv-dtype f16|f32] [--chunk N] [--prefix-slack N]\n"
+    "                             [--backend B]\n"
     "       redwing-engine defaults --json\n"
     "       redwing-engine diskbench --model DIR [--megabytes N] [--io-threads N]\n"
     "                             [--read-piece-kib N] [--direct-io on|off]\n"
     "expert streaming (MoE models; logits, generate, perplexity):\n"
     "  --expert-cache-slots N   stream experts from SSD through N slots per layer (0: all in RAM)\n"
     "  --memory-budget SIZE     e.g. 2.5G: pick the slot count that fits (with --context)\n"
+    "  --vram-budget SIZE       GPU backends, e.g. 4G: GPU memory for weights, KV cache and\n"
+    "                              experts; every expert resident if they fit, else the\n"
+    "                              slots per layer that fit, streamed (docs/gpu.md)\n"
     "  --context N              context the budget plans for (default 4096)\n"
     "  --expert-cache-policy lrfu|lfu|lru (default lrfu)   --io-threads N (default 8)\n"
     "  --direct-io on|off\n"
@@ -85,18 +89,11 @@ const char* kUsage =
     "  --expert-mmap on         map the expert files (page-cache baseline) instead\n";
 
 // Flags every engine-loading command accepts, besides its own.
-const std::vector<std::string> kStreamFlags = {"expert-cache-slots",
-                                               "expert-cache-policy",
-                                               "io-threads",
-                                               "direct-io",
-                                               "memory-budget",
-                                               "context",
-                                               "routing-trace",
-                                               "record-routing",
-                                               "expert-mmap",
-                                               "read-piece-kib",
-                                               "backend",
-                                               "activations"};
+const std::vector<std::string> kStreamFlags = {
+    "expert-cache-slots", "expert-cache-policy", "io-threads",     "direct-io",
+    "memory-budget",      "vram-budget",         "context",        "routing-trace",
+    "record-routing",     "expert-mmap",         "read-piece-kib", "backend",
+    "activations"};
 std::vector<std::string> with_stream_flags(std::vector<std::string> names) {
   names.insert(names.end(), kStreamFlags.begin(), kStreamFlags.end());
   return names;
@@ -226,6 +223,13 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
       o.memory_budget = redwing::parse_byte_size(f.at("memory-budget"));
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--memory-budget: ") + e.what());
+    }
+  }
+  if (f.count("vram-budget")) {
+    try {
+      o.vram_budget = redwing::parse_byte_size(f.at("vram-budget"));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--vram-budget: ") + e.what());
     }
   }
   if (f.count("expert-mmap")) {
@@ -506,8 +510,8 @@ std::string expert_stats_json(const redwing::Engine& engine,
 
 int cmd_memory(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
-                       {"model", "context", "expert-cache-slots", "memory-budget", "kv-dtype",
-                        "chunk", "prefix-slack", "backend"});
+                       {"model", "context", "expert-cache-slots", "memory-budget", "vram-budget",
+                        "kv-dtype", "chunk", "prefix-slack", "backend"});
   const redwing::EngineOptions o = engine_options(f);
   const auto plan =
       redwing::plan_memory(redwing::ModelDir::open(o.model_dir), redwing::plan_settings(o));

@@ -186,6 +186,14 @@ ExpertRowGroups group_routes_by_expert(Backend& backend, const Buffer& routes, i
   std::vector<float> weights(count);
   backend.download(routes, 0, idx.data(), count * sizeof(int32_t));
   backend.download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
+  return group_expert_rows(idx, weights, rows, top_k, num_experts);
+}
+
+ExpertRowGroups group_expert_rows(std::span<const int32_t> idx, std::span<const float> weights,
+                                  int64_t rows, int top_k, int num_experts) {
+  const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(top_k);
+  if (idx.size() != count || weights.size() != count)
+    throw std::logic_error("routed_experts: routes of another size");
   ExpertRowGroups groups;
   for (int64_t t = 0; t < rows; ++t)
     for (int j = 0; j < top_k; ++j) {

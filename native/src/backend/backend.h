@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -359,6 +360,47 @@ class Backend {
   virtual void routed_experts(const ExpertBank& bank, Mat x, const Buffer& routes, int top_k,
                               Mat out);
 
+  // ---- streamed experts in backend memory: a few expert slots per MoE layer ----
+  // When the experts are streamed (runtime/expert_store.h), a backend with memory of its own (a
+  // GPU) keeps a bank of slots per MoE layer, mirroring the store's slots: the model fills a slot
+  // when the store delivers an expert the slot does not hold, runs the layer's products from the
+  // slots, then combines them with the routing in backend memory (route_to). Results are the
+  // same bits as routed_experts on a bank holding every expert.
+  //
+  // Whether the backend has this slot path (not the CPU: it computes the experts where the
+  // expert store holds them).
+  virtual bool supports_expert_slots() const { return false; }
+  // A bank of `slots` empty slots, each for one expert shaped like gate, up and down (which
+  // only give the shapes and quantization); nullptr when the backend has no slot path.
+  virtual std::unique_ptr<ExpertBank> create_expert_slots(const HostQuantMatrix& gate,
+                                                          const HostQuantMatrix& up,
+                                                          const HostQuantMatrix& down, int slots) {
+    return nullptr;
+  }
+  // Whether `slot` holds `expert` already (filled and not overwritten since).
+  virtual bool slot_holds(const ExpertBank& slots, int slot, int32_t expert) const { return false; }
+  // Copies an expert's matrices into `slot` (ordered with the recorded ops: products recorded
+  // before this read the slot's previous expert). Throws std::logic_error on other shapes.
+  virtual void fill_expert_slot(ExpertBank& slots, int slot, int32_t expert,
+                                const HostQuantMatrix& gate, const HostQuantMatrix& up,
+                                const HostQuantMatrix& down) {
+    throw std::logic_error("fill_expert_slot: no slot path on this backend");
+  }
+  // The products of some routed entries of x [T, hidden]: `ids` are the T * top_k routed expert
+  // ids (route_to's order), entry_slot[j] the slot holding entry j's expert, or -1 for entries
+  // left for a later call (experts processed in waves when there are fewer slots than
+  // experts). Each entry's product is kept in backend scratch until combine_slot_products.
+  virtual void slot_expert_products(const ExpertBank& slots, Mat x, std::span<const int32_t> ids,
+                                    std::span<const int32_t> entry_slot, int top_k) {
+    throw std::logic_error("slot_expert_products: no slot path on this backend");
+  }
+  // out[t] = routed_experts' sum from the products of every entry (routes: route_to's buffer;
+  // ids and weights: the same routes on the host).
+  virtual void combine_slot_products(const Buffer& routes, std::span<const int32_t> ids,
+                                     std::span<const float> weights, int top_k, Mat out) {
+    throw std::logic_error("combine_slot_products: no slot path on this backend");
+  }
+
   // ---- sampling on the backend (runtime/sampler.h decides how they are used) ----
   // Whether sampling should read the logits where they are (top_logits) rather than download
   // the whole row: true for a GPU, false for the CPU (its logits are host memory already).
@@ -412,6 +454,9 @@ using ExpertRowGroups = std::map<int32_t, std::pair<std::vector<int32_t>, std::v
 // outside [0, num_experts).
 ExpertRowGroups group_routes_by_expert(Backend& backend, const Buffer& routes, int64_t rows,
                                        int top_k, int num_experts);
+// The same grouping of routes already on the host (ids and weights of rows * top_k entries).
+ExpertRowGroups group_expert_rows(std::span<const int32_t> idx, std::span<const float> weights,
+                                  int64_t rows, int top_k, int num_experts);
 // out = the sum over experts of each expert's output rows y (stacked in `groups`' order) times
 // their weights, scattered back to the token rows that chose them.
 void scatter_expert_rows(Backend& backend, const ExpertRowGroups& groups, Mat y, Mat out);

@@ -13,6 +13,12 @@ void ExpertSource::for_each(int layer, std::span<const int32_t> experts,
   for (size_t k = 0; k < mats.size(); ++k) fn(k, mats[k]);
 }
 
+void ExpertSource::for_each_slot(
+    int layer, std::span<const int32_t> experts,
+    const std::function<void(size_t, int, const ExpertMatrices&)>& fn) {
+  for_each(layer, experts, [&](size_t k, const ExpertMatrices& m) { fn(k, -1, m); });
+}
+
 const ExpertLayerInfo& checked_expert_layer(const ModelDir& dir, int i) {
   const Architecture& arch = dir.arch();
   const ExpertLayerInfo* info = dir.expert_layer(i);

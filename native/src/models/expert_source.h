@@ -54,6 +54,13 @@ class ExpertSource {
   virtual void prefetch(int layer, std::span<const int32_t> experts) {}
   virtual void for_each(int layer, std::span<const int32_t> experts,
                         const std::function<void(size_t, const ExpertMatrices&)>& fn);
+  // Sources with a fixed number of slots per MoE layer (the streaming store): that number, and
+  // for_each also telling the slot each expert is delivered from. An expert keeps its slot while
+  // it stays cached, so a backend may keep a copy of each slot (GPU expert slots) and refresh it
+  // only when a slot is delivered with another expert. The defaults: no slots, and slot -1.
+  virtual int slots_per_layer() const { return 0; }
+  virtual void for_each_slot(int layer, std::span<const int32_t> experts,
+                             const std::function<void(size_t, int, const ExpertMatrices&)>& fn);
   virtual ExpertStats stats() const { return {}; }
   // Whether an expert's matrices stay at the same host addresses with the same contents for the
   // source's lifetime (every expert resident). A backend that copies weights to a device may

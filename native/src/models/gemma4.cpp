@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "models/gemma_common.h"
@@ -78,8 +79,9 @@ class Gemma4 final : public Model {
       layers_.push_back(std::move(l));
     }
     // Resident experts are imported once, at load, each layer's as one bank (a GPU backend
-    // uploads them all now and picks them by ids it keeps on the device); streamed ones are
-    // imported per call in moe_branch.
+    // uploads them all now and picks them by ids it keeps on the device); streamed ones go into
+    // a backend's slots (slotted_experts) or, on the CPU, are used where the store holds them
+    // (moe_branch).
     if (experts_ != nullptr && experts_->stable() && experts_->holds_every_expert()) {
       banks_.resize(static_cast<size_t>(arch_.num_layers));
       for (int i = 0; i < arch_.num_layers; ++i) {
@@ -96,6 +98,11 @@ class Gemma4 final : public Model {
         banks_[static_cast<size_t>(i)] = backend.import_experts(gate, up, down);
         experts_->release(i);
       }
+    } else if (experts_ != nullptr && experts_->slots_per_layer() > 0 &&
+               backend.supports_expert_slots()) {
+      // Streamed experts on a GPU: slots in device memory mirroring the store's (slotted_experts).
+      slotted_ = true;
+      slot_banks_.resize(static_cast<size_t>(arch_.num_layers));
     }
   }
 
@@ -125,9 +132,16 @@ class Gemma4 final : public Model {
       // reads the missing ones while the dense MLP runs.
       const bool moe = arch_.layers[static_cast<size_t>(i)].moe;
       const bool banked = moe && !banks_.empty();
+      const bool slotted = moe && !banked && slotted_;
       Routing routing;
+      SlotRouting slot_routing;
       if (banked) {
         timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
+      } else if (slotted) {
+        timed(parts_.router_ms, [&] {
+          slot_routing = route_to_host(i, l, x);  // the layer's one host round trip
+          experts_->prefetch(i, slot_routing.distinct);
+        });
       } else if (moe) {
         timed(parts_.router_ms, [&] {
           routing = route(i, l, x);
@@ -149,8 +163,11 @@ class Gemma4 final : public Model {
       });
       if (moe) {
         Mat sum;
-        timed(parts_.experts_ms,
-              [&] { sum = banked ? banked_experts(i, e_in) : moe_branch(i, e_in, routing); });
+        timed(parts_.experts_ms, [&] {
+          sum = banked    ? banked_experts(i, e_in)
+                : slotted ? slotted_experts(i, e_in, slot_routing)
+                          : moe_branch(i, e_in, routing);
+        });
         // x = (x + post_ffn_norm(post_ffn_norm_1(m) + post_ffn_norm_2(sum))) * layer_scalar
         backend_.moe_ffn_tail(m, sum, *l.post_ffn_norm_1, *l.post_ffn_norm_2, *l.post_ffn_norm, off,
                               eps, x, l.layer_scalar);
@@ -223,6 +240,74 @@ class Gemma4 final : public Model {
     Mat sum = scratch_.get(kExpertSum, e_in.rows, arch_.hidden_size);
     backend_.routed_experts(*banks_[static_cast<size_t>(layer)], e_in, *routes_, arch_.moe->top_k,
                             sum);
+    return sum;
+  }
+
+  // The routing in routes_, also on the host, for streamed experts in backend slots.
+  struct SlotRouting {
+    std::vector<int32_t> ids;       // T * top_k, route_to's order
+    std::vector<float> weights;     // likewise
+    std::vector<int32_t> distinct;  // the chosen experts, ascending
+  };
+  // The router's choice for the residual r in routes_ (as route_to_backend) and on the host: one
+  // download of ids and weights; a routing hook edits the ids there and they go back up.
+  SlotRouting route_to_host(int layer, const Layer& l, Mat x) {
+    const MoeConfig& moe = *arch_.moe;
+    const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(moe.top_k);
+    if (!routes_ || routes_->size_bytes() < route_buffer_bytes(count))
+      routes_ = backend_.alloc(route_buffer_bytes(count));
+    backend_.route_to(router_logits(l, x), moe.top_k, *l.per_expert_scale, *routes_);
+    std::vector<std::byte> host(route_buffer_bytes(count));
+    backend_.download(*routes_, 0, host.data(), host.size());
+    SlotRouting r;
+    r.ids.resize(count);
+    r.weights.resize(count);
+    std::memcpy(r.ids.data(), host.data(), count * sizeof(int32_t));
+    std::memcpy(r.weights.data(), host.data() + route_weights_offset(count), count * sizeof(float));
+    if (routing_hook_ != nullptr) {
+      routing_hook_->apply(layer, x.rows, moe.top_k, moe.num_experts, r.ids.data());
+      backend_.upload(*routes_, 0, r.ids.data(), count * sizeof(int32_t));
+    }
+    for (int32_t e : r.ids)
+      if (e < 0 || e >= arch_.moe->num_experts)
+        throw std::logic_error("routing chose expert " + std::to_string(e) + ", outside the model");
+    r.distinct = r.ids;
+    std::sort(r.distinct.begin(), r.distinct.end());
+    r.distinct.erase(std::unique(r.distinct.begin(), r.distinct.end()), r.distinct.end());
+    return r;
+  }
+
+  // moe_branch's sum with the experts streamed into backend slots that mirror the expert
+  // store's: a slot is filled only when the store delivers it with an expert the backend copy
+  // does not hold (a miss, or a slot refilled since). The products run once every delivered
+  // expert is in its slot; when a slot must be refilled within the layer (fewer slots than
+  // experts: the store's waves), the products of the experts delivered so far run first.
+  Mat slotted_experts(int layer, Mat e_in, const SlotRouting& r) {
+    const int top_k = arch_.moe->top_k;
+    std::unique_ptr<ExpertBank>& bank = slot_banks_[static_cast<size_t>(layer)];
+    const size_t count = r.ids.size();
+    std::vector<int32_t> pending(count, -1);  // entries delivered, products not yet recorded
+    bool any_pending = false;
+    auto run_pending = [&] {
+      if (!any_pending) return;
+      backend_.slot_expert_products(*bank, e_in, r.ids, pending, top_k);
+      std::fill(pending.begin(), pending.end(), -1);
+      any_pending = false;
+    };
+    experts_->for_each_slot(layer, r.distinct, [&](size_t k, int slot, const ExpertMatrices& m) {
+      const int32_t expert = r.distinct[k];
+      if (!bank)
+        bank = backend_.create_expert_slots(m.gate, m.up, m.down, experts_->slots_per_layer());
+      if (!backend_.slot_holds(*bank, slot, expert)) {
+        if (std::find(pending.begin(), pending.end(), slot) != pending.end()) run_pending();
+        backend_.fill_expert_slot(*bank, slot, expert, m.gate, m.up, m.down);
+      }
+      for (size_t j = 0; j < count; ++j)
+        if (r.ids[j] == expert) pending[j] = slot, any_pending = true;
+    });
+    run_pending();
+    Mat sum = scratch_.get(kExpertSum, e_in.rows, arch_.hidden_size);
+    backend_.combine_slot_products(*routes_, r.ids, r.weights, top_k, sum);
     return sum;
   }
 
@@ -360,6 +445,10 @@ class Gemma4 final : public Model {
   // current layer's routing in backend memory.
   std::vector<std::unique_ptr<ExpertBank>> banks_;
   std::unique_ptr<Buffer> routes_;
+  // Streamed experts in backend slots (a GPU with a streaming expert source): per layer, made
+  // on the layer's first use (null for dense layers and until then).
+  bool slotted_ = false;
+  std::vector<std::unique_ptr<ExpertBank>> slot_banks_;
   Scratch scratch_;
   std::unique_ptr<QWeight> embed_;
   std::unique_ptr<Buffer> norm_;

@@ -21,6 +21,7 @@ PlanSettings plan_settings(const EngineOptions& o) {
   s.context = o.context;
   s.expert_cache_slots = o.expert_cache_slots;
   s.memory_budget = o.memory_budget;
+  s.vram_budget = o.vram_budget;
   s.kv_dtype = o.kv_dtype;
   s.chunk = o.chunk;
   s.ring_slack = o.prefix_slack;

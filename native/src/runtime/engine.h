@@ -45,6 +45,9 @@ struct EngineOptions {
   bool direct_io = true;      // bypass the page cache for expert reads
   bool mmap_experts = false;  // map the expert files instead (benchmark baseline)
   uint64_t memory_budget = defaults::kMemoryBudget;
+  // GPU memory (a GPU backend; 0: none): every expert resident when core, KV cache, activations
+  // and all experts fit, else experts streamed through the slots that fit (PlanSettings).
+  uint64_t vram_budget = 0;
   int64_t context = defaults::kContext;           // the context size the memory budget plans for
   int64_t prefix_slack = defaults::kPrefixSlack;  // the session's ring slack, for the plan
   // BENCHMARK ONLY (runtime/routing_trace.h): replace the router's choice of experts with a

@@ -254,6 +254,11 @@ void ExpertStore::prefetch(int layer, std::span<const int32_t> experts) {
 
 void ExpertStore::for_each(int layer, std::span<const int32_t> experts,
                            const std::function<void(size_t, const ExpertMatrices&)>& fn) {
+  for_each_slot(layer, experts, [&](size_t k, int, const ExpertMatrices& m) { fn(k, m); });
+}
+
+void ExpertStore::for_each_slot(int layer, std::span<const int32_t> experts,
+                                const std::function<void(size_t, int, const ExpertMatrices&)>& fn) {
   std::unique_lock lk(mu_);
   Layer& l = layer_at(layer);
   if (!l.announced || !std::equal(l.active.begin(), l.active.end(), experts.begin(), experts.end()))
@@ -292,11 +297,12 @@ void ExpertStore::for_each(int layer, std::span<const int32_t> experts,
         stats_.io_wait_seconds += seconds_between(t0, std::chrono::steady_clock::now());
         continue;
       }
-      Slot& slot = l.slots[static_cast<size_t>(l.active_slot[pick])];
+      const int slot_index = l.active_slot[pick];
+      Slot& slot = l.slots[static_cast<size_t>(slot_index)];
       const ExpertMatrices mats = matrices(l, slot);
       lk.unlock();
       try {
-        fn(pick, mats);
+        fn(pick, slot_index, mats);
       } catch (...) {
         lk.lock();
         throw;

@@ -65,6 +65,9 @@ class ExpertStore final : public ExpertSource {
   void for_each(int layer, std::span<const int32_t> experts,
                 const std::function<void(size_t, const ExpertMatrices&)>& fn) override;
   ExpertStats stats() const override;
+  int slots_per_layer() const override { return options_.slots; }
+  void for_each_slot(int layer, std::span<const int32_t> experts,
+                     const std::function<void(size_t, int, const ExpertMatrices&)>& fn) override;
 
   const ExpertStoreOptions& options() const { return options_; }
   // Whether reads bypass the page cache (false if asked not to or the filesystem refused).

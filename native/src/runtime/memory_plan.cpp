@@ -99,11 +99,23 @@ MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
   const bool moe = dir.arch().moe.has_value();
   int slots = moe ? s.expert_cache_slots : 0;
   std::string over_budget;
-  if (s.memory_budget > 0 && moe && slots == 0 && !s.mmap_experts) {
+  const bool pick = moe && slots == 0 && !s.mmap_experts;
+  if (s.memory_budget > 0 && pick) {
     try {
       slots = slots_for_budget(dir, s.memory_budget, s.context, s.kv_dtype, s.chunk, s.ring_slack);
     } catch (const BudgetTooSmall& e) {
       slots = 1;  // the plan then shows what the smallest cache would take
+      over_budget = e.what();
+    }
+  }
+  const bool vram = s.gpu && s.vram_budget > 0;
+  if (vram && pick && over_budget.empty()) {
+    try {
+      const int gpu_slots =
+          slots_for_vram_budget(dir, s.vram_budget, s.context, s.kv_dtype, s.chunk, s.ring_slack);
+      if (gpu_slots > 0) slots = slots == 0 ? gpu_slots : std::min(slots, gpu_slots);
+    } catch (const BudgetTooSmall& e) {
+      slots = 1;
       over_budget = e.what();
     }
   }
@@ -112,13 +124,40 @@ MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
   if (over_budget.empty() && s.memory_budget > 0 && p.total() > s.memory_budget)
     over_budget = "memory budget of " + mib(s.memory_budget) + " cannot hold the model: it needs " +
                   mib(p.total());
+  if (s.gpu) p.device_bytes = device_bytes_of(p);
+  if (vram) {
+    p.vram_budget = s.vram_budget;
+    if (over_budget.empty() && p.device_bytes > s.vram_budget)
+      over_budget = "GPU memory budget of " + mib(s.vram_budget) +
+                    " cannot hold the model: it needs " + mib(p.device_bytes);
+  }
   p.over_budget = over_budget;
-  if (s.gpu)
-    p.device_bytes =
-        checked::add(checked::add(checked::add(p.core_bytes, p.expert_bytes, "device memory"),
-                                  p.kv_bytes, "device memory"),
-                     p.work_bytes - defaults::kProcessAllowanceBytes, "device memory");
   return p;
+}
+
+uint64_t device_bytes_of(const MemoryPlan& p) {
+  return checked::add(checked::add(checked::add(p.core_bytes, p.expert_bytes, "device memory"),
+                                   p.kv_bytes, "device memory"),
+                      p.work_bytes - defaults::kProcessAllowanceBytes, "device memory");
+}
+
+int slots_for_vram_budget(const ModelDir& dir, uint64_t vram_budget, int64_t context,
+                          KvDType kv_dtype, int64_t chunk, int64_t ring_slack) {
+  if (device_bytes_of(plan_memory(dir, context, 0, kv_dtype, chunk, ring_slack)) <= vram_budget)
+    return 0;
+  const MemoryPlan base = plan_memory(dir, context, 1, kv_dtype, chunk, ring_slack);
+  const uint64_t need = device_bytes_of(base);
+  if (base.moe_layers == 0 || need > vram_budget)
+    throw BudgetTooSmall("GPU memory budget " + mib(vram_budget) + " cannot hold the model: core " +
+                         mib(base.core_bytes) + " + KV cache " + mib(base.kv_bytes) +
+                         " at context " + std::to_string(context) + " + activations " +
+                         mib(base.work_bytes - defaults::kProcessAllowanceBytes) +
+                         " + one expert slot per layer " + mib(base.expert_bytes) + " = " +
+                         mib(need));
+  const uint64_t per_slot = base.expert_bytes;  // one slot in every MoE layer
+  const int max_slots = std::min(defaults::kMaxBudgetSlots, dir.arch().moe->num_experts);
+  return static_cast<int>(std::clamp<uint64_t>(1 + (vram_budget - need) / per_slot, 1,
+                                               static_cast<uint64_t>(max_slots)));
 }
 
 int slots_for_budget(const ModelDir& dir, uint64_t budget, int64_t context, KvDType kv_dtype,
@@ -195,6 +234,7 @@ std::string MemoryPlan::to_json() const {
   j["over_budget"] =
       over_budget.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(over_budget);
   j["device_bytes"] = device_bytes;
+  j["vram_budget"] = vram_budget;
   return j.dump();
 }
 

@@ -34,7 +34,8 @@ struct MemoryPlan {
   // A GPU backend: its device memory, ESTIMATED as the weights, the experts, the KV cache and
   // the activations (work_bytes without the process allowance). 0 on the CPU.
   uint64_t device_bytes = 0;
-  uint64_t total() const;  // host bytes; throws SizeOverflow when the sum does not fit
+  uint64_t vram_budget = 0;  // the GPU memory budget planned for; 0: none
+  uint64_t total() const;    // host bytes; throws SizeOverflow when the sum does not fit
   std::string to_json() const;
 };
 
@@ -48,6 +49,11 @@ struct PlanSettings {
   int64_t ring_slack = defaults::kPrefixSlack;
   bool mmap_experts = false;  // mapped experts: a budget does not pick slots
   bool gpu = false;           // plan the device memory too
+  // GPU memory (a GPU backend only; ignored on the CPU; 0: none): core + KV cache + work + the
+  // experts must fit. Every expert resident when they do, else the most slots per layer that
+  // fit (streamed experts, docs/gpu.md "Expert streaming on the GPU"); with memory_budget too,
+  // the smaller of the two slot counts.
+  uint64_t vram_budget = 0;
 };
 
 // The plan for `settings`: on an MoE model with no slots asked for and a budget, the slot count
@@ -68,6 +74,16 @@ struct BudgetTooSmall : std::runtime_error {
 // does not fit, std::runtime_error when the model has no experts.
 int slots_for_budget(const ModelDir& dir, uint64_t budget, int64_t context, KvDType kv_dtype,
                      int64_t chunk, int64_t ring_slack = 0);
+
+// The GPU memory a plan needs (estimated): weights, experts (slots or all), KV cache and the
+// activations (work_bytes without the process allowance).
+uint64_t device_bytes_of(const MemoryPlan& p);
+
+// For a GPU memory budget: 0 when every expert fits with the rest (resident), else the most
+// slots per layer that fit (at most defaults::kMaxBudgetSlots and the expert count). Throws
+// BudgetTooSmall with the numbers when one slot per layer does not fit.
+int slots_for_vram_budget(const ModelDir& dir, uint64_t vram_budget, int64_t context,
+                          KvDType kv_dtype, int64_t chunk, int64_t ring_slack = 0);
 
 // "2.5G", "800M", "1024K" or plain bytes; throws std::invalid_argument.
 uint64_t parse_byte_size(const std::string& s);

@@ -206,6 +206,10 @@ LoadRequest parse_load(const json& req) {
       integer_field(req, "expert_cache_slots", o.expert_cache_slots, 0, INT32_MAX));
   o.memory_budget = static_cast<uint64_t>(
       integer_field(req, "memory_budget", static_cast<int64_t>(o.memory_budget), 0, INT64_MAX));
+  // GPU backends: device memory for weights, KV cache and experts (resident if all fit, else
+  // the slots that fit, streamed).
+  o.vram_budget = static_cast<uint64_t>(
+      integer_field(req, "vram_budget", static_cast<int64_t>(o.vram_budget), 0, INT64_MAX));
   o.context = l.context;
   l.prefix_slack = integer_field(req, "prefix_slack", o.prefix_slack, 0, INT32_MAX);
   o.prefix_slack = l.prefix_slack;

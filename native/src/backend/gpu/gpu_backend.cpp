@@ -66,9 +66,16 @@ struct StackedExperts {
   std::vector<std::unique_ptr<GpuQWeight>> views;  // per expert
 };
 
-class GpuExpertBank final : public ExpertBank {
+class GpuExpertBank : public ExpertBank {
  public:
   StackedExperts gate_up, down;
+};
+
+// Streamed experts: a bank of slots (num_experts = the slot count), each slot laid out as one
+// expert of a GpuExpertBank, so the same kernels run on it with slot indices for expert ids.
+class GpuExpertSlots final : public GpuExpertBank {
+ public:
+  std::vector<int32_t> holds;  // per slot: the expert it holds, -1 for none
 };
 
 const DeviceBuffer& dev_of(const Buffer& b) { return *static_cast<const GpuBuffer&>(b).dev; }
@@ -714,6 +721,145 @@ class GpuBackend final : public Backend {
       experts_grouped_on_host(*bank, x, routes, top_k, out);
   }
 
+  // ---- streamed experts: slots in device memory (backend.h; docs/gpu.md, "Expert streaming
+  // on the GPU") ----
+
+  bool supports_expert_slots() const override { return true; }
+
+  std::unique_ptr<ExpertBank> create_expert_slots(const HostQuantMatrix& gate,
+                                                  const HostQuantMatrix& up,
+                                                  const HostQuantMatrix& down, int slots) override {
+    if (slots <= 0) throw std::logic_error("create_expert_slots: slots must be > 0");
+    auto bank = std::make_unique<GpuExpertSlots>();
+    check_expert_shapes(std::span(&gate, 1), std::span(&up, 1), std::span(&down, 1), *bank);
+    bank->num_experts = slots;
+    bank->gate_up = empty_stacked({&gate, &up}, static_cast<size_t>(slots));
+    bank->down = empty_stacked({&down}, static_cast<size_t>(slots));
+    bank->holds.assign(static_cast<size_t>(slots), -1);
+    return bank;
+  }
+
+  bool slot_holds(const ExpertBank& base, int slot, int32_t expert) const override {
+    const auto& bank = slots_of(base);
+    return slot >= 0 && slot < bank.num_experts && bank.holds[static_cast<size_t>(slot)] == expert;
+  }
+
+  void fill_expert_slot(ExpertBank& base, int slot, int32_t expert, const HostQuantMatrix& gate,
+                        const HostQuantMatrix& up, const HostQuantMatrix& down) override {
+    auto& bank = const_cast<GpuExpertSlots&>(slots_of(base));
+    if (slot < 0 || slot >= bank.num_experts)
+      throw std::logic_error("fill_expert_slot: no slot " + std::to_string(slot));
+    if (gate.rows != bank.intermediate || up.rows != bank.intermediate ||
+        gate.cols != bank.hidden || up.cols != bank.hidden || down.rows != bank.hidden ||
+        down.cols != bank.intermediate)
+      throw std::logic_error("fill_expert_slot: expert " + std::to_string(expert) +
+                             " has other shapes");
+    const size_t s = static_cast<size_t>(slot);
+    bank.holds[s] = -1;  // until every write is recorded
+    touch({}, {bank.gate_up.buf.get(), bank.down.buf.get()});
+    write_slot(bank.gate_up, s, {&gate, &up});
+    write_slot(bank.down, s, {&down});
+    bank.holds[s] = expert;
+  }
+
+  void slot_expert_products(const ExpertBank& base, Mat x, std::span<const int32_t> ids,
+                            std::span<const int32_t> entry_slot, int top_k) override {
+    const GpuExpertSlots& bank = slots_of(base);
+    if (x.cols != bank.hidden) throw std::logic_error("slot_expert_products: shape mismatch");
+    if (top_k <= 0 || top_k > kMaxTopK) throw std::logic_error("slot_expert_products: bad top_k");
+    const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
+    if (ids.size() != count || entry_slot.size() != count)
+      throw std::logic_error("slot_expert_products: routes of another size");
+    bool every_entry = true;
+    for (int32_t s : entry_slot) {
+      if (s < -1 || s >= bank.num_experts)
+        throw std::logic_error("slot_expert_products: no slot " + std::to_string(s));
+      every_entry = every_entry && s >= 0;
+    }
+    if (x.rows == 0) return;
+    const int64_t inter = bank.intermediate;
+    const int64_t entries = static_cast<int64_t>(count);
+    // The same choice of path, scratch and kernels as routed_experts on a full bank, so the
+    // products are the same bits.
+    slot_decode_path_ =
+        x.rows <= kMatvecMaxTokens && fits_one_binding(bank.gate_up) && fits_one_binding(bank.down);
+    if (slot_decode_path_) {
+      Mat gu = scratch(moe_gate_up_, entries, 2 * inter);
+      Mat y = scratch(moe_out_, entries, bank.hidden);
+      if (every_entry) {  // one product pair over every entry, as experts_on_device
+        const Binding slot_ids = upload_host(entry_slot.data(), count * sizeof(int32_t));
+        moe_matvec(bank.gate_up, bank, x, u32(top_k), slot_ids, u32(entries), gu);
+        moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, slot_ids, u32(entries), y,
+                   u32(inter));
+        return;
+      }
+      for (int64_t j = 0; j < entries; ++j) {  // a wave: one z-slice of those products each
+        const int32_t& s = entry_slot[static_cast<size_t>(j)];
+        if (s < 0) continue;
+        const Binding slot_id = upload_host(&s, sizeof s);
+        moe_matvec(bank.gate_up, bank, x.row_range(j / top_k, 1), 1, slot_id, 1,
+                   gu.row_range(j, 1));
+        moe_matvec(bank.down, bank, gu.row_range(j, 1).col_range(0, inter), 1, slot_id, 1,
+                   y.row_range(j, 1), u32(inter));
+      }
+      return;
+    }
+    // Prefill: each expert once over the rows that picked it, its rows where
+    // experts_grouped_on_host puts them (experts in ascending id).
+    std::map<int32_t, std::vector<int64_t>> by_expert;
+    for (int64_t j = 0; j < entries; ++j) by_expert[ids[static_cast<size_t>(j)]].push_back(j);
+    Mat in = scratch(moe_in_, entries, bank.hidden);
+    Mat gu = scratch(moe_gate_up_, entries, 2 * inter);
+    Mat h = scratch(moe_hidden_, entries, inter);
+    Mat y = scratch(moe_out_, entries, bank.hidden);
+    int64_t r0 = 0;
+    for (const auto& [e, group] : by_expert) {
+      const int64_t n = static_cast<int64_t>(group.size());
+      const int32_t s = entry_slot[static_cast<size_t>(group[0])];
+      for (int64_t j : group)
+        if (entry_slot[static_cast<size_t>(j)] != s)
+          throw std::logic_error("slot_expert_products: one expert in two slots");
+      if (s >= 0) {
+        std::vector<int32_t> rows;
+        for (int64_t j : group) rows.push_back(static_cast<int32_t>(j / top_k));
+        gather_rows(x, rows, in.row_range(r0, n));
+        qmatmul(*bank.gate_up.views[static_cast<size_t>(s)], in.row_range(r0, n),
+                gu.row_range(r0, n));
+        gelu_tanh_mul(gu.row_range(r0, n).col_range(0, inter),
+                      gu.row_range(r0, n).col_range(inter, inter), h.row_range(r0, n));
+        qmatmul(*bank.down.views[static_cast<size_t>(s)], h.row_range(r0, n), y.row_range(r0, n));
+      }
+      r0 += n;
+    }
+  }
+
+  void combine_slot_products(const Buffer& routes, std::span<const int32_t> ids,
+                             std::span<const float> weights, int top_k, Mat out) override {
+    const size_t count = static_cast<size_t>(out.rows) * static_cast<size_t>(top_k);
+    if (ids.size() != count || weights.size() != count)
+      throw std::logic_error("combine_slot_products: routes of another size");
+    if (routes.size_bytes() < route_buffer_bytes(count))
+      throw std::logic_error("combine_slot_products: routes buffer too small");
+    if (out.rows == 0) return;
+    const int64_t entries = static_cast<int64_t>(count);
+    Mat y = scratch(moe_out_, entries, out.cols);
+    if (out.rows <= kMatvecMaxTokens && slot_decode_path_) {
+      const DeviceBuffer& rb = dev_of(routes);
+      const Binding id_b{&rb, 0, count * sizeof(int32_t)};
+      const Binding weight_b{&rb, route_weights_offset(count), count * sizeof(float)};
+      const View vy = view(y), vo = view(out);
+      MoeCombineParams p{u32(out.rows), u32(out.cols), u32(top_k),     vy.offset,
+                         u32(y.stride), vo.offset,     u32(out.stride)};
+      touch({vy.b.buffer, &rb}, {vo.b.buffer});
+      const Binding binds[] = {vy.b, id_b, weight_b, vo.b};
+      dispatch_linear(Kernel::moe_combine, binds, &p, sizeof p,
+                      (static_cast<uint64_t>(out.rows) * out.cols + 63) / 64);
+      return;
+    }
+    scatter_expert_rows(*this, group_expert_rows(ids, weights, out.rows, top_k, kMaxExperts), y,
+                        out);
+  }
+
   // ---- sampling ----
 
   bool samples_in_place() const override { return true; }
@@ -823,6 +969,76 @@ class GpuBackend final : public Backend {
       s.views.push_back(std::move(w));
     }
     return s;
+  }
+
+  // The layout of stack_experts for `count` experts of the given parts, nothing written (the
+  // device buffer starts zeroed); the slots of a streamed layer.
+  StackedExperts empty_stacked(std::initializer_list<const HostQuantMatrix*> parts, size_t count) {
+    StackedExperts s;
+    const HostQuantMatrix& first = **parts.begin();
+    if (first.bits != 4 && first.bits != 8)
+      throw std::invalid_argument("gpu: unsupported bit width");
+    if (first.cols % first.group_size != 0 || first.group_size % 32 != 0)
+      throw std::invalid_argument("gpu: unsupported group size");
+    for (const HostQuantMatrix* m : parts) s.rows += m->rows;
+    s.cols = first.cols;
+    s.bits = static_cast<uint32_t>(first.bits);
+    s.group_size = static_cast<uint32_t>(first.group_size);
+    s.scale_bytes = first.scale_dtype == DType::f32 ? 4 : 2;
+    s.scale_type = first.scale_dtype == DType::bf16 ? 0 : first.scale_dtype == DType::f16 ? 1 : 2;
+    const size_t row_bytes = static_cast<size_t>(s.cols) * s.bits / 8;
+    const size_t groups = static_cast<size_t>(s.cols / s.group_size);
+    s.packed_stride = align_up(static_cast<size_t>(s.rows) * row_bytes, 256);
+    s.scale_stride = align_up(static_cast<size_t>(s.rows) * groups * s.scale_bytes, 256);
+    s.scales_offset = count * s.packed_stride;
+    s.biases_offset = s.scales_offset + count * s.scale_stride;
+    s.buf = dev_->create_buffer(s.biases_offset + count * s.scale_stride);
+    for (size_t e = 0; e < count; ++e) {
+      auto w = std::make_unique<GpuQWeight>();
+      w->rows = s.rows;
+      w->cols = s.cols;
+      w->bits = s.bits;
+      w->group_size = s.group_size;
+      w->scale_type = s.scale_type;
+      w->scale_bytes = s.scale_bytes;
+      w->row_bytes = row_bytes;
+      w->buf = s.buf;
+      w->packed_offset = e * s.packed_stride;
+      w->scales_offset = s.scales_offset + e * s.scale_stride;
+      w->biases_offset = s.biases_offset + e * s.scale_stride;
+      s.views.push_back(std::move(w));
+    }
+    return s;
+  }
+
+  // Records the copy of one expert's parts into slot `slot` of s (stack_experts' layout).
+  void write_slot(const StackedExperts& s, size_t slot,
+                  std::initializer_list<const HostQuantMatrix*> parts) {
+    const size_t row_bytes = static_cast<size_t>(s.cols) * s.bits / 8;
+    const size_t groups = static_cast<size_t>(s.cols / s.group_size);
+    size_t packed_at = slot * s.packed_stride, scales_at = slot * s.scale_stride;
+    for (const HostQuantMatrix* m : parts) {
+      if (m->cols != s.cols || m->bits != static_cast<int>(s.bits) ||
+          m->group_size != static_cast<int>(s.group_size) ||
+          (m->scale_dtype == DType::f32 ? 4u : 2u) != s.scale_bytes ||
+          (m->scale_dtype == DType::bf16  ? 0u
+           : m->scale_dtype == DType::f16 ? 1u
+                                          : 2u) != s.scale_type)
+        throw std::logic_error("fill_expert_slot: expert quantized differently");
+      const size_t packed = static_cast<size_t>(m->rows) * row_bytes;
+      const size_t scales = static_cast<size_t>(m->rows) * groups * s.scale_bytes;
+      dev_->write(*s.buf, packed_at, m->packed, packed);
+      dev_->write(*s.buf, s.scales_offset + scales_at, m->scales, scales);
+      dev_->write(*s.buf, s.biases_offset + scales_at, m->biases, scales);
+      packed_at += packed;
+      scales_at += scales;
+    }
+  }
+
+  static const GpuExpertSlots& slots_of(const ExpertBank& base) {
+    const auto* bank = dynamic_cast<const GpuExpertSlots*>(&base);
+    if (bank == nullptr) throw std::logic_error("expert slots of another backend");
+    return *bank;
   }
 
   bool fits_one_binding(const StackedExperts& s) const {
@@ -1169,6 +1385,7 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> partials_;
   std::unique_ptr<DeviceBuffer> route_out_;
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
+  bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;
   std::unordered_set<const DeviceBuffer*> written_, read_;
   uint64_t hazard_epoch_ = UINT64_MAX;

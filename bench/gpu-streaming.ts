@@ -1,0 +1,162 @@
+/**
+ * Expert streaming on the GPU (docs/gpu.md, "Expert streaming on the GPU"): decode at batch 1
+ * with the experts streamed from SSD into GPU slots under several GPU memory budgets, next to
+ * every expert resident.
+ *
+ *   npm run bench -- gpu-streaming [--model DIR | --synth-layers N] [--budgets 2G,4G,8G]
+ *                                  [--decode 32] [--trace synthetic:reuse=0.45,seed=1]
+ *                                  [--kv-dtype f16] [--direct-io off] [--engine PATH] [--out DIR]
+ *
+ * The model is --model, or the synthetic Gemma 4 26B-A4B cut to --synth-layers N of its 30
+ * layers, or by default the gemma4-moe fixture (then the budgets default to a few MiB, so that
+ * it streams through lavapipe in seconds). Each budget runs `redwing-engine generate --backend
+ * vulkan --vram-budget B` (the engine picks the slots per layer that fit, or every expert when
+ * they all do) on an 8-token prompt; the routing is --trace (benchmark only: it replaces the
+ * router's choice; "router" keeps the model's own, random on a synthetic model). Reported per
+ * budget: slots per layer, device memory, decode tok/s, the store's hit rate, bytes read (and
+ * copied to the GPU) per token, I/O wait per token, submissions (host round trips) per token.
+ * Results go to bench/results/gpu-streaming.json (or --out).
+ */
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { z } from "zod";
+import { captureOutput, nativeBinary } from "../core/native.ts";
+import { flag } from "./stats.ts";
+
+const root = fileURLToPath(new URL("..", import.meta.url));
+
+const Report = z.object({
+  tokens: z.array(z.number()),
+  decode_seconds: z.number(),
+  device: z.string(),
+  device_memory_bytes: z.number(),
+  expert_cache_slots: z.number(),
+  direct_io: z.boolean().optional(),
+  decode_hit_rate: z.number().optional(),
+  decode_bytes_read_per_token: z.number().optional(),
+  decode_io_wait_ms_per_token: z.number().optional(),
+  decode_submissions_per_token: z.number(),
+  decode_dispatches_per_token: z.number(),
+});
+
+function option(name: string): string | undefined {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? process.argv[i + 1] : undefined;
+}
+
+async function defaultModel(): Promise<{ model: string; budgets: string }> {
+  const layers = option("synth-layers");
+  if (layers !== undefined) {
+    const { synthesizeModel } = await import("../core/synth/synth.ts");
+    const model = join(tmpdir(), "redwing-bench", `gemma-4-26b-a4b-${layers}l`);
+    if (!existsSync(join(model, "manifest.json")))
+      await synthesizeModel({ preset: "gemma-4-26b-a4b", out: model, layers: Number(layers) });
+    return { model, budgets: "2G,4G,8G" };
+  }
+  const { importCheckpoint } = await import("../core/import/index.ts");
+  const model = join(await mkdtemp(join(tmpdir(), "redwing-gpu-streaming-")), "gemma4-moe");
+  await importCheckpoint(join(root, "fixtures", "gemma4-moe", "mlx"), model, { durable: false });
+  return { model, budgets: "3.3M,3.5M,8M" };
+}
+
+export async function runGpuStreamingBench(): Promise<void> {
+  const decode = flag("decode", 32);
+  const kvDtype = option("kv-dtype") ?? "f16";
+  const trace = option("trace") ?? "synthetic:reuse=0.45,seed=1";
+  const engine = option("engine") ?? nativeBinary("redwing-engine");
+  const chosen = option("model");
+  const { model, budgets } = chosen ? { model: chosen, budgets: "2G,4G,8G" } : await defaultModel();
+  const budgetList = (option("budgets") ?? budgets).split(",");
+  const manifest = JSON.parse(await readFile(join(model, "manifest.json"), "utf8")) as {
+    architecture: { vocab_size: number };
+  };
+  const vocab = manifest.architecture.vocab_size;
+  const tokens = Array.from({ length: 8 }, (_, i) => (1000 + i * 7919) % vocab).join(",");
+
+  const run = async (budget: string | null) => {
+    const argv = [
+      engine,
+      "generate",
+      "--model",
+      model,
+      "--backend",
+      "vulkan",
+      "--kv-dtype",
+      kvDtype,
+      "--tokens",
+      tokens,
+      "--max-new",
+      String(decode + 1),
+      "--temperature",
+      "0",
+      ...(budget === null ? ["--expert-cache-slots", "0"] : ["--vram-budget", budget]),
+      ...(trace === "router" ? [] : ["--routing-trace", trace]),
+      // --direct-io off: expert reads through the page cache (a RAM tier once the files are
+      // cached), to split the SSD's share of a token from the rest of the streaming path.
+      ...(option("direct-io") === "off" ? ["--direct-io", "off"] : []),
+    ];
+    const r = Report.parse(JSON.parse(await captureOutput(argv)));
+    return {
+      budget,
+      slots: r.expert_cache_slots,
+      device_memory_bytes: r.device_memory_bytes,
+      decode_tokens_per_s: (r.tokens.length - 1) / r.decode_seconds,
+      hit_rate: r.decode_hit_rate ?? null,
+      bytes_read_per_token: r.decode_bytes_read_per_token ?? 0,
+      io_wait_ms_per_token: r.decode_io_wait_ms_per_token ?? 0,
+      submissions_per_token: r.decode_submissions_per_token,
+      dispatches_per_token: r.decode_dispatches_per_token,
+      device: r.device,
+      direct_io: r.direct_io ?? null,
+    };
+  };
+
+  const rows = [await run(null)];
+  const refused: { budget: string; error: string }[] = [];
+  for (const b of budgetList) {
+    try {
+      rows.push(await run(b));
+    } catch (e) {
+      // A budget that cannot hold the model: the engine says why; the other budgets still run.
+      refused.push({ budget: b, error: e instanceof Error ? e.message : String(e) });
+    }
+  }
+  const direct = rows.slice(1).find((r) => r.direct_io !== null)?.direct_io;
+  console.log(
+    `${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens; expert reads ${direct === false ? "through the page cache" : "direct (O_DIRECT)"}`,
+  );
+  console.log(
+    "GPU budget | slots/layer | device GB | decode tok/s | hit rate | MB read/token | I/O wait ms/token | submissions/token",
+  );
+  for (const r of rows)
+    console.log(
+      [
+        r.budget ?? "resident",
+        r.slots === 0 ? "all" : String(r.slots),
+        (r.device_memory_bytes / 1e9).toFixed(2),
+        r.decode_tokens_per_s.toFixed(1),
+        r.hit_rate === null || r.slots === 0 ? "-" : `${(100 * r.hit_rate).toFixed(1)}%`,
+        (r.bytes_read_per_token / 1e6).toFixed(2),
+        r.io_wait_ms_per_token.toFixed(2),
+        r.submissions_per_token.toFixed(1),
+      ].join(" | "),
+    );
+  for (const r of refused) console.log(`${r.budget}: refused: ${r.error.slice(-400)}`);
+  const dir = option("out") ?? join(root, "bench", "results");
+  await mkdir(dir, { recursive: true });
+  await writeFile(
+    join(dir, "gpu-streaming.json"),
+    JSON.stringify(
+      { model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows, refused },
+      null,
+      2,
+    ) + "\n",
+  );
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  await runGpuStreamingBench();
+}
