@@ -542,7 +542,12 @@ TEST_CASE("qmatmul_split matches double-precision math under every ISA, odd shap
           for (Isa isa : available_isas()) {
             IsaScope scope(isa);
             CAPTURE(std::string(isa_name(isa)));
-            for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, rows}, {3, 42}, {17, 18}}) {
+            // Plain loop variables: clang 14 (the sanitizer build) cannot CAPTURE a structured
+            // binding.
+            for (const std::pair<int64_t, int64_t>& range :
+                 {std::pair<int64_t, int64_t>{0, rows}, {3, 42}, {17, 18}}) {
+              const int64_t rb = range.first;
+              const int64_t re = range.second;
               CAPTURE(rb);
               CAPTURE(re);
               std::vector<float> y(static_cast<size_t>(n_x * y_stride), -7.0f);
@@ -631,7 +636,7 @@ TEST_CASE("qmatmul_split refuses mismatched inputs") {
   const TestMatrix m = make_matrix(4, 32, 4, 64, ScaleType::bf16, 3);
   SplitActivation xs;
   CHECK_THROWS_AS(xs.resize(2, 48), std::invalid_argument);
-  std::vector<float> x(96, 1.0f), y(8);
+  std::vector<float> x(128, 1.0f), y(8);  // room for 2 rows of 64
   xs.split(x.data(), 1, 96, 96);
   CHECK_THROWS_AS(qmatmul_split(m.view(), xs, y.data(), 4, 0, 4), std::invalid_argument);
   xs.split(x.data(), 2, 64, 64);
