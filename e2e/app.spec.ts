@@ -159,6 +159,26 @@ test("sampling and context settings persist across a restart", async ({ app }) =
   await expect(apply).toBeDisabled();
   expect((await app.call("engine.status")).reloadNeeded).toBe(false);
 
+  // GPU memory: off on the CPU, saying why; on a GPU backend it takes a size, saved in bytes, and
+  // asks for a reload; back on the CPU (which ignores it) no reload is needed.
+  const gpuMemory = numberInput(page, "GPU memory");
+  const backend = page.getByLabel("Backend", { exact: true });
+  await expect(gpuMemory).toBeDisabled();
+  await expect(
+    page.getByText("The CPU backend uses host memory only", { exact: false }),
+  ).toBeVisible();
+  await backend.selectOption("vulkan");
+  await expect(gpuMemory).toBeEnabled();
+  await setNumber(page, "GPU memory", "6 GiB");
+  await expect
+    .poll(async () => (await app.call("settings.get")).engine.vramBudgetBytes)
+    .toBe(6 * 1024 ** 3);
+  await expect(page.locator("#field-vram-budget-badge")).toHaveText("needs reload");
+  await backend.selectOption("cpu");
+  await expect(gpuMemory).toBeDisabled();
+  await expect(page.locator("#field-vram-budget-badge")).toHaveCount(0);
+  await expect(apply).toBeDisabled();
+
   await app.restart();
   page = app.page;
   await gotoView(page, "Tuning");
@@ -175,6 +195,8 @@ test("sampling and context settings persist across a restart", async ({ app }) =
     maxNewTokens: 300,
   });
   expect(settings.engine.context).toBe(2048);
+  expect(settings.engine.vramBudgetBytes).toBe(6 * 1024 ** 3);
+  await expect(numberInput(page, "GPU memory")).toHaveValue("6 GiB");
   await waitReady(page);
   expect((await app.call("engine.status")).loadedWith?.context).toBe(2048);
 });

@@ -110,5 +110,8 @@ test("per-model settings named in Tuning; the Chat picker; Load with 4096; a too
   await waitReady(page, DEMO);
   const budget = (await app.call("settings.get")).engine.memoryBudgetBytes;
   expect(budget).toBeGreaterThan(1024 * 1024);
-  expect((await app.call("engine.status")).loadedWith?.memoryBudgetBytes).toBe(budget);
+  // waitReady can pass on "ready" (the other model, still loaded) then "demo" (loading): poll.
+  await expect
+    .poll(async () => (await app.call("engine.status")).loadedWith?.memoryBudgetBytes)
+    .toBe(budget);
 });

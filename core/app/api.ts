@@ -53,6 +53,7 @@ export const AppErrorSchema = z.object({
       engine: z.object({
         context: z.number().int().positive().optional(),
         memoryBudgetBytes: z.number().nonnegative().nullable().optional(),
+        vramBudgetBytes: z.number().nonnegative().nullable().optional(),
       }),
     })
     .optional(),
@@ -120,6 +121,12 @@ export const EngineSettingsSchema = z.object({
   expertCacheSlots: z.number().int().min(4).max(128),
   /** When set, the engine picks the slot count that fits. */
   memoryBudgetBytes: bytes.nullable(),
+  /**
+   * GPU memory for the model on a GPU backend (docs/gpu.md, "Expert streaming on the GPU"): every
+   * expert resident when they fit, else the expert slots that fit; ignored on the CPU. null: none.
+   * A file from before this field has none.
+   */
+  vramBudgetBytes: bytes.nullable().default(null),
   /** 0: one per core. */
   threads: z.number().int().min(0).max(256),
   /** Where the engine runs the model (docs/gpu.md): the CPU, a Vulkan GPU, or a GPU if any. */
@@ -140,11 +147,25 @@ export const EngineSettingsSchema = z.object({
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;
 
 /**
+ * The GPU memory budget a load sends: the saved one on a GPU backend (metal, vulkan, auto), none
+ * on the CPU, where the engine ignores it (and it must not keep the saved slot count from being
+ * sent, nor ask for a reload).
+ */
+export function effectiveVramBudget(
+  s: Pick<EngineSettings, "backend" | "vramBudgetBytes">,
+): number | undefined {
+  return s.backend === "cpu" || s.vramBudgetBytes == null
+    ? undefined
+    : Math.floor(s.vramBudgetBytes);
+}
+
+/**
  * Engine settings as a patch: any subset. Without the default: a patch that leaves
  * `contextOverflow` out keeps the saved choice.
  */
 const EngineSettingsPartialSchema = EngineSettingsSchema.extend({
   contextOverflow: ContextOverflowSchema,
+  vramBudgetBytes: bytes.nullable(),
 }).partial();
 
 export const SettingsSchema = z.object({
@@ -188,6 +209,7 @@ export const DEFAULT_SETTINGS: Settings = {
     context: ENGINE_DEFAULTS.context,
     expertCacheSlots: ENGINE_DEFAULTS.expertCacheSlots,
     memoryBudgetBytes: null,
+    vramBudgetBytes: null,
     threads: ENGINE_DEFAULTS.threads,
     backend: ENGINE_DEFAULTS.backend,
     kvDtype: ENGINE_DEFAULTS.kvDtype,
@@ -379,6 +401,8 @@ export const EngineStatusSchema = z.object({
       workBytes: bytes,
       estimateBytes: bytes,
       rssBytes: bytes,
+      /** GPU backends: the device memory the engine planned for the loaded settings; 0 on the CPU. */
+      deviceBytes: bytes.optional(),
     })
     .nullable(),
   /** Why the engine is not usable (crashed, load failed), with the next step. */
@@ -409,7 +433,12 @@ export const MemoryPlanSchema = z.object({
   fits: z.boolean(),
   /** The memory budget the plan was made for; null without one. */
   budgetBytes: bytes.nullable(),
-  /** The engine's reason when the plan does not fit in the memory budget; null when it does. */
+  /** The GPU memory budget the plan was made for (GPU backends only); null without one. */
+  vramBudgetBytes: bytes.nullable().optional(),
+  /**
+   * The engine's reason when the plan does not fit in the memory budget or the GPU memory
+   * budget (then it starts with "GPU memory budget"); null when it does.
+   */
   overBudget: z.string().nullable(),
 });
 export type MemoryPlan = z.infer<typeof MemoryPlanSchema>;

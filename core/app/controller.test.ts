@@ -230,6 +230,13 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect(tiny.overBudget).toMatch(/budget/);
     expect(tiny.budgetBytes).toBe(1024 ** 2);
     expect(tiny.fits).toBe(true);
+    // The CPU backend ignores a GPU memory budget: the same plan, with none recorded.
+    const cpuWithVram = await call("settings.memoryPlan", {
+      engine: { backend: "cpu", vramBudgetBytes: 1024 ** 2 },
+    });
+    expect(cpuWithVram.overBudget).toBeNull();
+    expect(cpuWithVram.vramBudgetBytes).toBeNull();
+    expect(cpuWithVram.expertCacheSlots).toBe(5);
     const reloaded = await call("engine.reload");
     expect(reloaded.state).toBe("ready");
     expect(reloaded.expertCacheSlots).toBe(5);

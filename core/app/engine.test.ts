@@ -1,7 +1,9 @@
 import { describe, expect, it } from "vitest";
 import type { PlanEvent } from "../engine/index.ts";
 import { planEvent } from "../../testkit/plan-event.ts";
-import { budgetTooSmall } from "./engine.ts";
+import { LoadParamsSchema } from "../engine/protocol.ts";
+import { DEFAULT_SETTINGS } from "./api.ts";
+import { budgetTooSmall, loadParams } from "./engine.ts";
 
 const MIB = 1024 ** 2;
 
@@ -39,5 +41,65 @@ describe("budgetTooSmall", () => {
     const e = budgetTooSmall("dense", 2 * 1024 ** 3, plan({ expert_bytes: 0 })).error;
     expect(e.message).toContain("The memory budget of 2.00 GiB");
     expect(e.message).not.toContain("expert cache");
+  });
+});
+
+describe("budgetTooSmall for the GPU memory budget", () => {
+  it("names GPU memory and offers the GPU budget that holds the device plan", () => {
+    const e = budgetTooSmall(
+      "moe",
+      0,
+      plan({
+        memory_budget: 0,
+        vram_budget: MIB,
+        device_bytes: 40 * MIB + 1,
+        over_budget: "GPU memory budget of 1 MiB cannot hold the model",
+      }),
+    ).error;
+    expect(e.code).toBe("budget_too_small");
+    expect(e.message).toBe(
+      'The GPU memory budget of 1.0 MiB is too small for "moe": it needs at least 41.0 MiB of GPU memory.',
+    );
+    expect(e.fix).toEqual({
+      label: "Load with 41.0 MiB of GPU memory",
+      model: "moe",
+      engine: { vramBudgetBytes: 41 * MIB },
+    });
+  });
+});
+
+describe("loadParams", () => {
+  const base = DEFAULT_SETTINGS.engine;
+  it("sends the GPU memory budget on a GPU backend, and lets it pick the slots", () => {
+    const out = loadParams("/m", {
+      ...base,
+      backend: "vulkan",
+      vramBudgetBytes: 4 * 1024 ** 3 + 0.5,
+    });
+    expect(out.vram_budget).toBe(4 * 1024 ** 3);
+    expect(out.expert_cache_slots).toBeUndefined();
+    expect(out.memory_budget).toBeUndefined();
+    expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
+    const both = loadParams("/m", {
+      ...base,
+      backend: "auto",
+      memoryBudgetBytes: 8 * 1024 ** 3,
+      vramBudgetBytes: 2 * 1024 ** 3,
+    });
+    expect(both).toMatchObject({ memory_budget: 8 * 1024 ** 3, vram_budget: 2 * 1024 ** 3 });
+  });
+  it("leaves it out on the CPU, which keeps the saved slot count", () => {
+    const out = loadParams("/m", {
+      ...base,
+      backend: "cpu",
+      expertCacheSlots: 12,
+      vramBudgetBytes: 4 * 1024 ** 3,
+    });
+    expect(out.vram_budget).toBeUndefined();
+    expect(out.expert_cache_slots).toBe(12);
+    expect(loadParams("/m", { ...base, backend: "vulkan", expertCacheSlots: 12 })).toMatchObject({
+      expert_cache_slots: 12,
+      vram_budget: undefined,
+    });
   });
 });

@@ -28,7 +28,14 @@ import {
 import type { Manifest } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
 import { toProtocolLoad } from "../generation/settings.ts";
-import type { AppError, EngineSettings, EngineStatus, Settings, VerifyState } from "./api.ts";
+import {
+  effectiveVramBudget,
+  type AppError,
+  type EngineSettings,
+  type EngineStatus,
+  type Settings,
+  type VerifyState,
+} from "./api.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 import { EngineQueue } from "../server/queue.ts";
 import { engineSettingsDiffer } from "./settings.ts";
@@ -68,11 +75,14 @@ export interface EngineManagerOptions {
 /** The load parameters for saved engine settings. */
 export function loadParams(dir: string, s: EngineSettings): LoadParams {
   const budget = s.memoryBudgetBytes === null ? undefined : Math.floor(s.memoryBudgetBytes);
+  const vramBudget = effectiveVramBudget(s);
   // With a budget the engine picks the slot count that fits: the saved count is not sent.
+  const budgetPicksSlots = budget !== undefined || vramBudget !== undefined;
   return toProtocolLoad(dir, {
     ...s,
-    expertCacheSlots: budget === undefined ? s.expertCacheSlots : undefined,
+    expertCacheSlots: budgetPicksSlots ? undefined : s.expertCacheSlots,
     memoryBudget: budget,
+    vramBudget,
   });
 }
 
@@ -96,6 +106,20 @@ export function budgetTooSmall(
     ...(plan.expert_bytes > 0 ? [`expert cache ${formatBytes(plan.expert_bytes)}`] : []),
     `working memory ${formatBytes(plan.work_bytes)}`,
   ];
+  if (plan.over_budget?.startsWith("GPU memory budget")) {
+    const deviceNeed = Math.ceil(plan.device_bytes / MIB) * MIB;
+    return new AppFailure(
+      "budget_too_small",
+      `The GPU memory budget of ${formatBytes(plan.vram_budget ?? 0)} is too small for "${name}": it needs at least ${formatBytes(deviceNeed)} of GPU memory.${kept}`,
+      "apply_fix",
+      plan.over_budget,
+      {
+        label: `Load with ${formatBytes(deviceNeed)} of GPU memory`,
+        model: name,
+        engine: { vramBudgetBytes: deviceNeed },
+      },
+    );
+  }
   return new AppFailure(
     "budget_too_small",
     `The memory budget of ${formatBytes(budgetBytes)} is too small for "${name}": it needs at least ${formatBytes(need)} (${parts.join(", ")}).${kept}`,
@@ -161,6 +185,7 @@ export class EngineManager {
             workBytes: loaded.plan.work_bytes,
             estimateBytes: loaded.ready.memory.estimate_bytes,
             rssBytes: this.rssBytes ?? loaded.ready.memory.rss_bytes,
+            deviceBytes: loaded.plan.device_bytes,
           }
         : null,
       error: this.error,
@@ -382,7 +407,7 @@ export class EngineManager {
         { label: `Load with ${maxContext}`, model: name, engine: { context: maxContext } },
       );
     }
-    if (settings.memoryBudgetBytes === null) return;
+    if (settings.memoryBudgetBytes === null && effectiveVramBudget(settings) === undefined) return;
     // The plan is asked of the running service (one is started when none runs: the load needs
     // it anyway); a refusal puts the status back as it was.
     const before = { state: this.state };
@@ -395,7 +420,7 @@ export class EngineManager {
       this.emit();
     }
     if (plan.over_budget !== null)
-      throw budgetTooSmall(name, settings.memoryBudgetBytes, plan, kept);
+      throw budgetTooSmall(name, settings.memoryBudgetBytes ?? 0, plan, kept);
   }
 
   /** Loads a checked model directory (the caller holds the queue). */

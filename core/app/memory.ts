@@ -42,6 +42,8 @@ export function memoryPlan(
   reusableBytes = 0,
   /** The memory budget the plan was asked for (null: none). */
   budgetBytes: number | null = null,
+  /** The GPU memory budget the plan was asked for (null: none, or the CPU backend). */
+  vramBudgetBytes: number | null = null,
 ): MemoryPlan {
   const slots = plan.moe_layers > 0 ? plan.slots : null;
   let expectedHitRate: number | null = null;
@@ -72,6 +74,7 @@ export function memoryPlan(
     // fits in the free memory, and the view says which limit it exceeds.
     fits: plan.total_bytes <= freeMemoryBytes + reusableBytes,
     budgetBytes,
+    vramBudgetBytes,
     overBudget: plan.over_budget,
   };
 }

@@ -95,6 +95,37 @@ describe("settings store", () => {
     expect(settings.sampling).toEqual({ ...DEFAULT_SETTINGS.sampling, temperature: 0.5 });
   });
 
+  it("keeps a GPU memory budget, reads a file without one as none, and refuses a negative size", async () => {
+    const beforeVram: Partial<typeof DEFAULT_SETTINGS.engine> = { ...DEFAULT_SETTINGS.engine };
+    delete beforeVram.vramBudgetBytes;
+    await writeFile(
+      join(dir, "settings.json"),
+      JSON.stringify({
+        engine: { ...beforeVram, context: 8192 },
+        __internal__: { migrations: { version: "0.1.0" } },
+      }),
+    );
+    const opened = openSettingsStore(dir);
+    const { settings, repaired } = readSettings(opened.store);
+    expect(repaired).toEqual([]);
+    expect(settings.engine.vramBudgetBytes).toBeNull();
+    expect(settings.engine.context).toBe(8192);
+    const next = applyPatch(settings, { engine: { vramBudgetBytes: 4 * 1024 ** 3 } });
+    saveChanged(opened.store, settings, next);
+    expect(readSettings(openSettingsStore(dir).store).settings.engine.vramBudgetBytes).toBe(
+      4 * 1024 ** 3,
+    );
+    expect(SettingsPatchSchema.safeParse({ engine: { vramBudgetBytes: -1 } }).success).toBe(false);
+    expect(() => applyPatch(next, { engine: { vramBudgetBytes: -1 } })).toThrow();
+    // A patch that leaves it out keeps it; null clears it.
+    expect(applyPatch(next, { engine: { context: 4096 } }).engine.vramBudgetBytes).toBe(
+      4 * 1024 ** 3,
+    );
+    expect(applyPatch(next, { engine: { vramBudgetBytes: null } }).engine.vramBudgetBytes).toBe(
+      null,
+    );
+  });
+
   it("keeps the stop strings across a sampling patch that leaves them out; a file without them has none", async () => {
     await writeFile(
       join(dir, "settings.json"),
@@ -196,6 +227,26 @@ describe("engineSettingsDiffer", () => {
   it("ignores the slot count while a memory budget picks it", () => {
     const budget = { ...base, memoryBudgetBytes: 2e9 };
     expect(engineSettingsDiffer({ ...budget, expertCacheSlots: 32 }, budget)).toBe(false);
+  });
+  it("reloads for a GPU memory budget on a GPU backend, not on the CPU (which ignores it)", () => {
+    const vulkan = { ...base, backend: "vulkan" as const };
+    expect(engineSettingsDiffer({ ...vulkan, vramBudgetBytes: 4e9 }, vulkan)).toBe(true);
+    expect(
+      engineSettingsDiffer(
+        { ...vulkan, vramBudgetBytes: 4e9 },
+        { ...vulkan, vramBudgetBytes: 2e9 },
+      ),
+    ).toBe(true);
+    const auto = { ...base, backend: "auto" as const };
+    expect(engineSettingsDiffer({ ...auto, vramBudgetBytes: 4e9 }, auto)).toBe(true);
+    const cpu = { ...base, backend: "cpu" as const };
+    expect(engineSettingsDiffer({ ...cpu, vramBudgetBytes: 4e9 }, cpu)).toBe(false);
+    // On a GPU the budget picks the slots, as the memory budget does.
+    const budget = { ...vulkan, vramBudgetBytes: 4e9 };
+    expect(engineSettingsDiffer({ ...budget, expertCacheSlots: 32 }, budget)).toBe(false);
+    expect(engineSettingsDiffer({ ...cpu, expertCacheSlots: 32, vramBudgetBytes: 4e9 }, cpu)).toBe(
+      true,
+    );
   });
 });
 

@@ -19,6 +19,7 @@ import { isDemoCreatedBy } from "../demo/demo.ts";
 import type { Manifest } from "../format/manifest.ts";
 import {
   DEFAULT_SETTINGS,
+  effectiveVramBudget,
   type EngineSettings,
   type SamplingSettings,
   SamplingSettingsSchema,
@@ -208,11 +209,15 @@ export function saveChanged(store: SettingsStore, before: Settings, after: Setti
 /** True when a reload would load the engine differently from `loaded`. */
 export function engineSettingsDiffer(saved: EngineSettings, loaded: EngineSettings): boolean {
   const budgetChanged = saved.memoryBudgetBytes !== loaded.memoryBudgetBytes;
+  // The GPU memory budget matters only on a GPU backend (the CPU ignores it; a backend change is
+  // a difference of its own).
+  const vramBudgetChanged = effectiveVramBudget(saved) !== effectiveVramBudget(loaded);
   // Slots do not matter while a budget picks them.
-  const slotsMatter = saved.memoryBudgetBytes === null;
+  const slotsMatter = saved.memoryBudgetBytes === null && effectiveVramBudget(saved) === undefined;
   return (
     saved.context !== loaded.context ||
     budgetChanged ||
+    vramBudgetChanged ||
     (slotsMatter && saved.expertCacheSlots !== loaded.expertCacheSlots) ||
     saved.threads !== loaded.threads ||
     saved.backend !== loaded.backend ||

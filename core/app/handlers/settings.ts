@@ -1,5 +1,5 @@
 /** `settings.*`: read, patch and reset the settings, and the Tuning view's memory plan. */
-import { DEFAULT_SETTINGS } from "../api.ts";
+import { DEFAULT_SETTINGS, effectiveVramBudget } from "../api.ts";
 import type { AppContext } from "../context.ts";
 import { freeMemoryBytes } from "../live.ts";
 import { memoryPlan } from "../memory.ts";
@@ -43,6 +43,7 @@ export function settingsHandlers(ctx: AppContext): HandlerGroup<"settings"> {
         ctx.hitRates,
         loadedHere ? (ctx.live.history.at(-1)?.rssBytes ?? 0) : 0,
         engineSettings.memoryBudgetBytes,
+        effectiveVramBudget(engineSettings) ?? null,
       );
     },
   };

@@ -7,6 +7,7 @@
 import {
   AppCallError,
   DEFAULT_SETTINGS,
+  effectiveVramBudget,
   parseCall,
   type AppError,
   type AppEvent,
@@ -456,6 +457,9 @@ export function createMockClient(): RendererClient {
       const experts = slots * 30 * 4.2e6;
       const work = 0.3 * GB;
       const total = 1.9 * GB + kv + experts + work;
+      // A GPU backend holds the same parts in device memory (less the process's own share).
+      const vramBudget = effectiveVramBudget(e) ?? null;
+      const device = e.backend === "cpu" ? 0 : total - 0.1 * GB;
       return {
         model: engine.model,
         weightsBytes: 1.9 * GB,
@@ -463,17 +467,20 @@ export function createMockClient(): RendererClient {
         expertCacheBytes: experts,
         workBytes: work,
         totalBytes: total,
-        deviceBytes: 0,
+        deviceBytes: device,
         expertCacheSlots: slots,
         expectedHitRate: Math.min(0.99, 0.55 + slots / 100),
         hitRateSource: slots === 16 ? "measured" : "estimate",
         freeMemoryBytes: 17.2 * GB,
         fits: total < 17.2 * GB,
         budgetBytes: e.memoryBudgetBytes,
+        vramBudgetBytes: vramBudget,
         overBudget:
           e.memoryBudgetBytes !== null && total > e.memoryBudgetBytes
             ? "the memory budget cannot hold the plan"
-            : null,
+            : vramBudget !== null && device > vramBudget
+              ? "GPU memory budget cannot hold the plan"
+              : null,
       };
     },
     "models.catalog": () => catalog(),

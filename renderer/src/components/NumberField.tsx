@@ -46,6 +46,7 @@ export function NumberField({
   extra,
   placeholder,
   text: textInput = false,
+  disabled = false,
 }: {
   id: string;
   label: string;
@@ -64,6 +65,8 @@ export function NumberField({
   placeholder?: string;
   /** A text box instead of a number input: for values typed with a unit ("8 GiB"). */
   text?: boolean;
+  /** Read-only, greyed (the help says why). */
+  disabled?: boolean;
 }) {
   const [text, setText] = useState(() => format(value));
   const [seen, setSeen] = useState(value);
@@ -108,6 +111,7 @@ export function NumberField({
         max={max}
         step={step}
         placeholder={placeholder}
+        disabled={disabled}
         aria-invalid={error ? true : undefined}
         aria-describedby={describedBy || undefined}
         onChange={(e) => onChange(e.target.value)}
@@ -118,7 +122,7 @@ export function NumberField({
           const parsed = parse(text);
           if (parsed.ok) setText(format(parsed.value));
         }}
-        className={`w-full rounded-md border bg-bg px-3 py-1.5 text-sm tabular-nums ${
+        className={`w-full rounded-md border bg-bg px-3 py-1.5 text-sm tabular-nums disabled:opacity-60 ${
           error ? "border-danger" : "border-line"
         }`}
       />

@@ -1,7 +1,20 @@
 import { describe, expect, it } from "vitest";
-import type { Conversation, EngineStatus, LiveSample, Message } from "../../../core/app/api.ts";
+import type {
+  Conversation,
+  EngineSettings,
+  EngineStatus,
+  LiveSample,
+  Message,
+} from "../../../core/app/api.ts";
 import { DEFAULT_SETTINGS } from "../../../core/app/api.ts";
-import { formatIoWait, memoryGauge, replyPoints, runEnds, tokensPerSecondSeries } from "./live.ts";
+import {
+  deviceMemoryGauge,
+  formatIoWait,
+  memoryGauge,
+  replyPoints,
+  runEnds,
+  tokensPerSecondSeries,
+} from "./live.ts";
 
 const sample = (t: number, over: Partial<LiveSample> = {}): LiveSample => ({
   t,
@@ -156,5 +169,43 @@ describe("memoryGauge", () => {
     expect(
       memoryGauge(sample(0, { rssBytes: MiB, totalMemoryBytes: 8 * MiB }), null, null).text,
     ).toBe("1.0 MiB of 8.0 MiB total memory");
+  });
+});
+
+describe("deviceMemoryGauge", () => {
+  const GiB = 1024 ** 3;
+  const loaded = (
+    backend: EngineSettings["backend"],
+    deviceBytes: number | undefined,
+    vramBudgetBytes: number | null,
+  ): EngineStatus => ({
+    state: "ready",
+    model: "moe",
+    pid: 1,
+    loadFraction: null,
+    loadedWith: { ...DEFAULT_SETTINGS.engine, backend, vramBudgetBytes },
+    expertCacheSlots: 8,
+    reloadNeeded: false,
+    memory: {
+      modelBytes: 14 * GiB,
+      weightsBytes: GiB,
+      kvBytes: GiB / 4,
+      expertCacheBytes: GiB,
+      workBytes: GiB / 8,
+      estimateBytes: 2.375 * GiB,
+      rssBytes: GiB,
+      deviceBytes,
+    },
+    error: null,
+  });
+  it("shows the GPU memory planned, with the budget it was loaded with, on a GPU backend only", () => {
+    expect(deviceMemoryGauge(loaded("vulkan", 3 * GiB, 4 * GiB))).toBe(
+      "3.00 GiB of 4.00 GiB budget",
+    );
+    expect(deviceMemoryGauge(loaded("auto", 3 * GiB, null))).toBe("3.00 GiB (estimate)");
+    expect(deviceMemoryGauge(loaded("cpu", 0, 4 * GiB))).toBeNull();
+    // A status from before the field, and no engine at all.
+    expect(deviceMemoryGauge(loaded("vulkan", undefined, null))).toBeNull();
+    expect(deviceMemoryGauge(null)).toBeNull();
   });
 });

@@ -1,6 +1,12 @@
 /** Derived numbers for the live panels, from the latest sample and the engine status. */
-import type { Conversation, EngineStatus, LiveSample } from "../../../core/app/api.ts";
+import {
+  effectiveVramBudget,
+  type Conversation,
+  type EngineStatus,
+  type LiveSample,
+} from "../../../core/app/api.ts";
 import { formatBytes } from "./format.ts";
+import { deviceMemoryText } from "./plan.ts";
 
 export interface MemoryGauge {
   rss: number;
@@ -34,6 +40,16 @@ export function memoryGauge(
   else if (max > 0) text = `${formatBytes(rss)} of ${formatBytes(max)} ${unit}`;
   else text = formatBytes(rss);
   return { rss: rss ?? 0, max, maxKind, free: sample?.freeMemoryBytes ?? null, total, text };
+}
+
+/**
+ * The loaded model's GPU memory next to the host memory gauge: the engine's plan for the loaded
+ * settings and the GPU memory budget they were loaded with; null on the CPU (none planned).
+ */
+export function deviceMemoryGauge(engine: EngineStatus | null): string | null {
+  const deviceBytes = engine?.memory?.deviceBytes ?? 0;
+  const budget = engine?.loadedWith ? effectiveVramBudget(engine.loadedWith) : undefined;
+  return deviceMemoryText({ deviceBytes, vramBudgetBytes: budget ?? null });
 }
 
 /**

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { planVerdict } from "./plan.ts";
+import { deviceMemoryText, gpuMemoryDisabledReason, planVerdict } from "./plan.ts";
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
@@ -13,6 +13,7 @@ describe("planVerdict (the Tuning view's memory-plan badge)", () => {
       fits: true,
       budgetBytes: 1 * MiB,
       overBudget: "memory budget of 1 MiB cannot hold the model",
+      deviceBytes: 0,
     });
     expect(v.tone).toBe("danger");
     expect(v.label).toBe("more than the memory budget");
@@ -29,6 +30,7 @@ describe("planVerdict (the Tuning view's memory-plan badge)", () => {
       fits: false,
       budgetBytes: null,
       overBudget: null,
+      deviceBytes: 0,
     });
     expect(v).toEqual({
       tone: "danger",
@@ -38,7 +40,7 @@ describe("planVerdict (the Tuning view's memory-plan badge)", () => {
   });
 
   it("fits", () => {
-    const base = { totalBytes: 114 * MiB, freeMemoryBytes: 23.9 * GiB, fits: true };
+    const base = { totalBytes: 114 * MiB, freeMemoryBytes: 23.9 * GiB, fits: true, deviceBytes: 0 };
     expect(planVerdict({ ...base, budgetBytes: null, overBudget: null })).toEqual({
       tone: "ok",
       label: "fits in free memory",
@@ -47,5 +49,41 @@ describe("planVerdict (the Tuning view's memory-plan badge)", () => {
     expect(planVerdict({ ...base, budgetBytes: 8 * GiB, overBudget: null }).label).toBe(
       "fits the budget and free memory",
     );
+  });
+});
+
+describe("GPU memory in the plan", () => {
+  it("names the GPU memory budget when the engine's reason is about it", () => {
+    const v = planVerdict({
+      totalBytes: 114 * MiB,
+      freeMemoryBytes: 23.9 * GiB,
+      fits: true,
+      budgetBytes: null,
+      deviceBytes: 3 * GiB,
+      vramBudgetBytes: 1 * GiB,
+      overBudget: "GPU memory budget of 1024 MiB cannot hold the model",
+    });
+    expect(v.tone).toBe("danger");
+    expect(v.label).toBe("more than the GPU memory budget");
+    expect(v.detail).toBe(
+      "The GPU memory budget (1.00 GiB) cannot hold this plan; it needs more than 3.00 GiB of GPU memory. Raise it or leave it empty.",
+    );
+  });
+
+  it("shows device memory next to host memory only when the plan has some", () => {
+    expect(deviceMemoryText({ deviceBytes: 0, vramBudgetBytes: null })).toBeNull();
+    expect(deviceMemoryText({ deviceBytes: 1.5 * GiB, vramBudgetBytes: null })).toBe(
+      "1.50 GiB (estimate)",
+    );
+    expect(deviceMemoryText({ deviceBytes: 1.5 * GiB, vramBudgetBytes: 4 * GiB })).toBe(
+      "1.50 GiB of 4.00 GiB budget",
+    );
+  });
+
+  it("turns the GPU memory field off on the CPU only, saying why", () => {
+    expect(gpuMemoryDisabledReason("cpu")).toMatch(/host memory only/);
+    for (const backend of ["vulkan", "metal", "auto"]) {
+      expect(gpuMemoryDisabledReason(backend)).toBeNull();
+    }
   });
 });

@@ -15,9 +15,23 @@ export interface PlanVerdict {
 }
 
 export function planVerdict(
-  plan: Pick<MemoryPlan, "totalBytes" | "freeMemoryBytes" | "fits" | "budgetBytes" | "overBudget">,
+  plan: Pick<
+    MemoryPlan,
+    "totalBytes" | "freeMemoryBytes" | "fits" | "budgetBytes" | "overBudget" | "deviceBytes"
+  > &
+    Partial<Pick<MemoryPlan, "vramBudgetBytes">>,
 ): PlanVerdict {
-  if (plan.overBudget !== null) {
+  // The engine's reason names the GPU memory budget when that is the one exceeded.
+  if (plan.overBudget?.startsWith("GPU memory budget")) {
+    const budget =
+      plan.vramBudgetBytes == null ? "the GPU memory budget" : formatBytes(plan.vramBudgetBytes);
+    return {
+      tone: "danger",
+      label: "more than the GPU memory budget",
+      detail: `The GPU memory budget (${budget}) cannot hold this plan; it needs more than ${formatBytes(plan.deviceBytes)} of GPU memory. Raise it or leave it empty.`,
+    };
+  }
+  if (plan.overBudget != null) {
     const budget = plan.budgetBytes === null ? "the memory budget" : formatBytes(plan.budgetBytes);
     return {
       tone: "danger",
@@ -37,4 +51,24 @@ export function planVerdict(
     label: plan.budgetBytes === null ? "fits in free memory" : "fits the budget and free memory",
     detail: null,
   };
+}
+
+/**
+ * The plan's GPU memory next to its host memory: null on the CPU (no device memory planned),
+ * else the estimate and, with a GPU memory budget, the budget it is planned into.
+ */
+export function deviceMemoryText(
+  plan: Pick<MemoryPlan, "deviceBytes"> & Partial<Pick<MemoryPlan, "vramBudgetBytes">>,
+): string | null {
+  if (!(plan.deviceBytes > 0)) return null;
+  return plan.vramBudgetBytes == null
+    ? `${formatBytes(plan.deviceBytes)} (estimate)`
+    : `${formatBytes(plan.deviceBytes)} of ${formatBytes(plan.vramBudgetBytes)} budget`;
+}
+
+/** Why the GPU memory field is off for a backend (the CPU uses host memory only); null: on. */
+export function gpuMemoryDisabledReason(backend: string): string | null {
+  return backend === "cpu"
+    ? "The CPU backend uses host memory only: choose a GPU backend to set GPU memory."
+    : null;
 }

@@ -9,6 +9,7 @@ import { TimeChart } from "../components/TimeChart.tsx";
 import { Stat } from "../components/ui.tsx";
 import { formatBytes, formatMs, formatPercent, formatTokensPerSecond } from "../lib/format.ts";
 import {
+  deviceMemoryGauge,
   formatIoWait,
   memoryGauge,
   replyPoints,
@@ -23,6 +24,7 @@ export function LiveView() {
   const info = useAppState((s) => s.info);
   const last = samples.at(-1);
   const gauge = memoryGauge(last, engine, info?.totalMemoryBytes ?? null);
+  const deviceText = deviceMemoryGauge(engine);
   const tps = useMemo(() => tokensPerSecondSeries(samples), [samples]);
   const current = useAppState((s) => s.current);
   const replies = useMemo(() => replyPoints(current), [current]);
@@ -96,6 +98,8 @@ export function LiveView() {
             <Stat label="Weights" value={formatBytes(engine?.memory?.weightsBytes)} />
             <Stat label="KV cache" value={formatBytes(engine?.memory?.kvBytes)} />
             <Stat label="Planned total" value={formatBytes(engine?.memory?.estimateBytes)} />
+            {/* GPU backends: the device memory planned for the loaded settings, apart from RSS. */}
+            {deviceText !== null && <Stat label="GPU memory" value={deviceText} />}
           </dl>
           <figure>
             <TimeChart data={rssSeries} label="Resident memory" format={formatBytes} />

@@ -4,17 +4,18 @@
  * differ from what the engine was loaded with say "needs reload".
  */
 import { useEffect, useRef, useState, type ReactNode } from "react";
-import type {
-  EngineSettings,
-  MemoryPlan,
-  SamplingSettings,
-  SettingsPatch,
+import {
+  effectiveVramBudget,
+  type EngineSettings,
+  type MemoryPlan,
+  type SamplingSettings,
+  type SettingsPatch,
 } from "../../../core/app/api.ts";
 import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { NumberField, numberParser, type Parsed } from "../components/NumberField.tsx";
 import { Badge, Button } from "../components/ui.tsx";
 import { budgetText, formatBytes, formatPercent, parseBudgetText } from "../lib/format.ts";
-import { planVerdict } from "../lib/plan.ts";
+import { deviceMemoryText, gpuMemoryDisabledReason, planVerdict } from "../lib/plan.ts";
 import { MAX_STOP_STRINGS, parseStopStrings, stopStringsText } from "../lib/stop.ts";
 import { useActions, useAppState } from "../state/context.tsx";
 
@@ -81,7 +82,14 @@ export function TuningView() {
     loaded && loaded[key] !== settings.engine[key] ? <Badge tone="warn">needs reload</Badge> : null;
   const e = settings.engine;
   const s = settings.sampling;
-  const budgetSet = e.memoryBudgetBytes != null;
+  const vramBudget = effectiveVramBudget(e);
+  const budgetSet = e.memoryBudgetBytes != null || vramBudget !== undefined;
+  const gpuMemoryOff = gpuMemoryDisabledReason(e.backend);
+  // The CPU ignores the GPU memory budget: it needs a reload only where a load would send it.
+  const vramReloadBadge =
+    loaded && effectiveVramBudget(loaded) !== vramBudget ? (
+      <Badge tone="warn">needs reload</Badge>
+    ) : null;
 
   return (
     <div className="mx-auto flex max-w-5xl flex-col gap-6 p-4 md:p-6">
@@ -258,7 +266,7 @@ export function TuningView() {
             badge={reloadBadge("expertCacheSlots")}
             help={
               budgetSet
-                ? "Ignored while a memory budget is set: the budget picks the slots."
+                ? "Ignored while a memory or GPU memory budget is set: the budget picks the slots."
                 : "Experts kept in memory per MoE layer (MoE models only)."
             }
             extra={
@@ -279,6 +287,22 @@ export function TuningView() {
             placeholder="none"
             badge={reloadBadge("memoryBudgetBytes")}
             help="Such as 8 GiB or 512 MiB (a bare number is GiB). Empty: no budget. With one, the engine picks the expert slots that fit."
+          />
+          <NumberField
+            id="field-vram-budget"
+            label="GPU memory"
+            value={e.vramBudgetBytes}
+            parse={parseBudget}
+            format={budgetText}
+            onCommit={(v) => engineSet({ vramBudgetBytes: v })}
+            text
+            disabled={gpuMemoryOff !== null}
+            placeholder="none"
+            badge={vramReloadBadge}
+            help={
+              gpuMemoryOff ??
+              "GPU memory for the model, such as 6 GiB. Empty: no budget. Every expert stays on the GPU when they fit, else the engine streams them through the slots that fit."
+            }
           />
           <NumberField
             id="field-threads"
@@ -524,6 +548,7 @@ function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
   const free = plan.freeMemoryBytes;
   const fraction = free > 0 ? plan.totalBytes / free : 1;
   const verdict = planVerdict(plan);
+  const device = deviceMemoryText(plan);
   return (
     <section aria-labelledby="plan-title" className="rounded-lg border border-line bg-panel p-4">
       <div className="flex flex-wrap items-center justify-between gap-2">
@@ -549,6 +574,7 @@ function PlanPanel({ plan }: { plan: MemoryPlan | null }) {
           label="Total"
           value={`${formatBytes(plan.totalBytes)} of ${formatBytes(free)} free`}
         />
+        {device !== null && <PlanStat label="GPU memory" value={device} />}
       </dl>
       <div
         role="meter"
