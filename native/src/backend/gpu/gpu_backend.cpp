@@ -671,11 +671,14 @@ class GpuBackend final : public Backend {
                                              std::span<const HostQuantMatrix> down) override {
     auto bank = std::make_unique<GpuExpertBank>();
     check_expert_shapes(gate, up, down, *bank);
-    bank->gate_up = stack_experts(gate.size(), [&](size_t e) {
-      return std::vector<const HostQuantMatrix*>{&gate[e], &up[e]};
-    });
-    bank->down = stack_experts(
-        gate.size(), [&](size_t e) { return std::vector<const HostQuantMatrix*>{&down[e]}; });
+    // The resident bank is the slots' layout with every expert in its own slot.
+    bank->gate_up = empty_stacked({&gate[0], &up[0]}, gate.size());
+    bank->down = empty_stacked({&down[0]}, gate.size());
+    touch({}, {bank->gate_up.buf.get(), bank->down.buf.get()});
+    for (size_t e = 0; e < gate.size(); ++e) {
+      write_slot(bank->gate_up, e, {&gate[e], &up[e]});
+      write_slot(bank->down, e, {&down[e]});
+    }
     return bank;
   }
 
@@ -918,61 +921,9 @@ class GpuBackend final : public Backend {
   }
 
  private:
-  template <typename PartsOf>
-  StackedExperts stack_experts(size_t experts, PartsOf&& parts_of) {
-    StackedExperts s;
-    const HostQuantMatrix& first = *parts_of(0)[0];
-    if (first.bits != 4 && first.bits != 8)
-      throw std::invalid_argument("gpu: unsupported bit width");
-    if (first.cols % first.group_size != 0 || first.group_size % 32 != 0)
-      throw std::invalid_argument("gpu: unsupported group size");
-    for (const HostQuantMatrix* m : parts_of(0)) s.rows += m->rows;
-    s.cols = first.cols;
-    s.bits = static_cast<uint32_t>(first.bits);
-    s.group_size = static_cast<uint32_t>(first.group_size);
-    s.scale_bytes = first.scale_dtype == DType::f32 ? 4 : 2;
-    s.scale_type = first.scale_dtype == DType::bf16 ? 0 : first.scale_dtype == DType::f16 ? 1 : 2;
-    const size_t row_bytes = static_cast<size_t>(s.cols) * s.bits / 8;
-    const size_t groups = static_cast<size_t>(s.cols / s.group_size);
-    s.packed_stride = align_up(static_cast<size_t>(s.rows) * row_bytes, 256);
-    s.scale_stride = align_up(static_cast<size_t>(s.rows) * groups * s.scale_bytes, 256);
-    s.scales_offset = experts * s.packed_stride;
-    s.biases_offset = s.scales_offset + experts * s.scale_stride;
-    s.buf = dev_->create_buffer(s.biases_offset + experts * s.scale_stride);
-    touch({}, {s.buf.get()});
-    for (size_t e = 0; e < experts; ++e) {
-      size_t packed_at = e * s.packed_stride, scales_at = e * s.scale_stride;
-      for (const HostQuantMatrix* m : parts_of(e)) {
-        if (m->cols != s.cols || m->bits != first.bits || m->group_size != first.group_size ||
-            m->scale_dtype != first.scale_dtype)
-          throw std::logic_error("import_experts: experts quantized differently");
-        const size_t packed = static_cast<size_t>(m->rows) * row_bytes;
-        const size_t scales = static_cast<size_t>(m->rows) * groups * s.scale_bytes;
-        dev_->write(*s.buf, packed_at, m->packed, packed);
-        dev_->write(*s.buf, s.scales_offset + scales_at, m->scales, scales);
-        dev_->write(*s.buf, s.biases_offset + scales_at, m->biases, scales);
-        packed_at += packed;
-        scales_at += scales;
-      }
-      auto w = std::make_unique<GpuQWeight>();
-      w->rows = s.rows;
-      w->cols = s.cols;
-      w->bits = s.bits;
-      w->group_size = s.group_size;
-      w->scale_type = s.scale_type;
-      w->scale_bytes = s.scale_bytes;
-      w->row_bytes = row_bytes;
-      w->buf = s.buf;
-      w->packed_offset = e * s.packed_stride;
-      w->scales_offset = s.scales_offset + e * s.scale_stride;
-      w->biases_offset = s.biases_offset + e * s.scale_stride;
-      s.views.push_back(std::move(w));
-    }
-    return s;
-  }
-
-  // The layout of stack_experts for `count` experts of the given parts, nothing written (the
-  // device buffer starts zeroed); the slots of a streamed layer.
+  // The layout of `count` experts of the given parts side by side in one buffer (each part's
+  // packed rows, then all scales, then all biases), nothing written (the device buffer starts
+  // zeroed): a resident bank (every expert in its slot) or the slots of a streamed layer.
   StackedExperts empty_stacked(std::initializer_list<const HostQuantMatrix*> parts, size_t count) {
     StackedExperts s;
     const HostQuantMatrix& first = **parts.begin();
@@ -1011,7 +962,7 @@ class GpuBackend final : public Backend {
     return s;
   }
 
-  // Records the copy of one expert's parts into slot `slot` of s (stack_experts' layout).
+  // Records the copy of one expert's parts into slot `slot` of s (empty_stacked's layout).
   void write_slot(const StackedExperts& s, size_t slot,
                   std::initializer_list<const HostQuantMatrix*> parts) {
     const size_t row_bytes = static_cast<size_t>(s.cols) * s.bits / 8;
@@ -1024,7 +975,7 @@ class GpuBackend final : public Backend {
           (m->scale_dtype == DType::bf16  ? 0u
            : m->scale_dtype == DType::f16 ? 1u
                                           : 2u) != s.scale_type)
-        throw std::logic_error("fill_expert_slot: expert quantized differently");
+        throw std::logic_error("gpu: experts quantized differently");
       const size_t packed = static_cast<size_t>(m->rows) * row_bytes;
       const size_t scales = static_cast<size_t>(m->rows) * groups * s.scale_bytes;
       dev_->write(*s.buf, packed_at, m->packed, packed);
