@@ -644,6 +644,147 @@ TEST_CASE("qmatmul_split refuses mismatched inputs") {
   CHECK_THROWS_AS(qmatmul_split(m.view(), xs, y.data(), 3, 0, 4), std::invalid_argument);
 }
 
+TEST_CASE("qmatvec_split matches double-precision math under every ISA, odd shapes") {
+  // 4-bit groups of 64 take the matrix unit on amx (rows not multiples of its 32-row passes,
+  // widths with a half span of 64 columns and passes of one span); 8 bits and other groups fall
+  // back to qmatvec there.
+  for (int bits : {4, 8}) {
+    for (int gs : {32, 64}) {
+      for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32}) {
+        for (int64_t cols : {int64_t{320}, int64_t{704}, int64_t{1024}}) {
+          const int64_t rows = 70;
+          const TestMatrix m = make_matrix(bits, gs, rows, cols, type, 11 + bits + gs);
+          std::vector<float> x = random_vector(cols, 29 + static_cast<uint32_t>(cols));
+          for (size_t i = 0; i < x.size(); ++i)
+            x[i] *= std::pow(10.0f, static_cast<float>(i % 7) - 3);
+          std::vector<double> want(static_cast<size_t>(rows)), bound(want.size());
+          for (int64_t r = 0; r < rows; ++r) {
+            double sum = 0.0;
+            for (int64_t c = 0; c < cols; ++c) sum += m.w(r, c) * x[static_cast<size_t>(c)];
+            want[static_cast<size_t>(r)] = sum;
+            bound[static_cast<size_t>(r)] = row_tolerance(m, r, x.data());
+          }
+          for (Isa isa : available_isas()) {
+            IsaScope scope(isa);
+            SplitVector xs;
+            xs.split(x.data(), cols);
+            for (const std::pair<int64_t, int64_t>& range :
+                 {std::pair<int64_t, int64_t>{0, rows}, {3, 42}, {17, 18}, {31, 65}}) {
+              const int64_t rb = range.first;
+              const int64_t re = range.second;
+              std::vector<float> y(static_cast<size_t>(rows + 2), -7.0f);
+              qmatvec_split(m.view(), xs, y.data(), rb, re);
+              for (int64_t r = 0; r < rows + 2; ++r) {
+                const float got = y[static_cast<size_t>(r)];
+                if (r < rb || r >= re) {
+                  REQUIRE(got == -7.0f);
+                  continue;
+                }
+                if (!(std::fabs(got - want[static_cast<size_t>(r)]) <=
+                      bound[static_cast<size_t>(r)])) {
+                  CAPTURE(bits);
+                  CAPTURE(gs);
+                  CAPTURE(type_name(type));
+                  CAPTURE(cols);
+                  CAPTURE(std::string(isa_name(isa)));
+                  CAPTURE(rb);
+                  CAPTURE(re);
+                  CAPTURE(r);
+                  CAPTURE(got);
+                  CAPTURE(want[static_cast<size_t>(r)]);
+                  FAIL("qmatvec_split outside the float32 bound");
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatvec_split: every ISA within summation order of qmatvec at model shapes") {
+  for (const std::pair<int64_t, int64_t>& shape :
+       {std::pair<int64_t, int64_t>{150, 2816}, {100, 704}, {64, 2112}}) {
+    const int64_t rows = shape.first;
+    const int64_t cols = shape.second;
+    const TestMatrix m = make_matrix(4, 64, rows, cols, ScaleType::bf16, 5);
+    std::vector<float> x = random_vector(cols, 31);
+    for (size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i % 61) - 30);
+    std::vector<float> want(static_cast<size_t>(rows));
+    {
+      IsaScope scalar(Isa::scalar);
+      qmatvec(m.view(), x.data(), want.data(), 0, rows);
+    }
+    for (Isa isa : available_isas()) {
+      IsaScope scope(isa);
+      SplitVector xs;
+      xs.split(x.data(), cols);
+      std::vector<float> got(want.size(), 0.0f);
+      qmatvec_split(m.view(), xs, got.data(), 0, rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!(std::fabs(got[static_cast<size_t>(r)] - want[static_cast<size_t>(r)]) <=
+              2 * row_tolerance(m, r, x.data()))) {
+          CAPTURE(cols);
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(r);
+          FAIL("qmatvec_split differs from qmatvec beyond summation order");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatvec_split keeps all three parts of every input") {
+  // Inputs whose low bfloat16 part is as large as it gets (bits 0x3f80ffff: lo is about 2^-15 of
+  // x), all of one sign, in one group per row (no cancellation between groups): dropping a part
+  // would move every row by far more than float32 rounding.
+  const TestMatrix m = make_matrix(4, 64, 40, 64, ScaleType::bf16, 13);
+  std::vector<float> x(64);
+  for (int c = 0; c < 64; ++c)
+    x[static_cast<size_t>(c)] = std::ldexp(std::bit_cast<float>(0x3f80ffffu), c % 5 - 2);
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    SplitVector xs;
+    xs.split(x.data(), 64);
+    std::vector<float> y(40, 0.0f);
+    qmatvec_split(m.view(), xs, y.data(), 0, 40);
+    for (int64_t r = 0; r < 40; ++r) {
+      double want = 0.0;
+      for (int64_t c = 0; c < 64; ++c) want += m.w(r, c) * x[static_cast<size_t>(c)];
+      if (!(std::fabs(y[static_cast<size_t>(r)] - want) <= row_tolerance(m, r, x.data()))) {
+        CAPTURE(std::string(isa_name(isa)));
+        CAPTURE(r);
+        FAIL("a part of the input went missing");
+      }
+    }
+  }
+}
+
+TEST_CASE("qmatvec_split: inf and NaN inputs give non-finite rows; mismatches are refused") {
+  const TestMatrix m = make_matrix(4, 64, 20, 192, ScaleType::bf16, 9);
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    CAPTURE(std::string(isa_name(isa)));
+    std::vector<float> x = random_vector(192, 4);
+    x[150] = std::numeric_limits<float>::infinity();
+    SplitVector xs;
+    xs.split(x.data(), 192);
+    std::vector<float> y(20, 0.0f);
+    qmatvec_split(m.view(), xs, y.data(), 0, 20);
+    for (int r = 0; r < 20; ++r) CHECK_FALSE(std::isfinite(y[static_cast<size_t>(r)]));
+    x[150] = std::numeric_limits<float>::quiet_NaN();
+    xs.split(x.data(), 192);
+    qmatvec_split(m.view(), xs, y.data(), 0, 20);
+    for (int r = 0; r < 20; ++r) CHECK(std::isnan(y[static_cast<size_t>(r)]));
+    CHECK_THROWS_AS(xs.split(x.data(), 96), std::invalid_argument);
+    xs.split(x.data(), 128);
+    CHECK_THROWS_AS(qmatvec_split(m.view(), xs, y.data(), 0, 20), std::invalid_argument);
+    xs.split(x.data(), 192);
+    CHECK_THROWS_AS(qmatvec_split(m.view(), xs, y.data(), 0, 21), std::invalid_argument);
+  }
+}
+
 TEST_CASE("quantized kernels reject bad matrices and ranges") {
   const TestMatrix m = make_matrix(4, 32, 4, 64, ScaleType::bf16, 3);
   std::vector<float> x(64, 1.0f), y(4);

@@ -345,6 +345,185 @@ void qmatmul_split_amx(const QuantMatrix& w, const SplitActivation& xs, float* y
 
 }  // namespace
 
+// ---- decode: one input row, the weights as the left operand (kernels.h, SplitVector) ----------
+
+namespace {
+
+// 16 scales (or biases) from index i as float32; lanes outside `lanes` read nothing and are 0.
+inline __m512 load16_as_f32(const void* p, ScaleType type, int64_t i, __mmask16 lanes) {
+  switch (type) {
+    case ScaleType::bf16: {
+      const __m512i v = _mm512_cvtepu16_epi32(
+          _mm256_maskz_loadu_epi16(lanes, static_cast<const uint16_t*>(p) + i));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    case ScaleType::f16:
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, static_cast<const uint16_t*>(p) + i));
+    case ScaleType::f32:
+      break;
+  }
+  return _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(p) + i);
+}
+
+// Tiles 0-1: the float32 sums of two blocks of 16 weight rows (12 columns: 4 groups x 3 parts);
+// 2-3: those blocks' widened weights (16 rows x 32 bfloat16); 4: the input's tile.
+void configure_decode_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) cfg.rows[t] = 16;
+  cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = 48;
+  cfg.colsb[2] = cfg.colsb[3] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+struct DecodeScratch {
+  Scratch stage, scales, acc, cbuf, bias;
+};
+
+constexpr int64_t kDecodeRows = 32;        // weight rows per pass (two tiles)
+constexpr int64_t kDecodePrefetch = 1024;  // bytes ahead in each weight row
+
+}  // namespace
+
+void amx_split_vector(const float* x, int64_t cols, uint32_t* tiles) {
+  const int64_t spans = (cols + 127) / 128;
+  alignas(64) float v[128];
+  alignas(64) uint16_t parts[3][32];
+  const __m512i stride4 =
+      _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  const __m512i mantissa = _mm512_set1_epi32(0x7fffff);
+  for (int64_t s = 0; s < spans; ++s) {
+    const int64_t n = cols - 128 * s;
+    for (int j = 0; j < 8; ++j)
+      _mm512_store_ps(v + 16 * j,
+                      _mm512_maskz_loadu_ps(first_lanes(n - 16 * j), x + 128 * s + 16 * j));
+    const int64_t q0 = 2 * (s % 2);
+    for (int k = 0; k < 4; ++k) {
+      for (int h = 0; h < 2; ++h) {
+        // Elements 4 i + k for i in [16 h, 16 h + 16): as split_bf16x3 does, lane by lane.
+        const __m512i bits = _mm512_castps_si512(
+            _mm512_i32gather_ps(_mm512_add_epi32(stride4, _mm512_set1_epi32(64 * h + k)), v, 4));
+        const __m512 xf = _mm512_castsi512_ps(bits);
+        const __m512 r1 = _mm512_sub_ps(xf, _mm512_castsi512_ps(_mm512_and_si512(bits, top)));
+        const __m512i r1b = _mm512_castps_si512(r1);
+        const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_and_si512(r1b, top)));
+        const __mmask16 finite =
+            _mm512_cmpneq_epi32_mask(_mm512_and_si512(bits, exponent), exponent);
+        const __mmask16 nan =
+            static_cast<__mmask16>(~finite & _mm512_test_epi32_mask(bits, mantissa));
+        const __m512i hi = _mm512_mask_or_epi32(
+            _mm512_srli_epi32(bits, 16), nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+        const __m512i mid = _mm512_maskz_srli_epi32(finite, r1b, 16);
+        const __m512i lo = _mm512_maskz_srli_epi32(finite, _mm512_castps_si512(r2), 16);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(parts[0] + 16 * h),
+                           _mm512_cvtepi32_epi16(hi));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(parts[1] + 16 * h),
+                           _mm512_cvtepi32_epi16(mid));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(parts[2] + 16 * h),
+                           _mm512_cvtepi32_epi16(lo));
+      }
+      // Row k' of the tile pairs K indices 2 k' and 2 k' + 1: one uint32 of each part's array.
+      uint32_t* tile = tiles + (s * 4 + k) * SplitVector::kTileWords;
+      for (int kp = 0; kp < 16; ++kp) {
+        const int64_t q = q0 + (kp >= 8 ? 1 : 0);
+        for (int p = 0; p < 3; ++p) {
+          uint32_t pair;
+          std::memcpy(&pair, parts[p] + 2 * kp, sizeof pair);
+          tile[kp * 12 + 3 * q + p] = pair;
+        }
+      }
+    }
+  }
+}
+
+void amx_qmatvec_split(const QuantMatrix& w, const SplitVector& xs, float* y, int64_t rb,
+                       int64_t re) {
+  thread_local DecodeScratch scratch;
+  const int64_t gpr = w.cols / 64;
+  const int64_t spans = (w.cols + 127) / 128;
+  const int64_t row_bytes = w.cols / 2;
+  const int64_t sstride = gpr + 16;  // a row's scales, then zeros for the last pass's loads
+  auto* stage = reinterpret_cast<uint16_t*>(scratch.stage.floats(4 * 2 * 16 * 16));
+  float* sf = scratch.scales.floats(static_cast<size_t>(kDecodeRows * sstride));
+  float* acc = scratch.acc.floats(kDecodeRows * 16);
+  float* cbuf = scratch.cbuf.floats(2 * 256);
+  float* bias = scratch.bias.floats(kDecodeRows);
+  const char* packed = reinterpret_cast<const char*>(w.packed);
+  const float* gs = xs.group_sums();
+  // bfloat16 of (i & 15) in word i: vpermw reads the low 5 bits of each index, so a code needs
+  // no mask, only a shift that brings it to the bottom.
+  alignas(64) uint16_t table_words[32];
+  for (int i = 0; i < 32; ++i) table_words[i] = f32_to_bf16_bits(static_cast<float>(i & 15));
+  const __m512i table = _mm512_load_si512(table_words);
+  // Result column 3 q + part holds group slot q: lane l multiplies by the scale of slot l / 3.
+  const __m512i slot_of_lane = _mm512_setr_epi32(0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3);
+  const bool half_span = w.cols % 128 != 0;
+  configure_decode_tiles();
+  for (int64_t r0 = rb; r0 < re; r0 += kDecodeRows) {
+    const int64_t left = re - r0;
+    const int64_t n_rows = left < kDecodeRows ? left : kDecodeRows;
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const int64_t first = (r0 + j) * gpr;
+      float* srow = sf + j * sstride;
+      __m512 bacc = _mm512_setzero_ps();
+      for (int64_t g = 0; g < gpr; g += 16) {
+        const __mmask16 lanes = first_lanes(gpr - g);
+        _mm512_storeu_ps(srow + g, load16_as_f32(w.scales, w.scale_type, first + g, lanes));
+        bacc = _mm512_fmadd_ps(load16_as_f32(w.biases, w.scale_type, first + g, lanes),
+                               _mm512_maskz_loadu_ps(lanes, gs + g), bacc);
+      }
+      _mm512_storeu_ps(srow + gpr, _mm512_setzero_ps());
+      bias[j] = _mm512_reduce_add_ps(bacc);
+      _mm512_store_ps(acc + j * 16, _mm512_setzero_ps());
+    }
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t s = 0; s < spans; ++s) {
+      const bool half = half_span && s == spans - 1;
+      for (int64_t j = 0; j < kDecodeRows; ++j) {
+        __m512i wv = _mm512_setzero_si512();
+        if (j < n_rows) {
+          const char* src = packed + (r0 + j) * row_bytes + 128 * s / 2;
+          _mm_prefetch(src + kDecodePrefetch, _MM_HINT_T0);
+          wv = half ? _mm512_maskz_loadu_epi16(0xffff, src) : _mm512_loadu_si512(src);
+        }
+        // Stage tile (k, j / 16), row j % 16: the codes 4 i + k of this span, i = 0..31.
+        uint16_t* dst = stage + ((j / 16) * 16 + j % 16) * 32;
+        for (int k = 0; k < 4; ++k) {
+          const __m512i codes = k == 0 ? wv : _mm512_srli_epi16(wv, 4 * k);
+          _mm512_store_si512(dst + k * 2 * 16 * 32, _mm512_permutexvar_epi16(codes, table));
+        }
+      }
+      memory_fence_for_tiles();
+      for (int k = 0; k < 4; ++k) {
+        _tile_loadd(4, xs.tiles() + (s * 4 + k) * SplitVector::kTileWords, 48);
+        _tile_loadd(2, stage + k * 2 * 16 * 32, 64);
+        _tile_dpbf16ps(0, 2, 4);
+        _tile_loadd(3, stage + k * 2 * 16 * 32 + 16 * 32, 64);
+        _tile_dpbf16ps(1, 3, 4);
+      }
+      if (s % 2 == 1 || s == spans - 1) {
+        _tile_stored(0, cbuf, 64);
+        _tile_stored(1, cbuf + 256, 64);
+        memory_fence_for_tiles();
+        _tile_zero(0);
+        _tile_zero(1);
+        const int64_t g0 = 4 * (s / 2);
+        for (int64_t j = 0; j < n_rows; ++j) {
+          const __m512 c = _mm512_maskz_load_ps(0x0fff, cbuf + j * 16);
+          const __m512 sv =
+              _mm512_permutexvar_ps(slot_of_lane, _mm512_loadu_ps(sf + j * sstride + g0));
+          _mm512_store_ps(acc + j * 16, _mm512_fmadd_ps(c, sv, _mm512_load_ps(acc + j * 16)));
+        }
+      }
+    }
+    for (int64_t j = 0; j < n_rows; ++j)
+      y[r0 + j] = _mm512_reduce_add_ps(_mm512_load_ps(acc + j * 16)) + bias[j];
+  }
+  _tile_release();
+}
+
 }  // namespace redwing::cpu
 
 #if defined(__clang__)
