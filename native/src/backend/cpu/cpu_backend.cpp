@@ -267,13 +267,7 @@ class CpuBackend final : public Backend {
       });
       return;
     }
-    if (x.rows == 1 && cpu::matrix_unit_fits(w)) {
-      if (split_vectors_.empty()) split_vectors_.emplace_back();
-      cpu::SplitVector& xs = split_vectors_.front();
-      xs.split(px, w.cols);
-      pool_.parallel_for(w.rows, split_grain(w.cols),
-                         [&](int64_t b, int64_t e) { cpu::qmatvec_split(w, xs, py, b, e); });
-    } else if (x.rows == 1) {
+    if (x.rows == 1) {
       pool_.parallel_for(w.rows, grain,
                          [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
     } else if (use_split(w, x.rows)) {
@@ -301,7 +295,7 @@ class CpuBackend final : public Backend {
       const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(*p.w).m;
       check_product(w, p.x, p.y);
       batch_.push_back({&w, use_q8(*p.w), f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride,
-                        total_rows, nullptr, nullptr, nullptr});
+                        total_rows, nullptr, nullptr});
       total_rows += w.rows;
       max_cols = std::max(max_cols, w.cols);
     }
@@ -339,21 +333,6 @@ class CpuBackend final : public Backend {
       split_input(split_[n_split], j.x, j.x_rows, j.x_stride, j.w->cols);
       j.split = &split_[n_split++];
     }
-    // Exact decode products on the matrix unit: likewise, one split per distinct input row.
-    size_t n_vec = 0;
-    for (size_t i = 0; i < batch_.size(); ++i) {
-      BatchedProduct& j = batch_[i];
-      if (j.int8 || j.x_rows != 1 || !cpu::matrix_unit_fits(*j.w)) continue;
-      any_split = true;
-      for (size_t k = 0; k < i && j.vec == nullptr; ++k) {
-        const BatchedProduct& o = batch_[k];
-        if (o.vec != nullptr && o.x == j.x && o.w->cols == j.w->cols) j.vec = o.vec;
-      }
-      if (j.vec != nullptr) continue;
-      if (split_vectors_.size() <= n_vec) split_vectors_.resize(n_vec + 1);
-      split_vectors_[n_vec].split(j.x, j.w->cols);
-      j.vec = &split_vectors_[n_vec++];
-    }
     const int64_t grain =
         any_split ? split_grain(max_cols) : std::max<int64_t>(4, 65536 / max_cols);
     pool_.parallel_for(total_rows, grain, [&](int64_t b, int64_t e) {
@@ -365,8 +344,6 @@ class CpuBackend final : public Backend {
           cpu::qmatvec_q8(*j.w, j.q8->row(0), j.y, lo, hi);
         else if (j.q8 != nullptr)
           cpu::qmatmul_q8(*j.w, *j.q8, j.y, j.y_stride, lo, hi);
-        else if (j.vec != nullptr)
-          cpu::qmatvec_split(*j.w, *j.vec, j.y, lo, hi);
         else if (j.x_rows == 1)
           cpu::qmatvec(*j.w, j.x, j.y, lo, hi);
         else if (j.split != nullptr)
@@ -555,8 +532,6 @@ class CpuBackend final : public Backend {
     const cpu::Q8Buffer* q8;  // the quantized input on the 8-bit path, else null
     // The split input when the exact product runs on the matrix unit, else null.
     const cpu::SplitActivation* split;
-    // The split input row when the exact decode product runs on the matrix unit, else null.
-    const cpu::SplitVector* vec;
   };
   ThreadPool pool_;
   ActivationPlan plan_ = ActivationPlan::exact();
@@ -564,8 +539,6 @@ class CpuBackend final : public Backend {
   std::deque<cpu::Q8Buffer> q8_;
   // Inputs split for the matrix unit (exact products of several rows on AMX CPUs).
   std::deque<cpu::SplitActivation> split_;
-  // Input rows split for the matrix unit's decode products (qmatvec_split).
-  std::deque<cpu::SplitVector> split_vectors_;
   std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
   // Attention's per-block partials (max, weight, values), kept between calls; at most
   // kPartialFloats values (16 MiB) beyond a single row's.

@@ -322,49 +322,6 @@ void qmatmul_split(const QuantMatrix& w, const SplitActivation& xs, float* y, in
 
 bool has_matrix_product() { return active_isa() == Isa::amx; }
 
-void SplitVector::split(const float* x, int64_t cols) {
-  if (cols <= 0 || cols % 64 != 0)
-    throw std::invalid_argument(
-        "redwing::cpu::SplitVector: cols must be a positive multiple of 64, got " +
-        std::to_string(cols));
-  cols_ = cols;
-  x_.assign(x, x + cols);
-  sums_.resize(static_cast<size_t>(cols / 64));
-  for (int64_t g = 0; g < cols / 64; ++g) {
-    float sum = 0.0f;
-    for (int64_t c = g * 64; c < (g + 1) * 64; ++c) sum += x[c];
-    sums_[static_cast<size_t>(g)] = sum;
-  }
-#if defined(REDWING_HAVE_AVX2)
-  if (has_matrix_product()) {
-    const int64_t spans = (cols + 127) / 128;
-    tiles_.assign(static_cast<size_t>(spans * 4 * kTileWords), 0);
-    amx_split_vector(x, cols, tiles_.data());
-    return;
-  }
-#endif
-  tiles_.clear();
-}
-
-bool matrix_unit_fits(const QuantMatrix& w) {
-  return has_matrix_product() && w.bits == 4 && w.group_size == 64 && w.cols % 64 == 0;
-}
-
-void qmatvec_split(const QuantMatrix& w, const SplitVector& xs, float* y, int64_t row_begin,
-                   int64_t row_end) {
-  check_quant_matrix(w, "qmatvec_split");
-  check_row_range(w, row_begin, row_end, "qmatvec_split");
-  if (xs.cols() != w.cols)
-    throw std::invalid_argument("redwing::cpu::qmatvec_split: input of " +
-                                std::to_string(xs.cols()) + " columns for a matrix of " +
-                                std::to_string(w.cols));
-  if (row_begin == row_end) return;
-#if defined(REDWING_HAVE_AVX2)
-  if (matrix_unit_fits(w)) return amx_qmatvec_split(w, xs, y, row_begin, row_end);
-#endif
-  kernels().qmatvec(w, xs.x(), y, row_begin, row_end);
-}
-
 void qdequant_row(const QuantMatrix& w, int64_t row, float* out) {
   check_quant_matrix(w, "qdequant_row");
   if (row < 0 || row >= w.rows) {

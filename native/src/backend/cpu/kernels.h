@@ -118,49 +118,6 @@ void qmatmul_split(const QuantMatrix& w, const SplitActivation& xs, float* y, in
 // Whether the active ISA runs qmatmul_split on a matrix unit.
 bool has_matrix_product();
 
-// ---- exact decode products on bfloat16 matrix units (one input row) -------------------------
-//
-// The same exact split as above with the roles swapped, so that a single input row does not
-// waste the unit on 15 padding tokens: the weight codes are the left operand (16 weight rows x
-// 32 columns, widened to bfloat16 in row order with one table lookup per 32 codes, no
-// transposition) and the input's three parts sit in the columns of the right operand, so one
-// TDPBF16PS multiplies 512 weights by all three parts. Each group of 64 columns gets its own
-// three result columns (four groups per pass of 256 columns), so the per-group scales apply
-// after the unit: y = sum_g s_g * (sum(q x_hi) + sum(q x_mid) + sum(q x_lo)) + b_g * sum_g(x).
-
-// One input row split for qmatvec_split: for every 128 columns (a span) and k in 0..3, a
-// right-hand tile of 16 rows x 12 columns of bfloat16 pairs; K index i of the tile is column
-// 128 * span + 4 i + k (the order in which 4-bit codes leave their 16-bit words), the three
-// parts of x in columns 3 q + part, q = 2 * (span % 2) + (i >= 16) (the group's slot in a pass of
-// two spans). Also keeps x itself and float32 sums of x per 64 columns.
-class SplitVector {
- public:
-  // cols: a positive multiple of 64; throws std::invalid_argument otherwise.
-  void split(const float* x, int64_t cols);
-  int64_t cols() const { return cols_; }
-  const float* x() const { return x_.data(); }
-  // Tile (span, k) at tiles() + (span * 4 + k) * kTileWords, rows of 12 uint32; filled only
-  // when has_matrix_product().
-  const uint32_t* tiles() const { return tiles_.data(); }
-  const float* group_sums() const { return sums_.data(); }  // cols / 64 values
-  static constexpr int64_t kTileWords = 16 * 12;
-
- private:
-  std::vector<float> x_, sums_;
-  std::vector<uint32_t> tiles_;
-  int64_t cols_ = 0;
-};
-
-// Whether qmatvec_split runs w on the matrix unit: 4-bit codes in groups of 64 (every large
-// Gemma matrix) on the amx ISA. Other matrices and ISAs take qmatvec on xs.x() instead.
-bool matrix_unit_fits(const QuantMatrix& w);
-
-// y[r] = sum_c W[r, c] * x[c] for r in [row_begin, row_end), x as split in xs, accumulated per
-// group as s * sum(q x) + b * sum(x) (float32-accurate; differs from qmatvec in summation order
-// only). Throws std::invalid_argument for a bad matrix, range or input width.
-void qmatvec_split(const QuantMatrix& w, const SplitVector& xs, float* y, int64_t row_begin,
-                   int64_t row_end);
-
 // ---- 8-bit-activation products (approximate; the float32 ones above are exact) ---------------
 //
 // The activation vector is quantized to int8 in blocks of kQ8Block values, each with its own

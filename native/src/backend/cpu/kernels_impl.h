@@ -56,11 +56,6 @@ Q8Kernel avx512_vnni_qmatmul_q8();    // kernels_avx512vnni.cpp
 // (asked once, on Linux with arch_prctl). kernels_amx.cpp.
 bool cpu_has_amx();
 const KernelTable& amx_kernels();  // the avx512 table with the products on the matrix unit
-// kernels_amx.cpp: SplitVector's right-hand tiles of x (cols a multiple of 64, tiles zeroed by
-// the caller), and qmatvec_split on the matrix unit (4 bits, groups of 64).
-void amx_split_vector(const float* x, int64_t cols, uint32_t* tiles);
-void amx_qmatvec_split(const QuantMatrix& w, const SplitVector& xs, float* y, int64_t row_begin,
-                       int64_t row_end);
 #endif
 #if defined(REDWING_HAVE_NEON)
 const KernelTable& neon_kernels();
