@@ -10,8 +10,9 @@
  * The model is --model, or the synthetic Gemma 4 26B-A4B cut to --synth-layers N of its 30
  * layers, or by default the gemma4-moe fixture (then the budgets default to a few MiB, so that
  * it streams through lavapipe in seconds). Each budget runs `redwing-engine generate --backend
- * vulkan --vram-budget B` (the engine picks the slots per layer that fit, or every expert when
- * they all do) on an 8-token prompt; the routing is --trace (benchmark only: it replaces the
+ * vulkan --vram-budget B` (the engine picks the GPU slots per layer that fit, or every expert
+ * when they all do; the host keeps every expert it reads, the RAM tier of docs/gpu.md, so only
+ * first uses come from the SSD) on an 8-token prompt; the routing is --trace (benchmark only: it replaces the
  * router's choice; "router" keeps the model's own, random on a synthetic model). Reported per
  * budget: slots per layer, device memory, decode tok/s, the store's hit rate, bytes read (and
  * copied to the GPU) per token, I/O wait per token, submissions (host round trips) per token.
@@ -34,6 +35,7 @@ const Report = z.object({
   device: z.string(),
   device_memory_bytes: z.number(),
   expert_cache_slots: z.number(),
+  gpu_expert_slots: z.number().optional(),
   direct_io: z.boolean().optional(),
   decode_hit_rate: z.number().optional(),
   decode_bytes_read_per_token: z.number().optional(),
@@ -101,7 +103,9 @@ export async function runGpuStreamingBench(): Promise<void> {
     const r = Report.parse(JSON.parse(await captureOutput(argv)));
     return {
       budget,
-      slots: r.expert_cache_slots,
+      // The GPU's slots per layer (engines before the RAM tier report one count for both).
+      slots: r.gpu_expert_slots ?? r.expert_cache_slots,
+      host_slots: r.expert_cache_slots,
       device_memory_bytes: r.device_memory_bytes,
       decode_tokens_per_s: (r.tokens.length - 1) / r.decode_seconds,
       hit_rate: r.decode_hit_rate ?? null,

@@ -379,7 +379,7 @@ for (const fixture of FIXTURES) {
         ["decode", ["--mode", "decode"]],
         ["prefill chunk 7", ["--mode", "prefill", "--chunk", "7"]],
       ] as [string, string[]][]) {
-        it(`${name}, streamed experts in 1, 2 and 16 GPU slots: identical to resident`, () => {
+        it(`${name}, streamed experts in 1, 2 and 16 GPU slots and under the RAM tier: identical to resident`, () => {
           const tokens = ref.prompt.slice(0, 12);
           const base = [...gpu, ...flags, "--kv-dtype", "f32"];
           const resident = engineLogits(model, tokens, [...base, "--expert-cache-slots", "0"]);
@@ -392,8 +392,87 @@ for (const fixture of FIXTURES) {
             ]);
             expect(got, `${slots} slots`).toEqual(resident);
           }
+          // The RAM tier: the GPU's own 1 or 2 slots under every expert in host memory, and 2
+          // under 4 host slots (misses, RAM hits and GPU hits all happen).
+          for (const [host, gpuSlots] of [
+            [8, 1],
+            [8, 2],
+            [4, 2],
+          ] as const) {
+            const got = engineLogits(model, tokens, [
+              ...base,
+              "--expert-cache-slots",
+              String(host),
+              "--gpu-expert-slots",
+              String(gpuSlots),
+            ]);
+            expect(got, `${gpuSlots} GPU slots under ${host} host slots`).toEqual(resident);
+          }
         });
       }
+
+      it("the RAM tier's counters: GPU hits, RAM hits and misses add up to the expert uses", () => {
+        // 8 experts, top-2, 6 MoE layers: a decode step uses 12 experts. 2 GPU slots under 4 host
+        // slots; the same greedy tokens as every expert resident.
+        const moeLayers = 6;
+        const topK = 2;
+        const out = greedyContinuation(model, ref, [
+          ...gpu,
+          "--expert-cache-slots",
+          "4",
+          "--gpu-expert-slots",
+          "2",
+        ]);
+        const r = JSON.parse(out) as {
+          tokens: number[];
+          expert_cache_slots: number;
+          gpu_expert_slots: number;
+          expected_memory: { expert_bytes_each: number; gpu_slots: number; slots: number };
+          gpu_hit_rate: number;
+          ram_hit_rate: number;
+          hit_rate: number;
+          decode_gpu_copy_bytes_per_token: number;
+          token_stats: {
+            hits: number;
+            gpu_hits: number;
+            misses: number;
+            bytes_read: number;
+            gpu_copy_bytes: number;
+          }[];
+        };
+        expect(r.tokens).toEqual(ref.greedy);
+        expect(r.expert_cache_slots).toBe(4);
+        expect(r.gpu_expert_slots).toBe(2);
+        expect(r.expected_memory.gpu_slots).toBe(2);
+        const stride = r.expected_memory.expert_bytes_each;
+        let gpuHits = 0;
+        let ramHits = 0;
+        let misses = 0;
+        r.token_stats.forEach((t, i) => {
+          if (i > 0) expect(t.hits + t.misses, `decode step ${i}`).toBe(moeLayers * topK);
+          expect(t.gpu_hits).toBeLessThanOrEqual(t.hits);
+          // Everything not already in a GPU slot is copied there once; only misses are read.
+          expect(t.gpu_copy_bytes).toBe((t.hits - t.gpu_hits + t.misses) * stride);
+          expect(t.bytes_read).toBe(t.misses * stride);
+          gpuHits += t.gpu_hits;
+          ramHits += t.hits - t.gpu_hits;
+          misses += t.misses;
+        });
+        expect(gpuHits).toBeGreaterThan(0);
+        expect(ramHits).toBeGreaterThan(0);
+        expect(misses).toBeGreaterThan(0);
+        const uses = gpuHits + ramHits + misses;
+        expect(r.gpu_hit_rate).toBeCloseTo(gpuHits / uses, 3);
+        expect(r.ram_hit_rate).toBeCloseTo(ramHits / uses, 3);
+        expect(r.hit_rate).toBeCloseTo((gpuHits + ramHits) / uses, 3);
+        // Mirrored slots (no tier): every hit is a GPU hit.
+        const mirrored = JSON.parse(
+          greedyContinuation(model, ref, [...gpu, "--expert-cache-slots", "2"]),
+        ) as typeof r;
+        expect(mirrored.gpu_expert_slots).toBe(2);
+        expect(mirrored.ram_hit_rate).toBe(0);
+        expect(mirrored.gpu_hit_rate).toBeCloseTo(mirrored.hit_rate, 4);
+      });
     }
 
     it("greedy continuation equals transformers' token for token", () => {

@@ -656,6 +656,14 @@ export const LiveSampleSchema = z.object({
       readBytesPerToken: z.number().nullable(),
       /** ms per token the model thread waited on expert reads; null or absent when unmeasured. */
       ioWaitMsPerToken: z.number().nullable().optional(),
+      /**
+       * A GPU backend's tiers (docs/gpu.md): its slots per layer (0 on the CPU), and the shares
+       * of expert uses found in a GPU slot and in host memory (RAM); null or absent when
+       * unmeasured or from an older service.
+       */
+      gpuSlots: z.number().int().nullable().optional(),
+      gpuHitRate: z.number().nullable().optional(),
+      ramHitRate: z.number().nullable().optional(),
     })
     .nullable(),
   /** Package power where the machine exposes it (RAPL, NVML); null otherwise. */

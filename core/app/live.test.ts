@@ -172,10 +172,25 @@ describe("LiveSampler: expert cache I/O wait", () => {
       hitRate: 0.9,
       readBytesPerToken: 2048,
       ioWaitMsPerToken: 1.25,
+      gpuSlots: null,
+      gpuHitRate: null,
+      ramHitRate: null,
     });
     r.service.expert_cache.io_wait_ms_per_token = null;
     expect((await r.tick()).expertCache?.ioWaitMsPerToken).toBeNull();
     delete r.service.expert_cache.io_wait_ms_per_token;
     expect((await r.tick()).expertCache?.ioWaitMsPerToken).toBeNull();
+  });
+
+  it("passes a GPU backend's tiers through: GPU slots, GPU and RAM hit rates", async () => {
+    const r = rig();
+    Object.assign(r.service.expert_cache, { gpu_slots: 2, gpu_hit_rate: 0.25, ram_hit_rate: 0.6 });
+    expect((await r.tick()).expertCache).toMatchObject({
+      slots: 16,
+      hitRate: 0.9,
+      gpuSlots: 2,
+      gpuHitRate: 0.25,
+      ramHitRate: 0.6,
+    });
   });
 });

@@ -147,6 +147,9 @@ export class LiveSampler {
               hitRate: stats.expert_cache.hit_rate,
               readBytesPerToken: stats.expert_cache.read_bytes_per_token,
               ioWaitMsPerToken: stats.expert_cache.io_wait_ms_per_token ?? null,
+              gpuSlots: stats.expert_cache.gpu_slots ?? null,
+              gpuHitRate: stats.expert_cache.gpu_hit_rate ?? null,
+              ramHitRate: stats.expert_cache.ram_hit_rate ?? null,
             }
           : null,
       powerWatts: watts,

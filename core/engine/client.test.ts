@@ -271,6 +271,12 @@ describe("engine client and decode service", () => {
     // Waiting on reads is measured (>= 0 ms; the fixture's experts are tiny, so it may round to 0).
     expect(stats.expert_cache.io_wait_ms_per_token).toBeGreaterThanOrEqual(0);
     expect(before.expert_cache.io_wait_ms_per_token).toBeNull();
+    // The tiers on the CPU: no GPU slots, every hit a RAM hit, nothing copied to a GPU.
+    expect(ready.gpu_expert_slots).toBe(0);
+    expect(stats.expert_cache.gpu_slots).toBe(0);
+    expect(stats.expert_cache.gpu_hit_rate).toBe(0);
+    expect(stats.expert_cache.ram_hit_rate).toBeCloseTo(stats.expert_cache.hit_rate!, 12);
+    expect(stats.expert_cache.gpu_copy_bytes_per_token).toBe(0);
 
     // Periodic stats while decoding, with a growing token count.
     const { events } = await collect(

@@ -77,6 +77,11 @@ export const LoadParamsSchema = z.object({
   memory_budget: z.number().int().nonnegative().optional(),
   /** GPU memory in bytes (GPU backends): core, KV cache and experts, resident or in slots. */
   vram_budget: z.number().int().nonnegative().optional(),
+  /**
+   * GPU backends: the GPU's expert slots per MoE layer (omitted: vram_budget's pick, else as many
+   * as the host's); fewer than the host's make those a RAM tier (docs/gpu.md).
+   */
+  gpu_expert_slots: z.number().int().nonnegative().optional(),
 });
 export type LoadParams = z.infer<typeof LoadParamsSchema>;
 
@@ -162,6 +167,8 @@ export const ReadyEventSchema = z.object({
   backend: z.string(),
   /** Expert slots per MoE layer; 0: every expert resident. */
   expert_cache_slots: z.number().int(),
+  /** A GPU backend's expert slots per layer (fewer: the RAM tier); absent from older services. */
+  gpu_expert_slots: z.number().int().optional(),
   memory: z.object({
     model_bytes: z.number(),
     kv_bytes: z.number(),
@@ -207,6 +214,10 @@ export const PlanEventSchema = z.object({
   device_bytes: z.number(),
   /** The GPU memory budget planned for (0: none). Absent from services older than it. */
   vram_budget: z.number().optional(),
+  /** GPU backends: the GPU's expert slots per layer (fewer than slots: the RAM tier). */
+  gpu_slots: z.number().int().optional(),
+  /** Of device_bytes, the experts in the GPU's slots (or all). */
+  device_expert_bytes: z.number().optional(),
 });
 export type PlanEvent = z.infer<typeof PlanEventSchema>;
 
@@ -247,6 +258,15 @@ export const StatsEventSchema = z.object({
     read_bytes_per_token: z.number().nullable(),
     /** ms per token the model thread waited on expert reads (absent from older services). */
     io_wait_ms_per_token: z.number().nullable().optional(),
+    /**
+     * The tiers on a GPU backend (docs/gpu.md; absent from older services): its slots per layer,
+     * the share of expert uses already in a GPU slot and in a host slot (RAM), and the bytes
+     * copied to the GPU per token.
+     */
+    gpu_slots: z.number().int().optional(),
+    gpu_hit_rate: z.number().nullable().optional(),
+    ram_hit_rate: z.number().nullable().optional(),
+    gpu_copy_bytes_per_token: z.number().nullable().optional(),
   }),
 });
 export type StatsEvent = z.infer<typeof StatsEventSchema>;

@@ -129,8 +129,85 @@ TEST_CASE("expert store: LFU keeps the most used experts, LRU the most recent, L
   CHECK_THROWS_AS(ExpertStore(dir, bad), std::invalid_argument);
 }
 
+TEST_CASE("expert store: the RAM tier numbers the GPU's own slots and counts each tier") {
+  ModelFixture m("tier");
+  const ModelDir dir = ModelDir::open(m.path.string());
+  ResidentExpertSource resident(dir);
+  const uint64_t stride = dir.expert_layer(0)->stride;
+  // Requests of layer 0 (the layer's 8 experts, a backend with 2 slots): repeats, a request with
+  // more experts than backend slots (a wave), and experts the host holds but the backend not.
+  const std::vector<std::vector<int32_t>> requests = {{0, 1}, {0, 1}, {2, 3, 4}, {0, 1},
+                                                      {5, 6}, {0, 5}, {2, 3},    {7, 0}};
+  for (int host : {8, 4}) {
+    for (EvictionPolicy policy : {EvictionPolicy::lrfu, EvictionPolicy::lfu, EvictionPolicy::lru}) {
+      CAPTURE(host);
+      ExpertStoreOptions o;
+      o.slots = host;
+      o.device_slots = 2;
+      o.policy = policy;
+      o.io_threads = 2;
+      ExpertStore store(dir, o);
+      REQUIRE(store.tiered());
+      CHECK(store.slots_per_layer() == 2);
+      // The backend's copy: which expert each of its slots holds, as a GPU bank would.
+      std::vector<int32_t> holds(2, -1);
+      uint64_t uses = 0, copies = 0, gpu_hits = 0;
+      for (const auto& ids : requests) {
+        uses += ids.size();
+        auto want = resident.acquire(0, ids);
+        std::vector<int> seen(ids.size(), 0);
+        store.prefetch(0, ids);
+        store.for_each_slot(0, ids, [&](size_t k, int slot, const ExpertMatrices& got) {
+          ++seen[k];
+          REQUIRE(slot >= 0);
+          REQUIRE(slot < 2);
+          const auto s = static_cast<size_t>(slot);
+          if (got.gate.packed == nullptr) {  // a GPU hit: the backend's slot must hold it
+            CHECK(holds[s] == ids[k]);
+            CHECK(got.gate.rows == want[k].gate.rows);
+            ++gpu_hits;
+          } else {
+            CHECK(same_bytes(got.gate, want[k].gate));
+            CHECK(same_bytes(got.up, want[k].up));
+            CHECK(same_bytes(got.down, want[k].down));
+            holds[s] = ids[k];
+            ++copies;
+          }
+        });
+        resident.release(0);
+        for (int n : seen) CHECK(n == 1);
+      }
+      const ExpertStats st = store.stats();
+      CHECK(st.requests == uses);
+      CHECK(st.device_hits == gpu_hits);
+      CHECK(st.device_hits + st.ram_hits() + st.misses == st.requests);
+      CHECK(st.device_bytes == copies * stride);
+      CHECK(st.bytes_read == st.misses * stride);
+      // The repeated {0, 1} right after itself is two GPU hits; with every expert in RAM each
+      // expert is read once (8 misses), the rest of the GPU's misses are RAM hits.
+      CHECK(st.device_hits >= 2);
+      CHECK(st.ram_hits() > 0);
+      if (host == 8) CHECK(st.misses == 8);
+    }
+  }
+  // As many backend slots as host slots: the backend's slots mirror the host's (no tier), and a
+  // hit there is a GPU hit; more than the host's is refused.
+  ExpertStoreOptions mirror;
+  mirror.slots = 2;
+  mirror.device_slots = 2;
+  ExpertStore store(dir, mirror);
+  CHECK(!store.tiered());
+  for (int rep = 0; rep < 2; ++rep)
+    store.for_each_slot(0, std::vector<int32_t>{3, 4},
+                        [](size_t, int, const ExpertMatrices& got) { CHECK(got.gate.packed); });
+  CHECK(store.stats().device_hits == 2);
+  CHECK(store.stats().device_bytes == 2 * stride);
+  mirror.device_slots = 3;
+  CHECK_THROWS_AS(ExpertStore(dir, mirror), std::invalid_argument);
+}
+
 void read_error_mid_generation(const EngineOptions& o, const fs::path& model);
-void wrong_size_or_missing_file(const std::string& backend);
+void wrong_size_or_missing_file(const std::string& backend, int gpu_slots);
 
 // The backends an engine test runs on: the CPU, and Vulkan through lavapipe where this build
 // has it (streamed experts then go through the GPU's expert slots).
@@ -162,18 +239,37 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
       o.backend = backend;
       read_error_mid_generation(o, m.path);
     }
+    if (backend == "cpu") continue;
+    // The RAM tier: the GPU's 1 or 2 slots under the host's 3 or 4 (misses still reach the file).
+    for (int gpu_slots : {1, 2}) {
+      CAPTURE(gpu_slots);
+      ModelFixture m("ioerr-tier");
+      EngineOptions o;
+      o.model_dir = m.path.string();
+      o.kv_dtype = KvDType::f32;
+      o.threads = 2;
+      o.expert_cache_slots = gpu_slots + 2;
+      o.gpu_expert_slots = gpu_slots;
+      o.backend = backend;
+      read_error_mid_generation(o, m.path);
+    }
   }
 }
 
 TEST_CASE("expert store: a wrong-size or missing expert file is named") {
   for (const std::string& backend : engine_backends()) {
     CAPTURE(backend);
-    wrong_size_or_missing_file(backend);
+    wrong_size_or_missing_file(backend, 0);
+    if (backend != "cpu") wrong_size_or_missing_file(backend, 2);  // the RAM tier
   }
 }
 
 void read_error_mid_generation(const EngineOptions& o, const fs::path& model) {
   Engine engine(o);
+  if (o.gpu_expert_slots > 0) {  // the RAM tier is on
+    CHECK(engine.gpu_expert_slots() == o.gpu_expert_slots);
+    CHECK(engine.expert_cache_slots() == o.expert_cache_slots);
+  }
   SamplerConfig s;
   s.temperature = 0;
   const std::vector<int32_t> prompt = {2, 40, 77, 9, 130};
@@ -199,13 +295,14 @@ void read_error_mid_generation(const EngineOptions& o, const fs::path& model) {
   CHECK(again.tokens == first.tokens);
 }
 
-void wrong_size_or_missing_file(const std::string& backend) {
+void wrong_size_or_missing_file(const std::string& backend, int gpu_slots) {
   ModelFixture m("badfile");
   const fs::path file = m.path / "experts" / "layer_002.bin";
   const auto bytes = read_all(file);
   EngineOptions o;
   o.model_dir = m.path.string();
   o.expert_cache_slots = 4;
+  o.gpu_expert_slots = gpu_slots;
   o.backend = backend;
   auto message = [&] {
     try {
@@ -276,24 +373,55 @@ TEST_CASE("memory plan: the budget picks the slots that fit and refuses what can
   const MemoryPlan gpu = plan_memory(dir, slack);
   CHECK(gpu.device_bytes == gpu.core_bytes + gpu.expert_bytes + gpu.kv_bytes + gpu.work_bytes -
                                 defaults::kProcessAllowanceBytes);
-  // A GPU memory budget: every expert resident when all fit; else the most slots that fit
-  // (3 here), the smaller of both budgets' picks when there is a host budget too; refused with
-  // the numbers when one slot per layer does not fit; ignored on the CPU.
+  // A GPU memory budget: every expert resident when all fit; else the most GPU slots that fit
+  // (3 here) under every expert in host memory (the RAM tier: the host's total counts them all,
+  // the device's only its slots); a host budget bounds the host's slots and the GPU's are never
+  // more; refused with the numbers when one slot per layer does not fit; ignored on the CPU.
   PlanSettings vram;
   vram.context = 64;
   vram.gpu = true;
   const uint64_t gpu_one = device_bytes_of(plan_memory(dir, 64, 1, KvDType::f16, 128));
   vram.vram_budget = gpu_one + 2 * one.expert_bytes + 100;
   MemoryPlan v = plan_memory(dir, vram);
-  CHECK(v.slots == 3);
+  CHECK(v.gpu_slots == 3);
+  CHECK(v.slots == 8);
+  CHECK(v.expert_bytes == v.all_experts_bytes);
+  CHECK(v.device_expert_bytes == 3 * one.expert_bytes);
+  CHECK(v.device_bytes == v.core_bytes + v.device_expert_bytes + v.kv_bytes + v.work_bytes -
+                              defaults::kProcessAllowanceBytes);
   CHECK(v.over_budget.empty());
   CHECK(v.device_bytes <= vram.vram_budget);
   CHECK(v.vram_budget == vram.vram_budget);
   CHECK(v.to_json().find("\"vram_budget\":" + std::to_string(vram.vram_budget)) !=
         std::string::npos);
+  CHECK(v.to_json().find("\"gpu_slots\":3") != std::string::npos);
   vram.memory_budget = one.total() + one.expert_bytes + 100;  // 2 slots on the host
   CHECK(plan_memory(dir, vram).slots == 2);
+  CHECK(plan_memory(dir, vram).gpu_slots == 2);
+  vram.memory_budget = one.total() + 4 * one.expert_bytes + 100;  // 5 on the host, 3 on the GPU
+  CHECK(plan_memory(dir, vram).slots == 5);
+  CHECK(plan_memory(dir, vram).gpu_slots == 3);
   vram.memory_budget = 0;
+  // The GPU's slots asked for: under the host's asked for, or every expert; never more.
+  PlanSettings tier;
+  tier.context = 64;
+  tier.gpu = true;
+  tier.gpu_expert_slots = 2;
+  CHECK(plan_memory(dir, tier).slots == 8);
+  CHECK(plan_memory(dir, tier).gpu_slots == 2);
+  tier.expert_cache_slots = 4;
+  CHECK(plan_memory(dir, tier).slots == 4);
+  CHECK(plan_memory(dir, tier).gpu_slots == 2);
+  CHECK(plan_memory(dir, tier).device_expert_bytes == 2 * one.expert_bytes);
+  tier.gpu_expert_slots = 5;
+  CHECK_THROWS_WITH_AS(plan_memory(dir, tier), doctest::Contains("cannot outnumber"),
+                       std::invalid_argument);
+  tier.gpu_expert_slots = 0;  // as many as the host's: mirrored
+  CHECK(plan_memory(dir, tier).gpu_slots == 4);
+  tier.gpu = false;  // no GPU: no GPU slots
+  tier.gpu_expert_slots = 2;
+  CHECK(plan_memory(dir, tier).gpu_slots == 0);
+  CHECK(plan_memory(dir, tier).device_expert_bytes == 0);
   vram.vram_budget = device_bytes_of(plan_memory(dir, 64, 0, KvDType::f16, 128));
   CHECK(plan_memory(dir, vram).slots == 0);  // everything fits: resident, no streaming
   vram.vram_budget = gpu_one - 1;

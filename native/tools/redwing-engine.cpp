@@ -61,6 +61,7 @@ const char* kUsage =
     "                             [--threads N]\n"
     "       redwing-engine memory --model DIR [--context N] [--expert-cache-slots N]\n"
     "                             [--memory-budget SIZE] [--vram-budget SIZE]\n"
+    "                             [--gpu-expert-slots N]\n"
     "                             [--kv-dtype f16|f32] [--chunk N] [--prefix-slack N]\n"
     "                             [--backend B]\n"
     "       redwing-engine defaults --json\n"
@@ -71,7 +72,12 @@ const char* kUsage =
     "  --memory-budget SIZE     e.g. 2.5G: pick the slot count that fits (with --context)\n"
     "  --vram-budget SIZE       GPU backends, e.g. 4G: GPU memory for weights, KV cache and\n"
     "                              experts; every expert resident if they fit, else the\n"
-    "                              slots per layer that fit, streamed (docs/gpu.md)\n"
+    "                              slots per layer that fit, streamed (docs/gpu.md); the\n"
+    "                              host keeps every expert it reads (the RAM tier) unless\n"
+    "                              --memory-budget or --expert-cache-slots bound it\n"
+    "  --gpu-expert-slots N     GPU backends: N expert slots per layer on the GPU, fed from\n"
+    "                              the host's slots (fewer: the RAM tier; default: the\n"
+    "                              --vram-budget pick, else as many as the host's)\n"
     "  --context N              context the budget plans for (default 4096)\n"
     "  --expert-cache-policy lrfu|lfu|lru (default lrfu)   --io-threads N (default 8)\n"
     "  --direct-io on|off\n"
@@ -93,7 +99,7 @@ const std::vector<std::string> kStreamFlags = {
     "expert-cache-slots", "expert-cache-policy", "io-threads",     "direct-io",
     "memory-budget",      "vram-budget",         "context",        "routing-trace",
     "record-routing",     "expert-mmap",         "read-piece-kib", "backend",
-    "activations"};
+    "activations",        "gpu-expert-slots"};
 std::vector<std::string> with_stream_flags(std::vector<std::string> names) {
   names.insert(names.end(), kStreamFlags.begin(), kStreamFlags.end());
   return names;
@@ -198,6 +204,10 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   if (f.count("expert-cache-slots")) {
     o.expert_cache_slots = parse_number<int>(f.at("expert-cache-slots"), "expert-cache-slots");
     if (o.expert_cache_slots < 0) throw UsageError("--expert-cache-slots must be >= 0");
+  }
+  if (f.count("gpu-expert-slots")) {
+    o.gpu_expert_slots = parse_number<int>(f.at("gpu-expert-slots"), "gpu-expert-slots");
+    if (o.gpu_expert_slots < 0) throw UsageError("--gpu-expert-slots must be >= 0");
   }
   if (f.count("expert-cache-policy")) {
     try {
@@ -348,6 +358,8 @@ int cmd_perplexity(int argc, char** argv) {
 // What one generated token cost (decode steps; the first entry is the prefill).
 struct TokenStats {
   uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
+  // Of the hits, those in a GPU slot already; bytes copied into GPU slots (ExpertStats).
+  uint64_t gpu_hits = 0, gpu_copy_bytes = 0;
   double io_wait_ms = 0;        // waiting for expert reads with nothing else to do
   double compute_ms = 0;        // the rest of the forward pass
   redwing::ForwardParts parts;  // wall time per part (experts include io_wait_ms)
@@ -358,6 +370,8 @@ struct TokenStats {
     expert_hits += o.expert_hits;
     expert_misses += o.expert_misses;
     bytes_read += o.bytes_read;
+    gpu_hits += o.gpu_hits;
+    gpu_copy_bytes += o.gpu_copy_bytes;
     io_wait_ms += o.io_wait_ms;
     compute_ms += o.compute_ms;
     submissions += o.submissions;
@@ -394,6 +408,8 @@ class ForwardRecorder {
     s.expert_hits = now.hits - experts_before_.hits;
     s.expert_misses = now.misses - experts_before_.misses;
     s.bytes_read = now.bytes_read - experts_before_.bytes_read;
+    s.gpu_hits = now.device_hits - experts_before_.device_hits;
+    s.gpu_copy_bytes = now.device_bytes - experts_before_.device_bytes;
     s.io_wait_ms = (now.io_wait_seconds - experts_before_.io_wait_seconds) * 1e3;
     s.compute_ms = seconds * 1e3 - s.io_wait_ms;
     const redwing::Backend::WorkCounters work = engine_.backend().work_counters();
@@ -439,23 +455,36 @@ std::string expert_stats_json(const redwing::Engine& engine,
   for (size_t i = 1; i < token_stats.size(); ++i, ++steps) decode += token_stats[i];
   const double n = steps ? static_cast<double>(steps) : 1.0;
   const uint64_t uses = decode.expert_hits + decode.expert_misses;
+  const auto share = [](uint64_t part, uint64_t whole) {
+    return whole ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+  };
   char buf[768];
   std::snprintf(buf, sizeof(buf),
-                ", \"expert_cache_slots\": %d, \"direct_io\": %s, \"peak_rss_bytes\": %llu, "
-                "\"device_memory_bytes\": %llu, "
-                "\"expected_memory\": %s, \"hit_rate\": %.4f, \"bytes_read\": %llu, "
-                "\"io_wait_ms\": %.3f, \"read_ms\": %.3f, \"decode_hit_rate\": %.4f, "
-                "\"decode_bytes_read_per_token\": %.1f, \"decode_io_wait_ms_per_token\": %.3f, "
-                "\"decode_compute_ms_per_token\": %.3f",
-                engine.expert_cache_slots(), engine.direct_io() ? "true" : "false",
+                ", \"expert_cache_slots\": %d, \"gpu_expert_slots\": %d, \"direct_io\": %s, "
+                "\"peak_rss_bytes\": %llu, \"device_memory_bytes\": %llu, \"expected_memory\": ",
+                engine.expert_cache_slots(), engine.gpu_expert_slots(),
+                engine.direct_io() ? "true" : "false",
                 static_cast<unsigned long long>(redwing::platform::peak_rss_bytes()),
-                static_cast<unsigned long long>(engine.backend().device_memory_bytes()),
-                engine.memory_plan().to_json().c_str(), run.hit_rate(),
-                static_cast<unsigned long long>(run.bytes_read), run.io_wait_seconds * 1e3,
-                run.read_seconds * 1e3, uses ? static_cast<double>(decode.expert_hits) / uses : 0.0,
-                static_cast<double>(decode.bytes_read) / n, decode.io_wait_ms / n,
-                decode.compute_ms / n);
+                static_cast<unsigned long long>(engine.backend().device_memory_bytes()));
   std::string out = buf;
+  out += engine.memory_plan().to_json();
+  // The tiers (docs/gpu.md): a use is a GPU hit (in a GPU slot), a RAM hit (in a host slot: one
+  // copy to the GPU on a GPU backend) or a miss (read from the file, then copied).
+  std::snprintf(
+      buf, sizeof(buf),
+      ", \"hit_rate\": %.4f, \"gpu_hit_rate\": %.4f, \"ram_hit_rate\": %.4f, "
+      "\"bytes_read\": %llu, \"gpu_copy_bytes\": %llu, "
+      "\"io_wait_ms\": %.3f, \"read_ms\": %.3f, \"decode_hit_rate\": %.4f, "
+      "\"decode_gpu_hit_rate\": %.4f, \"decode_ram_hit_rate\": %.4f, "
+      "\"decode_bytes_read_per_token\": %.1f, \"decode_gpu_copy_bytes_per_token\": %.1f, "
+      "\"decode_io_wait_ms_per_token\": %.3f, \"decode_compute_ms_per_token\": %.3f",
+      run.hit_rate(), share(run.device_hits, run.requests), share(run.ram_hits(), run.requests),
+      static_cast<unsigned long long>(run.bytes_read),
+      static_cast<unsigned long long>(run.device_bytes), run.io_wait_seconds * 1e3,
+      run.read_seconds * 1e3, share(decode.expert_hits, uses), share(decode.gpu_hits, uses),
+      share(decode.expert_hits - decode.gpu_hits, uses), static_cast<double>(decode.bytes_read) / n,
+      static_cast<double>(decode.gpu_copy_bytes) / n, decode.io_wait_ms / n, decode.compute_ms / n);
+  out += buf;
   // Where a decode step's time goes; experts_ms includes the wait for reads, so the routed
   // experts' compute is experts_ms - io_wait_ms; "other" is norms, residual adds and sampling.
   const auto& p = decode.parts;
@@ -473,11 +502,14 @@ std::string expert_stats_json(const redwing::Engine& engine,
   for (size_t i = 0; i < token_stats.size(); ++i) {
     const auto& t = token_stats[i];
     std::snprintf(buf, sizeof(buf),
-                  "%s{\"hits\": %llu, \"misses\": %llu, \"bytes_read\": %llu, "
-                  "\"io_wait_ms\": %.3f, \"compute_ms\": %.3f}",
+                  "%s{\"hits\": %llu, \"gpu_hits\": %llu, \"misses\": %llu, "
+                  "\"bytes_read\": %llu, \"gpu_copy_bytes\": %llu, \"io_wait_ms\": %.3f, "
+                  "\"compute_ms\": %.3f}",
                   i ? ", " : "", static_cast<unsigned long long>(t.expert_hits),
+                  static_cast<unsigned long long>(t.gpu_hits),
                   static_cast<unsigned long long>(t.expert_misses),
-                  static_cast<unsigned long long>(t.bytes_read), t.io_wait_ms, t.compute_ms);
+                  static_cast<unsigned long long>(t.bytes_read),
+                  static_cast<unsigned long long>(t.gpu_copy_bytes), t.io_wait_ms, t.compute_ms);
     out += buf;
   }
   out += "]";
@@ -511,7 +543,7 @@ std::string expert_stats_json(const redwing::Engine& engine,
 int cmd_memory(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        {"model", "context", "expert-cache-slots", "memory-budget", "vram-budget",
-                        "kv-dtype", "chunk", "prefix-slack", "backend"});
+                        "gpu-expert-slots", "kv-dtype", "chunk", "prefix-slack", "backend"});
   const redwing::EngineOptions o = engine_options(f);
   const auto plan =
       redwing::plan_memory(redwing::ModelDir::open(o.model_dir), redwing::plan_settings(o));

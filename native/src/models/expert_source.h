@@ -31,9 +31,15 @@ struct ExpertStats {
   uint64_t bytes_read = 0;     // bytes read from expert files
   double io_wait_seconds = 0;  // time the model thread waited for reads with nothing else to do
   double read_seconds = 0;     // time spent inside reads, summed over the I/O threads
+  // Experts delivered into a backend's slots (for_each_slot, GPU expert slots):
+  uint64_t device_hits = 0;   // of the hits, already in the backend's slot: nothing copied
+  uint64_t device_bytes = 0;  // bytes of the experts handed over to be copied into its slots
   double hit_rate() const {
     return requests ? static_cast<double>(hits) / static_cast<double>(requests) : 0.0;
   }
+  // The tiers: device_hits (GPU) + ram_hits() (host slots) + misses (read from the file) =
+  // requests. On the CPU every hit is a RAM hit.
+  uint64_t ram_hits() const { return hits - device_hits; }
 };
 
 class ExpertSource {
@@ -54,10 +60,14 @@ class ExpertSource {
   virtual void prefetch(int layer, std::span<const int32_t> experts) {}
   virtual void for_each(int layer, std::span<const int32_t> experts,
                         const std::function<void(size_t, const ExpertMatrices&)>& fn);
-  // Sources with a fixed number of slots per MoE layer (the streaming store): that number, and
-  // for_each also telling the slot each expert is delivered from. An expert keeps its slot while
-  // it stays cached, so a backend may keep a copy of each slot (GPU expert slots) and refresh it
-  // only when a slot is delivered with another expert. The defaults: no slots, and slot -1.
+  // Sources with a fixed number of backend slots per MoE layer (the streaming store): that
+  // number, and for_each also telling the backend slot each expert goes to. An expert keeps its
+  // slot while it stays cached, so a backend may keep a copy of each slot (GPU expert slots) and
+  // refresh it only when a slot is delivered with another expert. Where the source keeps more
+  // experts in host memory than the backend has slots (the RAM tier, runtime/expert_store.h),
+  // it numbers the backend's slots itself, and an expert already in its backend slot is
+  // delivered first with its shapes only (null data pointers): the backend holds it, nothing is
+  // to be copied. The defaults: no slots, and slot -1.
   virtual int slots_per_layer() const { return 0; }
   virtual void for_each_slot(int layer, std::span<const int32_t> experts,
                              const std::function<void(size_t, int, const ExpertMatrices&)>& fn);

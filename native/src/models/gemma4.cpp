@@ -277,11 +277,12 @@ class Gemma4 final : public Model {
     return r;
   }
 
-  // moe_branch's sum with the experts streamed into backend slots that mirror the expert
-  // store's: a slot is filled only when the store delivers it with an expert the backend copy
-  // does not hold (a miss, or a slot refilled since). The products run once every delivered
+  // moe_branch's sum with the experts streamed into backend slots, numbered by the expert store
+  // (mirroring its host slots, or its record of the GPU's own fewer slots under a RAM tier): a
+  // slot is filled only when the store delivers it with an expert the backend copy does not hold
+  // (a miss or a RAM hit, or a slot refilled since). The products run once every delivered
   // expert is in its slot; when a slot must be refilled within the layer (fewer slots than
-  // experts: the store's waves), the products of the experts delivered so far run first.
+  // experts: waves), the products of the experts delivered so far run first.
   Mat slotted_experts(int layer, Mat e_in, const SlotRouting& r) {
     const int top_k = arch_.moe->top_k;
     std::unique_ptr<ExpertBank>& bank = slot_banks_[static_cast<size_t>(layer)];
@@ -299,6 +300,10 @@ class Gemma4 final : public Model {
       if (!bank)
         bank = backend_.create_expert_slots(m.gate, m.up, m.down, experts_->slots_per_layer());
       if (!backend_.slot_holds(*bank, slot, expert)) {
+        if (m.gate.packed == nullptr)  // the store counted a GPU hit the bank does not hold
+          throw std::logic_error("expert " + std::to_string(expert) + " of layer " +
+                                 std::to_string(layer) + " delivered without data to GPU slot " +
+                                 std::to_string(slot) + ", which does not hold it");
         if (std::find(pending.begin(), pending.end(), slot) != pending.end()) run_pending();
         backend_.fill_expert_slot(*bank, slot, expert, m.gate, m.up, m.down);
       }

@@ -22,6 +22,7 @@ PlanSettings plan_settings(const EngineOptions& o) {
   s.expert_cache_slots = o.expert_cache_slots;
   s.memory_budget = o.memory_budget;
   s.vram_budget = o.vram_budget;
+  s.gpu_expert_slots = o.gpu_expert_slots;
   s.kv_dtype = o.kv_dtype;
   s.chunk = o.chunk;
   s.ring_slack = o.prefix_slack;
@@ -48,6 +49,7 @@ Engine::Engine(const EngineOptions& options)
                                 "], not " + std::to_string(options_.expert_io_threads));
   if (options_.expert_cache_slots < 0)
     throw std::invalid_argument("expert cache slots must be >= 0");
+  if (options_.gpu_expert_slots < 0) throw std::invalid_argument("GPU expert slots must be >= 0");
   const bool moe = dir_.arch().moe.has_value();
   if (options_.mmap_experts && options_.expert_cache_slots > 0)
     throw std::invalid_argument("mapped experts and expert cache slots exclude each other");
@@ -62,6 +64,8 @@ Engine::Engine(const EngineOptions& options)
   if (moe && slots > 0) {
     ExpertStoreOptions so;
     so.slots = slots;
+    // The GPU's slots, when fewer: the host's slots are then the RAM tier above them.
+    so.device_slots = plan_.gpu_slots < slots ? plan_.gpu_slots : 0;
     so.policy = options_.expert_cache_policy;
     so.io_threads = options_.expert_io_threads;
     so.read_piece_bytes = options_.expert_read_piece_bytes;

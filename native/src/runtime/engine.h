@@ -48,6 +48,9 @@ struct EngineOptions {
   // GPU memory (a GPU backend; 0: none): every expert resident when core, KV cache, activations
   // and all experts fit, else experts streamed through the slots that fit (PlanSettings).
   uint64_t vram_budget = 0;
+  // The GPU's own expert slots per layer (a GPU backend; 0: vram_budget's pick, else as many as
+  // the host's); fewer than the host's make the host slots a RAM tier (PlanSettings).
+  int gpu_expert_slots = 0;
   int64_t context = defaults::kContext;           // the context size the memory budget plans for
   int64_t prefix_slack = defaults::kPrefixSlack;  // the session's ring slack, for the plan
   // BENCHMARK ONLY (runtime/routing_trace.h): replace the router's choice of experts with a
@@ -79,6 +82,9 @@ class Engine {
   // to call from another thread while a generation runs.
   ExpertStats expert_stats() const { return experts_ ? experts_->stats() : ExpertStats{}; }
   int expert_cache_slots() const { return store_ ? store_->options().slots : 0; }
+  // A GPU backend's expert slots per layer (the plan's gpu_slots): 0 on the CPU or with every
+  // expert resident; fewer than expert_cache_slots() under the RAM tier.
+  int gpu_expert_slots() const { return plan_.gpu_slots; }
   bool direct_io() const { return store_ && store_->direct_io(); }
   // The expected memory at options().context, computed before loading (the engine refuses to
   // start when a memory budget cannot hold it).

@@ -16,6 +16,21 @@ double seconds_between(std::chrono::steady_clock::time_point a,
   return std::chrono::duration<double>(b - a).count();
 }
 
+// An expert's matrices without their data: what a delivery into a backend slot that already holds
+// the expert carries (for_each_slot, the RAM tier's GPU hits).
+ExpertMatrices shapes_of(const ExpertLayerInfo& info) {
+  auto shape = [](const QuantTensorInfo& q) {
+    HostQuantMatrix m;
+    m.scale_dtype = q.scale_dtype;
+    m.bits = q.bits;
+    m.group_size = q.group_size;
+    m.rows = q.rows;
+    m.cols = q.cols;
+    return m;
+  };
+  return {shape(info.gate), shape(info.up), shape(info.down)};
+}
+
 }  // namespace
 
 EvictionPolicy parse_eviction_policy(const std::string& s) {
@@ -28,6 +43,10 @@ EvictionPolicy parse_eviction_policy(const std::string& s) {
 ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     : options_(options) {
   if (options_.slots < 1) throw std::invalid_argument("expert cache slots must be >= 1");
+  if (options_.device_slots < 0 || options_.device_slots > options_.slots)
+    throw std::invalid_argument("backend expert slots must be in [0, " +
+                                std::to_string(options_.slots) + "] (the host's slots), not " +
+                                std::to_string(options_.device_slots));
   if (options_.io_threads < 1) throw std::invalid_argument("I/O threads must be >= 1");
   if (options_.read_attempts < 1) options_.read_attempts = 1;
   if (!(options_.lrfu_half_life > 0))
@@ -49,6 +68,7 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     l.crf_at.assign(static_cast<size_t>(info.count), 0);
     // Slots are allocated once, aligned for direct I/O; pages become resident when first read.
     l.slots.resize(static_cast<size_t>(options_.slots));
+    if (tiered()) l.device.resize(static_cast<size_t>(options_.device_slots));
     const size_t slot_size = checked::to_size_t(info.stride, "expert slot bytes");
     for (Slot& s : l.slots) s.data = platform::allocate_aligned(slot_size, 16384);
     slot_bytes_ = checked::add(
@@ -96,10 +116,32 @@ ExpertMatrices ExpertStore::matrices(const Layer& l, const Slot& s) const {
           host_quant_at(l.info.down, blob)};
 }
 
+bool ExpertStore::announced(const Layer& l, std::span<const int32_t> experts, bool tiered) const {
+  if (!l.announced || !std::equal(l.active.begin(), l.active.end(), experts.begin(), experts.end()))
+    return false;
+  // A request looked up in the backend's slots, taken without them: look it up again.
+  return tiered ||
+         std::all_of(l.active_device.begin(), l.active_device.end(), [](int d) { return d < 0; });
+}
+
 double ExpertStore::crf_now(const Layer& l, int expert) const {
   const auto e = static_cast<size_t>(expert);
   const double age = static_cast<double>(l.requests - l.crf_at[e]);
   return l.crf[e] * std::exp2(-age / options_.lrfu_half_life);
+}
+
+bool ExpertStore::evict_first(const Layer& l, int a, uint64_t a_use, int b, uint64_t b_use) const {
+  if (options_.policy == EvictionPolicy::lrfu) {
+    const double va = crf_now(l, a);
+    const double vb = crf_now(l, b);
+    return va < vb || (va == vb && a_use < b_use);
+  }
+  if (options_.policy == EvictionPolicy::lfu) {
+    const uint64_t ua = l.uses[static_cast<size_t>(a)];
+    const uint64_t ub = l.uses[static_cast<size_t>(b)];
+    return ua < ub || (ua == ub && a_use < b_use);
+  }
+  return a_use < b_use;
 }
 
 int ExpertStore::pick_victim(const Layer& l) const {
@@ -113,27 +155,40 @@ int ExpertStore::pick_victim(const Layer& l) const {
       continue;
     }
     const Slot& b = l.slots[static_cast<size_t>(best)];
-    if (options_.policy == EvictionPolicy::lrfu) {
-      const double vc = crf_now(l, c.expert);
-      const double vb = crf_now(l, b.expert);
-      if (vc < vb || (vc == vb && c.last_use < b.last_use)) best = s;
-    } else if (options_.policy == EvictionPolicy::lfu) {
-      const uint64_t uc = l.uses[static_cast<size_t>(c.expert)];
-      const uint64_t ub = l.uses[static_cast<size_t>(b.expert)];
-      if (uc < ub || (uc == ub && c.last_use < b.last_use)) best = s;
-    } else if (c.last_use < b.last_use) {
-      best = s;
-    }
+    if (evict_first(l, c.expert, c.last_use, b.expert, b.last_use)) best = s;
   }
   return best;
 }
 
-void ExpertStore::begin(Layer& l, int layer, std::span<const int32_t> experts) {
+int ExpertStore::pick_device_slot(const Layer& l) const {
+  // An empty slot, else the policy's pick among the slots this request has not delivered into,
+  // else among those it has (the backend then records their products before the refill: waves).
+  int best = -1;
+  for (int s = 0; s < static_cast<int>(l.device.size()); ++s) {
+    const DeviceSlot& c = l.device[static_cast<size_t>(s)];
+    if (c.expert < 0) return s;
+    if (best < 0) {
+      best = s;
+      continue;
+    }
+    const DeviceSlot& b = l.device[static_cast<size_t>(best)];
+    const bool c_used = c.request == l.requests, b_used = b.request == l.requests;
+    if (c_used != b_used) {
+      if (b_used) best = s;
+      continue;
+    }
+    if (evict_first(l, c.expert, c.last_use, b.expert, b.last_use)) best = s;
+  }
+  return best;
+}
+
+void ExpertStore::begin(Layer& l, int layer, std::span<const int32_t> experts, bool tiered) {
   // An earlier request of this layer that was announced but never run: let its slots go.
   for (int s : l.active_slot)
     if (s >= 0) --l.slots[static_cast<size_t>(s)].pins;
   l.active.assign(experts.begin(), experts.end());
   l.active_slot.assign(experts.size(), -1);
+  l.active_device.assign(experts.size(), -1);
   l.waiting.clear();
   ++l.requests;
   for (size_t k = 0; k < experts.size(); ++k) {
@@ -144,6 +199,14 @@ void ExpertStore::begin(Layer& l, int layer, std::span<const int32_t> experts) {
     l.crf[static_cast<size_t>(e)] = crf_now(l, e) + 1.0;
     l.crf_at[static_cast<size_t>(e)] = l.requests;
     ++stats_.requests;
+    if (tiered) {
+      auto d = l.on_device.find(e);
+      if (d != l.on_device.end()) {  // a GPU hit: in a backend slot, no host slot needed
+        l.active_device[k] = d->second;
+        ++stats_.hits;
+        continue;
+      }
+    }
     auto it = l.where.find(e);
     if (it != l.where.end()) {
       Slot& s = l.slots[static_cast<size_t>(it->second)];
@@ -181,6 +244,7 @@ void ExpertStore::assign_slots(Layer& l, int layer) {
       piece = ((stride / n + 16383) / 16384) * 16384;  // aligned for direct I/O
     }
     slot.pieces_left = 0;
+    slot.delivered = false;
     slot.error.clear();
     for (uint64_t b = 0; b < stride; b += piece) {
       jobs_.push_back({layer, s, slot.expert, b, std::min(piece, stride - b)});
@@ -248,21 +312,27 @@ void ExpertStore::read_slot(const ReadJob& job) {
 void ExpertStore::prefetch(int layer, std::span<const int32_t> experts) {
   std::lock_guard lk(mu_);
   Layer& l = layer_at(layer);
-  begin(l, layer, experts);
+  // A store with the RAM tier serves a backend's slots: its requests come through for_each_slot.
+  begin(l, layer, experts, tiered());
   l.announced = true;
 }
 
 void ExpertStore::for_each(int layer, std::span<const int32_t> experts,
                            const std::function<void(size_t, const ExpertMatrices&)>& fn) {
-  for_each_slot(layer, experts, [&](size_t k, int, const ExpertMatrices& m) { fn(k, m); });
+  deliver(layer, experts, Taker::host, [&](size_t k, int, const ExpertMatrices& m) { fn(k, m); });
 }
 
 void ExpertStore::for_each_slot(int layer, std::span<const int32_t> experts,
                                 const std::function<void(size_t, int, const ExpertMatrices&)>& fn) {
+  deliver(layer, experts, tiered() ? Taker::tiered : Taker::mirror, fn);
+}
+
+void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker taker,
+                          const std::function<void(size_t, int, const ExpertMatrices&)>& fn) {
   std::unique_lock lk(mu_);
   Layer& l = layer_at(layer);
-  if (!l.announced || !std::equal(l.active.begin(), l.active.end(), experts.begin(), experts.end()))
-    begin(l, layer, experts);
+  const bool tier = taker == Taker::tiered;
+  if (!announced(l, experts, tier)) begin(l, layer, experts, tier);
   l.announced = false;
   const size_t n = experts.size();
   std::vector<bool> done(n, false);
@@ -278,7 +348,34 @@ void ExpertStore::for_each_slot(int layer, std::span<const int32_t> experts,
     l.active_slot.clear();
     l.waiting.clear();
   };
+  // fn without the lock (the I/O threads keep reading); the lock is held again when it returns
+  // or throws.
+  auto call = [&](size_t k, int slot, const ExpertMatrices& m) {
+    lk.unlock();
+    try {
+      fn(k, slot, m);
+    } catch (...) {
+      lk.lock();
+      throw;
+    }
+    lk.lock();
+  };
   try {
+    if (tier) {
+      // GPU hits first: nothing to wait for or copy, and once delivered their slots may take
+      // this request's other experts (a wave) if the backend has too few slots for all.
+      for (size_t k = 0; k < n; ++k) {
+        const int d = l.active_device[k];
+        if (d < 0) continue;
+        call(k, d, shapes_of(l.info));
+        DeviceSlot& ds = l.device[static_cast<size_t>(d)];
+        ds.request = l.requests;
+        ds.last_use = ++tick_;
+        ++stats_.device_hits;
+        done[k] = true;
+        --remaining;
+      }
+    }
     while (remaining > 0) {
       // A slot may have come free (a read left over from an abandoned request landed).
       if (!l.waiting.empty()) assign_slots(l, layer);
@@ -300,14 +397,28 @@ void ExpertStore::for_each_slot(int layer, std::span<const int32_t> experts,
       const int slot_index = l.active_slot[pick];
       Slot& slot = l.slots[static_cast<size_t>(slot_index)];
       const ExpertMatrices mats = matrices(l, slot);
-      lk.unlock();
-      try {
-        fn(pick, slot_index, mats);
-      } catch (...) {
-        lk.lock();
-        throw;
+      if (taker == Taker::mirror) {
+        // The backend's slot of the same index holds what this one held when last delivered.
+        if (slot.delivered)
+          ++stats_.device_hits;
+        else
+          stats_.device_bytes += l.info.stride;
+        call(pick, slot_index, mats);
+        slot.delivered = true;
+      } else if (tier) {
+        const int d = pick_device_slot(l);
+        DeviceSlot& ds = l.device[static_cast<size_t>(d)];
+        if (ds.expert >= 0) l.on_device.erase(ds.expert);
+        ds.expert = -1;  // until the backend has the copy
+        stats_.device_bytes += l.info.stride;
+        call(pick, d, mats);
+        ds.expert = experts[pick];
+        ds.request = l.requests;
+        ds.last_use = ++tick_;
+        l.on_device[ds.expert] = d;
+      } else {
+        call(pick, slot_index, mats);
       }
-      lk.lock();
       done[pick] = true;
       --remaining;
       --slot.pins;
@@ -326,8 +437,7 @@ std::vector<ExpertMatrices> ExpertStore::acquire(int layer, std::span<const int3
   Layer& l = layer_at(layer);
   if (experts.size() > l.slots.size())
     throw std::logic_error("acquire needs at least as many slots as experts; use for_each");
-  if (!l.announced || !std::equal(l.active.begin(), l.active.end(), experts.begin(), experts.end()))
-    begin(l, layer, experts);
+  if (!announced(l, experts, false)) begin(l, layer, experts, false);
   l.announced = false;
   for (;;) {
     if (!l.waiting.empty()) assign_slots(l, layer);

@@ -14,6 +14,15 @@
 // processed in waves: a slot is reused as soon as its expert has been computed. Reads bypass the
 // page cache (platform::ReadFile::open_uncached) unless turned off, so the memory the cache is
 // given is the memory it uses.
+//
+// A backend with its own expert slots (GPU) takes the experts through for_each_slot. With as
+// many backend slots as host slots, its slots mirror the host's (same index, same expert). With
+// fewer (device_slots < slots: the RAM tier), the store also keeps the record of the backend's
+// slots, replaced by the same policy: a request's experts already in a backend slot (GPU hits)
+// are delivered first and cost nothing; the others come from a host slot (RAM hits) or a read
+// (misses) and are delivered with the backend slot to copy them into, one the request does not
+// use when there is one. A GPU hit touches no host slot, so the two tiers together hold up to
+// slots + device_slots experts per layer.
 #pragma once
 
 #include <condition_variable>
@@ -39,6 +48,9 @@ EvictionPolicy parse_eviction_policy(const std::string& s);
 struct ExpertStoreOptions {
   int slots = defaults::kExpertCacheSlots;  // per MoE layer; any N >= 1 works (N < top_k processes
                                             // in waves)
+  // A backend's own slots per MoE layer, numbered by for_each_slot: 0 (or `slots`): as many as
+  // the host's, mirroring them; 1..slots-1: the RAM tier above. At most `slots`.
+  int device_slots = 0;
   EvictionPolicy policy = EvictionPolicy::lrfu;
   double lrfu_half_life = 16;  // LRFU: requests of a layer after which a use counts half
   int io_threads = defaults::kExpertIoThreads;  // reads in flight at most
@@ -65,7 +77,7 @@ class ExpertStore final : public ExpertSource {
   void for_each(int layer, std::span<const int32_t> experts,
                 const std::function<void(size_t, const ExpertMatrices&)>& fn) override;
   ExpertStats stats() const override;
-  int slots_per_layer() const override { return options_.slots; }
+  int slots_per_layer() const override { return tiered() ? options_.device_slots : options_.slots; }
   void for_each_slot(int layer, std::span<const int32_t> experts,
                      const std::function<void(size_t, int, const ExpertMatrices&)>& fn) override;
 
@@ -73,6 +85,10 @@ class ExpertStore final : public ExpertSource {
   // Whether reads bypass the page cache (false if asked not to or the filesystem refused).
   bool direct_io() const { return direct_; }
   uint64_t slot_bytes() const { return slot_bytes_; }  // memory held by all slots
+  // Whether the backend's slots are fewer than the host's (the RAM tier).
+  bool tiered() const {
+    return options_.device_slots > 0 && options_.device_slots < options_.slots;
+  }
 
  private:
   enum class SlotState { empty, loading, ready, failed };
@@ -81,10 +97,22 @@ class ExpertStore final : public ExpertSource {
     SlotState state = SlotState::empty;
     int pins = 0;
     uint64_t last_use = 0;
-    int pieces_left = 0;  // reads of this slot still running
-    std::string error;    // why the last read failed
+    int pieces_left = 0;     // reads of this slot still running
+    bool delivered = false;  // handed to for_each_slot since it was read (a mirroring backend
+                             // holds a copy)
+    std::string error;       // why the last read failed
     platform::AlignedBytes data;
   };
+  // A backend slot of the RAM tier: what the backend's copy holds (set once a delivery into it
+  // returned, so a failed copy leaves it empty).
+  struct DeviceSlot {
+    int expert = -1;
+    uint64_t last_use = 0;
+    uint64_t request = 0;  // the layer request that last delivered into it
+  };
+  // Who takes a request's experts: for_each/acquire (the CPU: host slots only), for_each_slot
+  // with backend slots mirroring the host's, or for_each_slot over the RAM tier.
+  enum class Taker { host, mirror, tiered };
   struct Layer {
     ExpertLayerInfo info;
     platform::ReadFile file;
@@ -98,6 +126,11 @@ class ExpertStore final : public ExpertSource {
     std::deque<size_t> waiting;    // indices into `active` that have no slot yet
     std::vector<int> active_slot;  // per index of `active`: its slot, or -1
     bool announced = false;        // prefetch() ran for `active`
+    // The RAM tier (tiered() only): the backend's slots, the expert -> backend slot map, and per
+    // index of `active` the backend slot that already held it at the request's start, or -1.
+    std::vector<DeviceSlot> device;
+    std::map<int, int> on_device;
+    std::vector<int> active_device;
   };
   struct ReadJob {
     int layer;
@@ -107,13 +140,21 @@ class ExpertStore final : public ExpertSource {
   };
 
   Layer& layer_at(int layer);
-  // Starts a request: counts uses, pins hits, queues misses. Requires the lock.
-  void begin(Layer& l, int layer, std::span<const int32_t> experts);
+  // Starts a request: counts uses, pins hits, queues misses; with `tiered`, experts in a
+  // backend slot are GPU hits (nothing pinned or read). Requires the lock.
+  void begin(Layer& l, int layer, std::span<const int32_t> experts, bool tiered);
   // Gives queued misses free slots and submits their reads. Requires the lock.
   void assign_slots(Layer& l, int layer);
-  int pick_victim(const Layer& l) const;
+  // Whether `experts` is the request prefetch() started, as the taker (tiered or not) needs it.
+  bool announced(const Layer& l, std::span<const int32_t> experts, bool tiered) const;
+  // The policy: whether expert a (last used at tick a_use) goes before expert b.
+  bool evict_first(const Layer& l, int a, uint64_t a_use, int b, uint64_t b_use) const;
+  int pick_victim(const Layer& l) const;             // a host slot, or -1 when all are pinned
+  int pick_device_slot(const Layer& l) const;        // a backend slot to refill (RAM tier)
   double crf_now(const Layer& l, int expert) const;  // LRFU value at the current request
   ExpertMatrices matrices(const Layer& l, const Slot& s) const;
+  void deliver(int layer, std::span<const int32_t> experts, Taker taker,
+               const std::function<void(size_t, int, const ExpertMatrices&)>& fn);
   void io_main();
   void read_slot(const ReadJob& job);
 

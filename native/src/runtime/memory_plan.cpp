@@ -12,6 +12,18 @@
 namespace redwing {
 namespace {
 
+// The experts `slots` per MoE layer hold (0: every expert file).
+uint64_t experts_bytes_at(const ModelDir& dir, int slots) {
+  uint64_t bytes = 0;
+  for (int i = 0; i < dir.arch().num_layers; ++i) {
+    const ExpertLayerInfo* info = dir.expert_layer(i);
+    if (info == nullptr) continue;
+    const auto n = slots > 0 ? static_cast<uint64_t>(slots) : static_cast<uint64_t>(info->count);
+    bytes = checked::add(bytes, checked::mul(n, info->stride, "expert bytes"), "expert bytes");
+  }
+  return bytes;
+}
+
 std::string mib(uint64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
@@ -63,14 +75,11 @@ MemoryPlan plan_memory(const ModelDir& dir, int64_t context, int slots, KvDType 
     if (info == nullptr) continue;
     ++p.moe_layers;
     p.expert_stride = std::max(p.expert_stride, info->stride);
-    const uint64_t file =
-        mul(static_cast<uint64_t>(info->count), info->stride, "expert file bytes");
-    p.all_experts_bytes = add(p.all_experts_bytes, file, "expert bytes");
-    p.expert_bytes =
-        add(p.expert_bytes,
-            slots > 0 ? mul(static_cast<uint64_t>(slots), info->stride, "expert slot bytes") : file,
-            "expert bytes");
   }
+  p.all_experts_bytes = experts_bytes_at(dir, 0);
+  p.expert_bytes = experts_bytes_at(dir, slots);
+  p.gpu_slots = slots;  // a GPU mirroring the host's slots; plan_memory(settings) says otherwise
+  p.device_expert_bytes = p.expert_bytes;
 
   // Scratch activations (float32) of one prefill chunk: the residual and its norms, attention
   // projections, MLP intermediates, the router and every routed row; then the logits of one
@@ -97,7 +106,15 @@ MemoryPlan plan_memory(const ModelDir& dir, int64_t context, int slots, KvDType 
 
 MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
   const bool moe = dir.arch().moe.has_value();
+  if (s.gpu_expert_slots < 0) throw std::invalid_argument("GPU expert slots must be >= 0");
   int slots = moe ? s.expert_cache_slots : 0;
+  int gpu_slots = moe && s.gpu ? s.gpu_expert_slots : 0;  // 0: not asked for
+  if (gpu_slots > 0 && s.mmap_experts)
+    throw std::invalid_argument("mapped experts and GPU expert slots exclude each other");
+  if (gpu_slots > 0 && slots > 0 && gpu_slots > slots)
+    throw std::invalid_argument("GPU expert slots (" + std::to_string(gpu_slots) +
+                                ") cannot outnumber the expert cache slots (" +
+                                std::to_string(slots) + "): the GPU's are filled from the host's");
   std::string over_budget;
   const bool pick = moe && slots == 0 && !s.mmap_experts;
   if (s.memory_budget > 0 && pick) {
@@ -109,21 +126,27 @@ MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
     }
   }
   const bool vram = s.gpu && s.vram_budget > 0;
-  if (vram && pick && over_budget.empty()) {
+  if (vram && moe && !s.mmap_experts && gpu_slots == 0 && over_budget.empty()) {
     try {
-      const int gpu_slots =
+      // 0: every expert fits the GPU.
+      gpu_slots =
           slots_for_vram_budget(dir, s.vram_budget, s.context, s.kv_dtype, s.chunk, s.ring_slack);
-      if (gpu_slots > 0) slots = slots == 0 ? gpu_slots : std::min(slots, gpu_slots);
     } catch (const BudgetTooSmall& e) {
-      slots = 1;
+      gpu_slots = 1;
       over_budget = e.what();
     }
   }
+  // The GPU streams and nothing limits the host: every expert stays in RAM once read (the RAM
+  // tier); a host with fewer slots than the GPU's pick bounds the GPU's (it is filled from them).
+  if (gpu_slots > 0 && slots == 0 && !s.mmap_experts) slots = dir.arch().moe->num_experts;
+  if (s.gpu && slots > 0 && (gpu_slots == 0 || gpu_slots > slots)) gpu_slots = slots;
   MemoryPlan p = plan_memory(dir, s.context, slots, s.kv_dtype, s.chunk, s.ring_slack);
   p.memory_budget = s.memory_budget;
   if (over_budget.empty() && s.memory_budget > 0 && p.total() > s.memory_budget)
     over_budget = "memory budget of " + mib(s.memory_budget) + " cannot hold the model: it needs " +
                   mib(p.total());
+  p.gpu_slots = s.gpu ? gpu_slots : 0;
+  p.device_expert_bytes = s.gpu ? experts_bytes_at(dir, gpu_slots) : 0;
   if (s.gpu) p.device_bytes = device_bytes_of(p);
   if (vram) {
     p.vram_budget = s.vram_budget;
@@ -136,9 +159,10 @@ MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
 }
 
 uint64_t device_bytes_of(const MemoryPlan& p) {
-  return checked::add(checked::add(checked::add(p.core_bytes, p.expert_bytes, "device memory"),
-                                   p.kv_bytes, "device memory"),
-                      p.work_bytes - defaults::kProcessAllowanceBytes, "device memory");
+  return checked::add(
+      checked::add(checked::add(p.core_bytes, p.device_expert_bytes, "device memory"), p.kv_bytes,
+                   "device memory"),
+      p.work_bytes - defaults::kProcessAllowanceBytes, "device memory");
 }
 
 int slots_for_vram_budget(const ModelDir& dir, uint64_t vram_budget, int64_t context,
@@ -221,6 +245,7 @@ std::string MemoryPlan::to_json() const {
   j["prefix_slack"] = ring_slack;
   j["kv_dtype"] = kv_dtype == KvDType::f16 ? "f16" : "f32";
   j["slots"] = slots;
+  j["gpu_slots"] = gpu_slots;
   j["moe_layers"] = moe_layers;
   j["expert_bytes_each"] = expert_stride;
   // The parts of the total, each listed: weights, KV cache, experts, working memory.
@@ -234,6 +259,7 @@ std::string MemoryPlan::to_json() const {
   j["over_budget"] =
       over_budget.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(over_budget);
   j["device_bytes"] = device_bytes;
+  j["device_expert_bytes"] = device_expert_bytes;
   j["vram_budget"] = vram_budget;
   return j.dump();
 }

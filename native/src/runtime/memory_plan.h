@@ -20,7 +20,11 @@ struct MemoryPlan {
   int64_t chunk = 0;
   int64_t ring_slack = 0;
   KvDType kv_dtype = defaults::kKvDtype;
-  int slots = 0;  // expert slots per MoE layer; 0: every expert resident
+  int slots = 0;  // expert slots per MoE layer in host memory; 0: every expert resident
+  // A GPU backend's expert slots per MoE layer: `slots` (its slots mirror the host's), fewer (the
+  // RAM tier: the host keeps more experts than the GPU, docs/gpu.md), or 0 with `slots` 0
+  // (every expert resident). 0 on the CPU.
+  int gpu_slots = 0;
   int moe_layers = 0;
   uint64_t expert_stride = 0;      // bytes of one expert (the largest stride)
   uint64_t core_bytes = 0;         // weights.bin: mapped once, every page touched each token
@@ -31,11 +35,13 @@ struct MemoryPlan {
   uint64_t memory_budget = 0;      // the budget planned for; 0: none
   // Why the budget cannot hold the model (even at one slot per layer); empty when it fits.
   std::string over_budget;
-  // A GPU backend: its device memory, ESTIMATED as the weights, the experts, the KV cache and
-  // the activations (work_bytes without the process allowance). 0 on the CPU.
+  // A GPU backend: its device memory, ESTIMATED as the weights, the experts in its slots (or
+  // all), the KV cache and the activations (work_bytes without the process allowance). 0 on the
+  // CPU.
   uint64_t device_bytes = 0;
-  uint64_t vram_budget = 0;  // the GPU memory budget planned for; 0: none
-  uint64_t total() const;    // host bytes; throws SizeOverflow when the sum does not fit
+  uint64_t device_expert_bytes = 0;  // of device_bytes: `gpu_slots` experts per layer (or all)
+  uint64_t vram_budget = 0;          // the GPU memory budget planned for; 0: none
+  uint64_t total() const;            // host bytes; throws SizeOverflow when the sum does not fit
   std::string to_json() const;
 };
 
@@ -50,10 +56,13 @@ struct PlanSettings {
   bool mmap_experts = false;  // mapped experts: a budget does not pick slots
   bool gpu = false;           // plan the device memory too
   // GPU memory (a GPU backend only; ignored on the CPU; 0: none): core + KV cache + work + the
-  // experts must fit. Every expert resident when they do, else the most slots per layer that
-  // fit (streamed experts, docs/gpu.md "Expert streaming on the GPU"); with memory_budget too,
-  // the smaller of the two slot counts.
+  // experts must fit. Every expert resident when they do, else the most GPU slots per layer that
+  // fit (streamed experts, docs/gpu.md "Expert streaming on the GPU").
   uint64_t vram_budget = 0;
+  // The GPU's expert slots per layer (a GPU backend only; 0: picked by vram_budget, else as many
+  // as the host's). The host's slots are expert_cache_slots, or memory_budget's pick, or, when
+  // the GPU streams and neither is set, every expert (the RAM tier); the GPU never has more.
+  int gpu_expert_slots = 0;
 };
 
 // The plan for `settings`: on an MoE model with no slots asked for and a budget, the slot count
@@ -75,8 +84,8 @@ struct BudgetTooSmall : std::runtime_error {
 int slots_for_budget(const ModelDir& dir, uint64_t budget, int64_t context, KvDType kv_dtype,
                      int64_t chunk, int64_t ring_slack = 0);
 
-// The GPU memory a plan needs (estimated): weights, experts (slots or all), KV cache and the
-// activations (work_bytes without the process allowance).
+// The GPU memory a plan needs (estimated): weights, experts (its GPU slots or all), KV cache and
+// the activations (work_bytes without the process allowance).
 uint64_t device_bytes_of(const MemoryPlan& p);
 
 // For a GPU memory budget: 0 when every expert fits with the rest (resident), else the most

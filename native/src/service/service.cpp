@@ -210,6 +210,10 @@ LoadRequest parse_load(const json& req) {
   // the slots that fit, streamed).
   o.vram_budget = static_cast<uint64_t>(
       integer_field(req, "vram_budget", static_cast<int64_t>(o.vram_budget), 0, INT64_MAX));
+  // GPU backends: the GPU's expert slots per layer (0: the vram_budget pick, else the host's);
+  // fewer than the host's slots make those a RAM tier (docs/gpu.md).
+  o.gpu_expert_slots =
+      static_cast<int>(integer_field(req, "gpu_expert_slots", o.gpu_expert_slots, 0, INT32_MAX));
   o.context = l.context;
   l.prefix_slack = integer_field(req, "prefix_slack", o.prefix_slack, 0, INT32_MAX);
   o.prefix_slack = l.prefix_slack;
@@ -300,11 +304,24 @@ json Service::stats_event(const json& id) {
     // Over the last (or running) generation; null when experts are resident (nothing measured).
     std::lock_guard lock(stats_mutex_);
     const bool measured = stats_.expert_slots > 0 && stats_.expert_requests > 0;
+    const auto of_uses = [&](uint64_t n) {
+      return measured ? json(static_cast<double>(n) / static_cast<double>(stats_.expert_requests))
+                      : json(nullptr);
+    };
+    const auto per_token = [&](double v) {
+      return measured && stats_.expert_tokens > 0
+                 ? json(v / static_cast<double>(stats_.expert_tokens))
+                 : json(nullptr);
+    };
     e["expert_cache"] = {
         {"slots", stats_.expert_slots},
-        {"hit_rate", measured ? json(static_cast<double>(stats_.expert_hits) /
-                                     static_cast<double>(stats_.expert_requests))
-                              : json(nullptr)},
+        {"hit_rate", of_uses(stats_.expert_hits)},
+        // The tiers on a GPU backend (0 and the host's figures on the CPU): GPU slots, then the
+        // host's slots (RAM), then the expert files; what went to the GPU per token.
+        {"gpu_slots", stats_.expert_gpu_slots},
+        {"gpu_hit_rate", of_uses(stats_.expert_gpu_hits)},
+        {"ram_hit_rate", of_uses(stats_.expert_hits - stats_.expert_gpu_hits)},
+        {"gpu_copy_bytes_per_token", per_token(static_cast<double>(stats_.expert_gpu_bytes))},
         {"read_bytes_per_token", measured && stats_.expert_tokens > 0
                                      ? json(static_cast<double>(stats_.expert_bytes_read) /
                                             static_cast<double>(stats_.expert_tokens))
@@ -527,6 +544,7 @@ void Service::do_load(const Job& job) {
       {"context", context},
       {"backend", l.engine->backend().describe()},
       {"expert_cache_slots", l.engine->expert_cache_slots()},
+      {"gpu_expert_slots", l.engine->gpu_expert_slots()},
       {"memory",
        {{"model_bytes", model_bytes},
         {"kv_bytes", kv},
@@ -578,6 +596,9 @@ void Service::do_generate(const Job& job) {
     stats_.expert_slots = engine.expert_cache_slots();
     stats_.expert_requests = now.requests - experts_at_start.requests;
     stats_.expert_hits = now.hits - experts_at_start.hits;
+    stats_.expert_gpu_slots = engine.gpu_expert_slots();
+    stats_.expert_gpu_hits = now.device_hits - experts_at_start.device_hits;
+    stats_.expert_gpu_bytes = now.device_bytes - experts_at_start.device_bytes;
     stats_.expert_bytes_read = now.bytes_read - experts_at_start.bytes_read;
     stats_.expert_tokens = tokens;
     stats_.expert_io_wait_seconds = now.io_wait_seconds - experts_at_start.io_wait_seconds;

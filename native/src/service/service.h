@@ -100,6 +100,8 @@ class Service {
     // Expert cache over the last (or running) generation: counter deltas since it started.
     int expert_slots = 0;
     uint64_t expert_requests = 0, expert_hits = 0, expert_bytes_read = 0;
+    int expert_gpu_slots = 0;  // a GPU backend's slots per layer (the RAM tier: fewer)
+    uint64_t expert_gpu_hits = 0, expert_gpu_bytes = 0;  // in GPU slots already; copied there
     int64_t expert_tokens = 0;
     double expert_io_wait_seconds = 0;
   };

@@ -149,6 +149,13 @@ export function LiveView() {
             <>
               <Stat label="Slots per layer" value={cache.slots} />
               <Stat label="Hit rate" value={formatPercent(cache.hitRate, 1)} />
+              {cache.gpuSlots != null && cache.gpuSlots > 0 && cache.gpuSlots < cache.slots && (
+                <Stat
+                  label="GPU / RAM hits"
+                  value={`${formatPercent(cache.gpuHitRate ?? null, 1)} / ${formatPercent(cache.ramHitRate ?? null, 1)}`}
+                  hint={`${cache.gpuSlots} expert slots per layer on the GPU, fed from ${cache.slots} in host memory`}
+                />
+              )}
               <Stat
                 label="I/O per token"
                 value={

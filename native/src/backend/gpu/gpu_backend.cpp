@@ -847,16 +847,7 @@ class GpuBackend final : public Backend {
     const int64_t entries = static_cast<int64_t>(count);
     Mat y = scratch(moe_out_, entries, out.cols);
     if (out.rows <= kMatvecMaxTokens && slot_decode_path_) {
-      const DeviceBuffer& rb = dev_of(routes);
-      const Binding id_b{&rb, 0, count * sizeof(int32_t)};
-      const Binding weight_b{&rb, route_weights_offset(count), count * sizeof(float)};
-      const View vy = view(y), vo = view(out);
-      MoeCombineParams p{u32(out.rows), u32(out.cols), u32(top_k),     vy.offset,
-                         u32(y.stride), vo.offset,     u32(out.stride)};
-      touch({vy.b.buffer, &rb}, {vo.b.buffer});
-      const Binding binds[] = {vy.b, id_b, weight_b, vo.b};
-      dispatch_linear(Kernel::moe_combine, binds, &p, sizeof p,
-                      (static_cast<uint64_t>(out.rows) * out.cols + 63) / 64);
+      combine_on_device(y, dev_of(routes), top_k, out);
       return;
     }
     scatter_expert_rows(*this, group_expert_rows(ids, weights, out.rows, top_k, kMaxExperts), y,
@@ -1036,19 +1027,28 @@ class GpuBackend final : public Backend {
     const size_t count = static_cast<size_t>(slots);
     const DeviceBuffer& rb = dev_of(routes);
     const Binding ids{&rb, 0, count * sizeof(int32_t)};
-    const Binding weights{&rb, route_weights_offset(count), count * sizeof(float)};
     Mat gu = scratch(moe_gate_up_, slots, 2 * inter);
     Mat y = scratch(moe_out_, slots, bank.hidden);
     moe_matvec(bank.gate_up, bank, x, u32(top_k), ids, u32(slots), gu);
     // The down product reads GeGLU(gate, up) straight from gu (its staging computes it).
     moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, ids, u32(slots), y, u32(inter));
+    combine_on_device(y, rb, top_k, out);
+  }
+
+  // out[t] = the sum of the products y[t * top_k + j] weighted by the routes' weights, added in
+  // ascending expert id as the routes' ids order them (moe_combine.comp): the one combine of the
+  // resident bank's decode path and the expert slots' (whose y rows are the same entries).
+  void combine_on_device(Mat y, const DeviceBuffer& routes, int top_k, Mat out) {
+    const size_t count = static_cast<size_t>(out.rows) * static_cast<size_t>(top_k);
+    const Binding ids{&routes, 0, count * sizeof(int32_t)};
+    const Binding weights{&routes, route_weights_offset(count), count * sizeof(float)};
     const View vy = view(y), vo = view(out);
-    MoeCombineParams p{u32(x.rows),   u32(out.cols), u32(top_k),     vy.offset,
+    MoeCombineParams p{u32(out.rows), u32(out.cols), u32(top_k),     vy.offset,
                        u32(y.stride), vo.offset,     u32(out.stride)};
-    touch({vy.b.buffer, &rb}, {vo.b.buffer});
+    touch({vy.b.buffer, &routes}, {vo.b.buffer});
     const Binding binds[] = {vy.b, ids, weights, vo.b};
     dispatch_linear(Kernel::moe_combine, binds, &p, sizeof p,
-                    (static_cast<uint64_t>(x.rows) * out.cols + 63) / 64);
+                    (static_cast<uint64_t>(out.rows) * out.cols + 63) / 64);
   }
 
   void experts_grouped_on_host(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
