@@ -11,6 +11,9 @@
 //                         [--stride 256] [--kv-dtype f16|f32] [--chunk 128] [--threads N]
 //       prints {"perplexity", "nll_per_token", "tokens", "windows", ...}; log-probabilities are
 //       computed in the engine (Engine::score_tokens), no logits leave it
+//       [--routing-prediction 4,8,16]: measurement only (runtime/routing_prediction.h): adds
+//       "routing_prediction", how well each MoE layer's experts are predicted from earlier
+//       residuals and what prefetching them would do to caches of these slots per layer
 //   redwing-engine memory --model DIR [--context N] [--expert-cache-slots N] [--kv-dtype ...]
 //                         [--memory-budget SIZE] [--chunk N] [--prefix-slack N] [--backend B]
 //       prints the memory plan (JSON, runtime/memory_plan.h) before loading anything big: the
@@ -33,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -43,6 +47,7 @@
 #include "platform/file.h"
 #include "platform/memory.h"
 #include "runtime/engine.h"
+#include "runtime/routing_prediction.h"
 
 namespace {
 
@@ -58,7 +63,7 @@ const char* kUsage =
     "                             [--kv-dtype f16|f32] [--chunk N] [--threads N]\n"
     "       redwing-engine perplexity --model DIR (--tokens IDS | --tokens-file FILE)\n"
     "                             [--window N] [--stride N] [--kv-dtype f16|f32] [--chunk N]\n"
-    "                             [--threads N]\n"
+    "                             [--threads N] [--routing-prediction SLOTS,...]\n"
     "       redwing-engine memory --model DIR [--context N] [--expert-cache-slots N]\n"
     "                             [--memory-budget SIZE] [--vram-budget SIZE]\n"
     "                             [--gpu-expert-slots N]\n"
@@ -327,7 +332,7 @@ std::vector<int32_t> read_tokens_file(const std::string& path) {
 int cmd_perplexity(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        with_stream_flags({"model", "tokens", "tokens-file", "window", "stride",
-                                          "kv-dtype", "chunk", "threads"}));
+                                          "kv-dtype", "chunk", "threads", "routing-prediction"}));
   if (f.count("tokens") == f.count("tokens-file"))
     throw UsageError("give exactly one of --tokens and --tokens-file");
   const auto tokens =
@@ -339,19 +344,36 @@ int cmd_perplexity(int argc, char** argv) {
   if (window < 2) throw UsageError("--window must be at least 2");
   if (stride < 1 || stride >= window)
     throw UsageError("--stride must be at least 1 and less than --window");
+  std::unique_ptr<redwing::RoutingPredictionReport> prediction;
+  if (f.count("routing-prediction")) {
+    redwing::RoutingPredictionOptions po;
+    po.cache_slots.clear();
+    for (int32_t slots : parse_tokens(f.at("routing-prediction"))) {
+      if (slots < 1) throw UsageError("--routing-prediction: slot counts must be positive");
+      po.cache_slots.push_back(slots);
+    }
+    if (f.count("expert-cache-policy"))
+      po.policy = redwing::parse_eviction_policy(f.at("expert-cache-policy"));
+    prediction = std::make_unique<redwing::RoutingPredictionReport>(po);
+  }
   redwing::Engine engine(engine_options(f));
+  if (prediction) {
+    if (!engine.arch().moe) throw UsageError("--routing-prediction needs a MoE model");
+    engine.model().set_routing_observer(prediction.get());
+  }
   const redwing::TokenScores s = engine.score_tokens(tokens, window, stride);
   const double nll = s.nll_sum / static_cast<double>(s.scored);
   std::printf(
       "{\"perplexity\": %.17g, \"nll_per_token\": %.17g, \"tokens\": %lld, \"windows\": %lld, "
       "\"positions\": %lld, \"window\": %lld, \"stride\": %lld, \"kv_dtype\": \"%s\", "
-      "\"activations\": \"%s\", \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
+      "\"activations\": \"%s\", \"seconds\": %.3f, \"tokens_per_second\": %.1f%s}\n",
       std::exp(nll), nll, static_cast<long long>(s.scored), static_cast<long long>(s.windows),
       static_cast<long long>(s.positions), static_cast<long long>(window),
       static_cast<long long>(stride),
       engine.options().kv_dtype == redwing::KvDType::f32 ? "f32" : "f16",
       redwing::activation_plan_name(engine.backend().activations()).c_str(), s.seconds,
-      s.seconds > 0 ? static_cast<double>(s.positions) / s.seconds : 0.0);
+      s.seconds > 0 ? static_cast<double>(s.positions) / s.seconds : 0.0,
+      prediction ? (", \"routing_prediction\": " + prediction->to_json()).c_str() : "");
   return 0;
 }
 

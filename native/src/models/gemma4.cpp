@@ -41,6 +41,8 @@ enum Gemma4Slot : int {
   kExpertGate,                        // [n, moe_intermediate]
   kExpertUp,                          // [n, moe_intermediate]
   kExpertOut,                         // [T * top_k, hidden] every expert's output rows
+  kPredictIn,                         // [T, hidden] a RoutingObserver's router input
+  kPredictLogits,                     // [T, experts] its logits
 };
 
 class Gemma4 final : public Model {
@@ -135,6 +137,10 @@ class Gemma4 final : public Model {
       const bool slotted = moe && !banked && slotted_;
       Routing routing;
       SlotRouting slot_routing;
+      if (routing_observer_ != nullptr) {
+        observe_router(i, RoutingSource::own, x);
+        observe_router(i + 1, RoutingSource::after_attention, x);
+      }
       if (banked) {
         timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
       } else if (slotted) {
@@ -175,6 +181,7 @@ class Gemma4 final : public Model {
         // x = (x + post_ffn_norm(m)) * layer_scalar
         backend_.add_rms_norm(m, l.post_ffn_norm.get(), off, eps, x, l.layer_scalar);
       }
+      if (routing_observer_ != nullptr) observe_router(i + 1, RoutingSource::before_attention, x);
     }
     cache.advance(T);
 
@@ -205,12 +212,13 @@ class Gemma4 final : public Model {
   };
 
   // The router's logits for the residual r [T, hidden] (on the un-normed residual).
-  Mat router_logits(const Layer& l, Mat r) {
+  Mat router_logits(const Layer& l, Mat r, int in_slot = kRouterIn,
+                    int logits_slot = kRouterLogits) {
     const int64_t hidden = arch_.hidden_size;
     // rl = router_proj * z, z = rms_norm(r) * router_scale * hidden^-0.5 (folded into the
     // product on a GPU).
-    Mat z = scratch_.get(kRouterIn, r.rows, hidden);
-    Mat rl = scratch_.get(kRouterLogits, r.rows, arch_.moe->num_experts);
+    Mat z = scratch_.get(in_slot, r.rows, hidden);
+    Mat rl = scratch_.get(logits_slot, r.rows, arch_.moe->num_experts);
     const Backend::QProduct router[] = {{l.router_proj.get(), z, rl}};
     backend_.qmatmul_normed(r,
                             {l.router_scale.get(), 0.0f, arch_.rms_norm_eps,
@@ -219,19 +227,35 @@ class Gemma4 final : public Model {
     return rl;
   }
 
+  // For a RoutingObserver: `layer`'s router logits on the residual r, read back (own scratch
+  // slots, so the layer's routing is left as it was). Nothing for a dense or missing layer.
+  void observe_router(int layer, RoutingSource source, Mat r) {
+    if (layer >= arch_.num_layers || !arch_.layers[static_cast<size_t>(layer)].moe) return;
+    const int experts = arch_.moe->num_experts;
+    Mat rl = router_logits(layers_[static_cast<size_t>(layer)], r, kPredictIn, kPredictLogits);
+    std::vector<float> host(static_cast<size_t>(r.rows) * static_cast<size_t>(experts));
+    backend_.download(*rl.buf, static_cast<size_t>(rl.offset) * sizeof(float), host.data(),
+                      host.size() * sizeof(float));
+    routing_observer_->router_logits(layer, source, r.rows, experts, host.data());
+  }
+
   // The router's choice for the residual r, into routes_ (backend memory: no host round trip
-  // unless a routing hook must see the ids).
+  // unless a routing hook or observer must see the ids).
   void route_to_backend(int layer, const Layer& l, Mat r) {
     const MoeConfig& moe = *arch_.moe;
     const size_t count = static_cast<size_t>(r.rows) * static_cast<size_t>(moe.top_k);
     if (!routes_ || routes_->size_bytes() < route_buffer_bytes(count))
       routes_ = backend_.alloc(route_buffer_bytes(count));
     backend_.route_to(router_logits(l, r), moe.top_k, *l.per_expert_scale, *routes_);
-    if (routing_hook_ != nullptr) {
+    if (routing_hook_ != nullptr || routing_observer_ != nullptr) {
       std::vector<int32_t> idx(count);
       backend_.download(*routes_, 0, idx.data(), idx.size() * sizeof(int32_t));
-      routing_hook_->apply(layer, r.rows, moe.top_k, moe.num_experts, idx.data());
-      backend_.upload(*routes_, 0, idx.data(), idx.size() * sizeof(int32_t));
+      if (routing_hook_ != nullptr) {
+        routing_hook_->apply(layer, r.rows, moe.top_k, moe.num_experts, idx.data());
+        backend_.upload(*routes_, 0, idx.data(), idx.size() * sizeof(int32_t));
+      }
+      if (routing_observer_ != nullptr)
+        routing_observer_->routed(layer, r.rows, moe.top_k, moe.num_experts, idx.data());
     }
   }
 
@@ -268,6 +292,8 @@ class Gemma4 final : public Model {
       routing_hook_->apply(layer, x.rows, moe.top_k, moe.num_experts, r.ids.data());
       backend_.upload(*routes_, 0, r.ids.data(), count * sizeof(int32_t));
     }
+    if (routing_observer_ != nullptr)
+      routing_observer_->routed(layer, x.rows, moe.top_k, moe.num_experts, r.ids.data());
     for (int32_t e : r.ids)
       if (e < 0 || e >= arch_.moe->num_experts)
         throw std::logic_error("routing chose expert " + std::to_string(e) + ", outside the model");
@@ -325,6 +351,8 @@ class Gemma4 final : public Model {
     backend_.route(rl, moe.top_k, *l.per_expert_scale, idx.data(), wts.data());
     if (routing_hook_ != nullptr)
       routing_hook_->apply(layer, T, moe.top_k, moe.num_experts, idx.data());
+    if (routing_observer_ != nullptr)
+      routing_observer_->routed(layer, T, moe.top_k, moe.num_experts, idx.data());
 
     // Rows per expert, experts in ascending id (transformers' order of accumulation).
     std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<float>>> groups;

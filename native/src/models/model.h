@@ -30,6 +30,27 @@ class RoutingHook {
   virtual void apply(int layer, int64_t rows, int top_k, int num_experts, int32_t* idx) = 0;
 };
 
+// Measurement only (runtime/routing_prediction.h): sees the routing a MoE layer used and, before
+// the layer runs, what its router would choose from residuals available earlier, to measure
+// whether a layer's experts can be predicted (and read) ahead of its router. Never set in normal
+// use; when set, the model runs one extra router product per source and MoE layer and reads
+// the logits back, which leaves its output unchanged.
+enum class RoutingSource {
+  after_attention,   // layer L+1's router on layer L's residual after attention (what L routes on)
+  before_attention,  // layer L+1's router on layer L's output (layer L+1's input)
+  own,               // the layer's router on its own residual: the actual choice (a self-check)
+};
+class RoutingObserver {
+ public:
+  virtual ~RoutingObserver() = default;
+  // The router's logits (rows x num_experts) of `layer` on the residual `source` names; the
+  // earlier sources arrive before the layer's routed() call for the same rows.
+  virtual void router_logits(int layer, RoutingSource source, int64_t rows, int num_experts,
+                             const float* logits) = 0;
+  // The experts `layer` used (rows x top_k ids, after any RoutingHook).
+  virtual void routed(int layer, int64_t rows, int top_k, int num_experts, const int32_t* idx) = 0;
+};
+
 // Wall time spent in each part of forward() since the model was built, for benchmarks ("where
 // the time goes per token"). The CPU backend runs ops synchronously, so these are exact there; a
 // backend that queues work must synchronize before they mean anything. `experts` includes any
@@ -44,6 +65,8 @@ class Model {
   virtual ~Model() = default;
   virtual const Architecture& arch() const = 0;
   void set_routing_hook(RoutingHook* hook) { routing_hook_ = hook; }
+  // Models without MoE layers never call it.
+  void set_routing_observer(RoutingObserver* observer) { routing_observer_ = observer; }
   const ForwardParts& forward_parts() const { return parts_; }
   // The logits row of the last forward() with LogitsFor::last_kept, in backend memory; valid
   // until the next forward().
@@ -58,6 +81,7 @@ class Model {
 
  protected:
   RoutingHook* routing_hook_ = nullptr;
+  RoutingObserver* routing_observer_ = nullptr;
   ForwardParts parts_;
   Mat kept_logits_;
 
