@@ -5,17 +5,21 @@
  *
  *   npm run bench -- gpu-streaming [--model DIR | --synth-layers N] [--budgets 2G,4G,8G]
  *                                  [--decode 32] [--trace synthetic:reuse=0.45,seed=1]
- *                                  [--kv-dtype f16] [--direct-io off] [--engine PATH] [--out DIR]
+ *                                  [--kv-dtype f16] [--direct-io off] [--tier ssd|ram|both]
+ *                                  [--engine PATH] [--out DIR]
  *
  * The model is --model, or the synthetic Gemma 4 26B-A4B cut to --synth-layers N of its 30
  * layers, or by default the gemma4-moe fixture (then the budgets default to a few MiB, so that
  * it streams through lavapipe in seconds). Each budget runs `redwing-engine generate --backend
  * vulkan --vram-budget B` (the engine picks the GPU slots per layer that fit, or every expert
- * when they all do; the host keeps every expert it reads, the RAM tier of docs/gpu.md, so only
- * first uses come from the SSD) on an 8-token prompt; the routing is --trace (benchmark only: it replaces the
- * router's choice; "router" keeps the model's own, random on a synthetic model). Reported per
- * budget: slots per layer, device memory, decode tok/s, the store's hit rate, bytes read (and
- * copied to the GPU) per token, I/O wait per token, submissions (host round trips) per token.
+ * when they all do) on an 8-token prompt, once per --tier: `ssd` gives the host as many expert
+ * slots as the GPU (every GPU miss is a read), `ram` lets the host keep every expert it has read
+ * (the RAM tier of docs/gpu.md: a GPU miss is a read only on the expert's first use, so a short
+ * run still reads a lot; --decode sets how long it warms). The routing is --trace (benchmark
+ * only: it replaces the router's choice; "router" keeps the model's own, random on a synthetic
+ * model). Reported per budget and tier: slots per layer (GPU and host), device memory, decode
+ * tok/s, GPU and RAM hit rates, bytes read from the SSD and copied to the GPU per token, I/O wait
+ * per token, submissions (host round trips) per token.
  * Results go to bench/results/gpu-streaming.json (or --out).
  */
 import { existsSync } from "node:fs";
@@ -38,11 +42,18 @@ const Report = z.object({
   gpu_expert_slots: z.number().optional(),
   direct_io: z.boolean().optional(),
   decode_hit_rate: z.number().optional(),
+  decode_gpu_hit_rate: z.number().optional(),
+  decode_ram_hit_rate: z.number().optional(),
+  decode_gpu_copy_bytes_per_token: z.number().optional(),
   decode_bytes_read_per_token: z.number().optional(),
   decode_io_wait_ms_per_token: z.number().optional(),
   decode_submissions_per_token: z.number(),
   decode_dispatches_per_token: z.number(),
 });
+
+const Plan = z.object({ gpu_slots: z.number() });
+
+type Tier = "ssd" | "ram";
 
 function option(name: string): string | undefined {
   const i = process.argv.indexOf(`--${name}`);
@@ -64,6 +75,8 @@ async function defaultModel(): Promise<{ model: string; budgets: string }> {
   return { model, budgets: "3.3M,3.5M,8M" };
 }
 
+const percent = (rate: number | null) => (rate === null ? "-" : `${(100 * rate).toFixed(1)}%`);
+
 export async function runGpuStreamingBench(): Promise<void> {
   const decode = flag("decode", 32);
   const kvDtype = option("kv-dtype") ?? "f16";
@@ -78,7 +91,36 @@ export async function runGpuStreamingBench(): Promise<void> {
   const vocab = manifest.architecture.vocab_size;
   const tokens = Array.from({ length: 8 }, (_, i) => (1000 + i * 7919) % vocab).join(",");
 
-  const run = async (budget: string | null) => {
+  const tierOption = option("tier") ?? "both";
+  if (!["ssd", "ram", "both"].includes(tierOption))
+    throw new Error(`--tier must be ssd, ram or both, not ${tierOption}`);
+  const tiers: Tier[] = tierOption === "both" ? ["ssd", "ram"] : [tierOption as Tier];
+
+  // `ssd`: the host keeps as many slots as the GPU (the engine's pick for the budget), so every
+  // GPU miss is a read; `ram`: the engine's default under --vram-budget, every expert read stays
+  // in host memory.
+  const hostSlots = async (budget: string, tier: Tier): Promise<string[]> => {
+    if (tier === "ram") return [];
+    const plan = Plan.parse(
+      JSON.parse(
+        await captureOutput([
+          engine,
+          "memory",
+          "--model",
+          model,
+          "--backend",
+          "vulkan",
+          "--kv-dtype",
+          kvDtype,
+          "--vram-budget",
+          budget,
+        ]),
+      ),
+    );
+    return plan.gpu_slots > 0 ? ["--expert-cache-slots", String(plan.gpu_slots)] : [];
+  };
+
+  const run = async (budget: string | null, tier: Tier | null) => {
     const argv = [
       engine,
       "generate",
@@ -95,6 +137,7 @@ export async function runGpuStreamingBench(): Promise<void> {
       "--temperature",
       "0",
       ...(budget === null ? ["--expert-cache-slots", "0"] : ["--vram-budget", budget]),
+      ...(budget === null || tier === null ? [] : await hostSlots(budget, tier)),
       ...(trace === "router" ? [] : ["--routing-trace", trace]),
       // --direct-io off: expert reads through the page cache (a RAM tier once the files are
       // cached), to split the SSD's share of a token from the rest of the streaming path.
@@ -103,12 +146,16 @@ export async function runGpuStreamingBench(): Promise<void> {
     const r = Report.parse(JSON.parse(await captureOutput(argv)));
     return {
       budget,
+      tier,
       // The GPU's slots per layer (engines before the RAM tier report one count for both).
       slots: r.gpu_expert_slots ?? r.expert_cache_slots,
       host_slots: r.expert_cache_slots,
       device_memory_bytes: r.device_memory_bytes,
       decode_tokens_per_s: (r.tokens.length - 1) / r.decode_seconds,
       hit_rate: r.decode_hit_rate ?? null,
+      gpu_hit_rate: r.decode_gpu_hit_rate ?? null,
+      ram_hit_rate: r.decode_ram_hit_rate ?? null,
+      gpu_copy_bytes_per_token: r.decode_gpu_copy_bytes_per_token ?? null,
       bytes_read_per_token: r.decode_bytes_read_per_token ?? 0,
       io_wait_ms_per_token: r.decode_io_wait_ms_per_token ?? 0,
       submissions_per_token: r.decode_submissions_per_token,
@@ -118,37 +165,41 @@ export async function runGpuStreamingBench(): Promise<void> {
     };
   };
 
-  const rows = [await run(null)];
-  const refused: { budget: string; error: string }[] = [];
-  for (const b of budgetList) {
-    try {
-      rows.push(await run(b));
-    } catch (e) {
-      // A budget that cannot hold the model: the engine says why; the other budgets still run.
-      refused.push({ budget: b, error: e instanceof Error ? e.message : String(e) });
+  const rows = [await run(null, null)];
+  const refused: { budget: string; tier: Tier; error: string }[] = [];
+  for (const b of budgetList)
+    for (const tier of tiers) {
+      try {
+        rows.push(await run(b, tier));
+      } catch (e) {
+        // A budget that cannot hold the model: the engine says why; the other budgets still run.
+        refused.push({ budget: b, tier, error: e instanceof Error ? e.message : String(e) });
+      }
     }
-  }
   const direct = rows.slice(1).find((r) => r.direct_io !== null)?.direct_io;
   console.log(
     `${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens; expert reads ${direct === false ? "through the page cache" : "direct (O_DIRECT)"}`,
   );
   console.log(
-    "GPU budget | slots/layer | device GB | decode tok/s | hit rate | MB read/token | I/O wait ms/token | submissions/token",
+    "GPU budget | tier | GPU/host slots per layer | device GB | decode tok/s | GPU hits | RAM hits | MB read/token | MB to GPU/token | I/O wait ms/token | submissions/token",
   );
   for (const r of rows)
     console.log(
       [
         r.budget ?? "resident",
-        r.slots === 0 ? "all" : String(r.slots),
+        r.tier ?? "-",
+        r.slots === 0 ? "all" : `${r.slots}/${r.host_slots === 0 ? "all" : r.host_slots}`,
         (r.device_memory_bytes / 1e9).toFixed(2),
         r.decode_tokens_per_s.toFixed(1),
-        r.hit_rate === null || r.slots === 0 ? "-" : `${(100 * r.hit_rate).toFixed(1)}%`,
+        percent(r.slots === 0 ? null : (r.gpu_hit_rate ?? r.hit_rate)),
+        percent(r.slots === 0 ? null : r.ram_hit_rate),
         (r.bytes_read_per_token / 1e6).toFixed(2),
+        r.gpu_copy_bytes_per_token === null ? "-" : (r.gpu_copy_bytes_per_token / 1e6).toFixed(2),
         r.io_wait_ms_per_token.toFixed(2),
         r.submissions_per_token.toFixed(1),
       ].join(" | "),
     );
-  for (const r of refused) console.log(`${r.budget}: refused: ${r.error.slice(-400)}`);
+  for (const r of refused) console.log(`${r.budget} ${r.tier}: refused: ${r.error.slice(-400)}`);
   const dir = option("out") ?? join(root, "bench", "results");
   await mkdir(dir, { recursive: true });
   await writeFile(
