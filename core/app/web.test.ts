@@ -11,6 +11,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { UserError } from "../errors.ts";
 import {
   DEFAULT_SETTINGS,
+  SERVER_OFF,
   type AppBackend,
   type AppEvent,
   type Download,
@@ -60,15 +61,7 @@ class FakeBackend implements AppBackend {
     "settings.get": () => DEFAULT_SETTINGS,
     "models.list": () => [],
     "engine.status": () => ENGINE,
-    "server.status": () => ({
-      running: false,
-      url: null,
-      modelId: null,
-      example: null,
-      error: null,
-      requests: [],
-      unavailable: null,
-    }),
+    "server.status": () => SERVER_OFF,
     "chat.list": () => [
       { id: "c1", title: "Hello", updatedAt: "2026-01-01", messageCount: 2, pinned: false },
     ],
