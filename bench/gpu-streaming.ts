@@ -22,25 +22,11 @@ import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
+import { parseGenerateReport } from "./generate-report.ts";
 import { flag } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
-
-const Report = z.object({
-  tokens: z.array(z.number()),
-  decode_seconds: z.number(),
-  device: z.string(),
-  device_memory_bytes: z.number(),
-  expert_cache_slots: z.number(),
-  direct_io: z.boolean().optional(),
-  decode_hit_rate: z.number().optional(),
-  decode_bytes_read_per_token: z.number().optional(),
-  decode_io_wait_ms_per_token: z.number().optional(),
-  decode_submissions_per_token: z.number(),
-  decode_dispatches_per_token: z.number(),
-});
 
 function option(name: string): string | undefined {
   const i = process.argv.indexOf(`--${name}`);
@@ -98,19 +84,19 @@ export async function runGpuStreamingBench(): Promise<void> {
       // cached), to split the SSD's share of a token from the rest of the streaming path.
       ...(option("direct-io") === "off" ? ["--direct-io", "off"] : []),
     ];
-    const r = Report.parse(JSON.parse(await captureOutput(argv)));
+    const r = parseGenerateReport(await captureOutput(argv));
     return {
       budget,
       slots: r.expert_cache_slots,
       device_memory_bytes: r.device_memory_bytes,
       decode_tokens_per_s: (r.tokens.length - 1) / r.decode_seconds,
-      hit_rate: r.decode_hit_rate ?? null,
-      bytes_read_per_token: r.decode_bytes_read_per_token ?? 0,
-      io_wait_ms_per_token: r.decode_io_wait_ms_per_token ?? 0,
+      hit_rate: r.decode_hit_rate,
+      bytes_read_per_token: r.decode_bytes_read_per_token,
+      io_wait_ms_per_token: r.decode_io_wait_ms_per_token,
       submissions_per_token: r.decode_submissions_per_token,
       dispatches_per_token: r.decode_dispatches_per_token,
       device: r.device,
-      direct_io: r.direct_io ?? null,
+      direct_io: r.direct_io,
     };
   };
 
@@ -124,7 +110,7 @@ export async function runGpuStreamingBench(): Promise<void> {
       refused.push({ budget: b, error: e instanceof Error ? e.message : String(e) });
     }
   }
-  const direct = rows.slice(1).find((r) => r.direct_io !== null)?.direct_io;
+  const direct = rows[1]?.direct_io;
   console.log(
     `${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens; expert reads ${direct === false ? "through the page cache" : "direct (O_DIRECT)"}`,
   );
@@ -138,7 +124,7 @@ export async function runGpuStreamingBench(): Promise<void> {
         r.slots === 0 ? "all" : String(r.slots),
         (r.device_memory_bytes / 1e9).toFixed(2),
         r.decode_tokens_per_s.toFixed(1),
-        r.hit_rate === null || r.slots === 0 ? "-" : `${(100 * r.hit_rate).toFixed(1)}%`,
+        r.slots === 0 ? "-" : `${(100 * r.hit_rate).toFixed(1)}%`,
         (r.bytes_read_per_token / 1e6).toFixed(2),
         r.io_wait_ms_per_token.toFixed(2),
         r.submissions_per_token.toFixed(1),
