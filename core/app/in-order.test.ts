@@ -1,26 +1,27 @@
 import { describe, expect, it } from "vitest";
 import { inOrderAnnouncer } from "./in-order.ts";
 
-/** Readings the test finishes by hand, in the order it picks. */
-function readings(): { read: () => Promise<string>; finish: (i: number, value: string) => void } {
+/** An announcer whose readings the test finishes by hand, in the order it picks. */
+function announcer(): {
+  announce: () => void;
+  finish: (i: number, value: string) => void;
+  announced: string[];
+} {
   const pending: ((value: string) => void)[] = [];
-  return {
-    read: () => new Promise<string>((resolve) => pending.push(resolve)),
-    finish: (i, value) => pending[i]!(value),
-  };
+  const announced: string[] = [];
+  const announce = inOrderAnnouncer(
+    () => new Promise<string>((resolve) => pending.push(resolve)),
+    (v) => announced.push(v),
+    () => {},
+  );
+  return { announce, finish: (i, value) => pending[i]!(value), announced };
 }
 
 const settle = () => new Promise((r) => setTimeout(r, 0));
 
 describe("inOrderAnnouncer", () => {
   it("drops an older reading that finishes after a newer one was announced", async () => {
-    const { read, finish } = readings();
-    const announced: string[] = [];
-    const announce = inOrderAnnouncer(
-      read,
-      (v) => announced.push(v),
-      () => {},
-    );
+    const { announce, finish, announced } = announcer();
     announce(); // the start-up list: the model not loaded yet, its plan slow
     announce(); // the list after "ready"
     finish(1, "loaded");
@@ -31,13 +32,7 @@ describe("inOrderAnnouncer", () => {
   });
 
   it("announces readings that finish in order, and an older one that finishes first", async () => {
-    const { read, finish } = readings();
-    const announced: string[] = [];
-    const announce = inOrderAnnouncer(
-      read,
-      (v) => announced.push(v),
-      () => {},
-    );
+    const { announce, finish, announced } = announcer();
     announce();
     announce();
     announce();

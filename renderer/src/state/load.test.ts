@@ -8,10 +8,10 @@ import { describe, expect, it } from "vitest";
 import {
   DEFAULT_SETTINGS,
   type AppEvent,
-  type Download,
   type EngineStatus,
   type InstalledModel,
 } from "../../../core/app/api.ts";
+import { runningDownload } from "../../../testkit/download.ts";
 import type { RendererClient } from "../api/types.ts";
 import { Store } from "./context.tsx";
 import { loadAll } from "./load.ts";
@@ -46,23 +46,6 @@ function model(loaded: boolean): InstalledModel {
     isDemo: true,
     verify: { state: "ok" },
     loaded,
-  };
-}
-
-function download(bytesDone: number): Download {
-  return {
-    taskId: "t1",
-    ref: "test/tiny",
-    name: "tiny",
-    state: "running",
-    phase: "downloading",
-    bytesDone,
-    bytesTotal: 100,
-    rate: null,
-    etaSeconds: null,
-    file: null,
-    note: null,
-    error: null,
   };
 }
 
@@ -138,8 +121,8 @@ describe("loadAll and events that overtake its answers", () => {
     const { client, answer } = fakeClient(["models.downloads"]);
     const done = loadAll(client, store, () => {});
     await tick();
-    event(store, { type: "download", download: download(80) });
-    answer("models.downloads", [download(10)]);
+    event(store, { type: "download", download: runningDownload("t1", { bytesDone: 80 }) });
+    answer("models.downloads", [runningDownload("t1", { bytesDone: 10 })]);
     await done;
     expect(store.getState().downloads.map((d) => d.bytesDone)).toEqual([80]);
   });
