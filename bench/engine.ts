@@ -11,20 +11,12 @@ import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
+import { parseGenerateReport } from "./generate-report.ts";
 import { flag, median } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
-
-const GenerateReport = z.object({
-  tokens: z.array(z.number()),
-  stop_reason: z.string(),
-  prompt_tokens: z.number(),
-  prefill_seconds: z.number(),
-  decode_seconds: z.number(),
-});
 
 /** The synthetic model, made on first use (about 2 GB for 4 layers). */
 async function benchModel(layers: number): Promise<string> {
@@ -72,7 +64,7 @@ export async function runEngineBench(): Promise<void> {
         ],
         { inheritStderr: true },
       );
-      const report = GenerateReport.parse(JSON.parse(out));
+      const report = parseGenerateReport(out);
       row.prefill.push(report.prompt_tokens / report.prefill_seconds);
       if (report.tokens.length > 1)
         row.decode.push((report.tokens.length - 1) / report.decode_seconds);

@@ -29,27 +29,10 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
+import { parseGenerateReport } from "./generate-report.ts";
 import { flag } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
-
-const Report = z.object({
-  tokens: z.array(z.number()),
-  decode_seconds: z.number(),
-  device: z.string(),
-  device_memory_bytes: z.number(),
-  expert_cache_slots: z.number(),
-  gpu_expert_slots: z.number().optional(),
-  direct_io: z.boolean().optional(),
-  decode_hit_rate: z.number().optional(),
-  decode_gpu_hit_rate: z.number().optional(),
-  decode_ram_hit_rate: z.number().optional(),
-  decode_gpu_copy_bytes_per_token: z.number().optional(),
-  decode_bytes_read_per_token: z.number().optional(),
-  decode_io_wait_ms_per_token: z.number().optional(),
-  decode_submissions_per_token: z.number(),
-  decode_dispatches_per_token: z.number(),
-});
 
 const Plan = z.object({ gpu_slots: z.number() });
 
@@ -143,25 +126,24 @@ export async function runGpuStreamingBench(): Promise<void> {
       // cached), to split the SSD's share of a token from the rest of the streaming path.
       ...(option("direct-io") === "off" ? ["--direct-io", "off"] : []),
     ];
-    const r = Report.parse(JSON.parse(await captureOutput(argv)));
+    const r = parseGenerateReport(await captureOutput(argv));
     return {
       budget,
       tier,
-      // The GPU's slots per layer (engines before the RAM tier report one count for both).
-      slots: r.gpu_expert_slots ?? r.expert_cache_slots,
+      slots: r.gpu_expert_slots,
       host_slots: r.expert_cache_slots,
       device_memory_bytes: r.device_memory_bytes,
       decode_tokens_per_s: (r.tokens.length - 1) / r.decode_seconds,
-      hit_rate: r.decode_hit_rate ?? null,
-      gpu_hit_rate: r.decode_gpu_hit_rate ?? null,
-      ram_hit_rate: r.decode_ram_hit_rate ?? null,
-      gpu_copy_bytes_per_token: r.decode_gpu_copy_bytes_per_token ?? null,
-      bytes_read_per_token: r.decode_bytes_read_per_token ?? 0,
-      io_wait_ms_per_token: r.decode_io_wait_ms_per_token ?? 0,
+      hit_rate: r.decode_hit_rate,
+      gpu_hit_rate: r.decode_gpu_hit_rate,
+      ram_hit_rate: r.decode_ram_hit_rate,
+      gpu_copy_bytes_per_token: r.decode_gpu_copy_bytes_per_token,
+      bytes_read_per_token: r.decode_bytes_read_per_token,
+      io_wait_ms_per_token: r.decode_io_wait_ms_per_token,
       submissions_per_token: r.decode_submissions_per_token,
       dispatches_per_token: r.decode_dispatches_per_token,
       device: r.device,
-      direct_io: r.direct_io ?? null,
+      direct_io: r.direct_io,
     };
   };
 
@@ -176,7 +158,7 @@ export async function runGpuStreamingBench(): Promise<void> {
         refused.push({ budget: b, tier, error: e instanceof Error ? e.message : String(e) });
       }
     }
-  const direct = rows.slice(1).find((r) => r.direct_io !== null)?.direct_io;
+  const direct = rows[1]?.direct_io;
   console.log(
     `${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens; expert reads ${direct === false ? "through the page cache" : "direct (O_DIRECT)"}`,
   );
@@ -191,10 +173,10 @@ export async function runGpuStreamingBench(): Promise<void> {
         r.slots === 0 ? "all" : `${r.slots}/${r.host_slots === 0 ? "all" : r.host_slots}`,
         (r.device_memory_bytes / 1e9).toFixed(2),
         r.decode_tokens_per_s.toFixed(1),
-        percent(r.slots === 0 ? null : (r.gpu_hit_rate ?? r.hit_rate)),
+        percent(r.slots === 0 ? null : r.gpu_hit_rate),
         percent(r.slots === 0 ? null : r.ram_hit_rate),
         (r.bytes_read_per_token / 1e6).toFixed(2),
-        r.gpu_copy_bytes_per_token === null ? "-" : (r.gpu_copy_bytes_per_token / 1e6).toFixed(2),
+        (r.gpu_copy_bytes_per_token / 1e6).toFixed(2),
         r.io_wait_ms_per_token.toFixed(2),
         r.submissions_per_token.toFixed(1),
       ].join(" | "),

@@ -27,26 +27,10 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
+import { parseGenerateReport, type GenerateReport } from "./generate-report.ts";
 import { flag, median } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
-
-const GenerateReport = z.object({
-  tokens: z.array(z.number()),
-  prompt_tokens: z.number(),
-  prefill_seconds: z.number(),
-  decode_seconds: z.number(),
-  device_memory_bytes: z.number(),
-  backend: z.string(),
-  device: z.string(),
-  prefill_submissions: z.number(),
-  prefill_dispatches: z.number(),
-  decode_submissions_per_token: z.number(),
-  decode_dispatches_per_token: z.number(),
-  decode_barriers_per_token: z.number(),
-  kernel_times: z.array(z.object({ kernel: z.string(), dispatches: z.number(), ms: z.number() })),
-});
-type GenerateReport = z.infer<typeof GenerateReport>;
 
 const Manifest = z.object({
   architecture: z.object({
@@ -143,7 +127,7 @@ export async function runGpuBench(): Promise<void> {
     const previous = process.env.REDWING_GPU_PROFILE;
     process.env.REDWING_GPU_PROFILE = profile ? "1" : "0";
     try {
-      return GenerateReport.parse(JSON.parse(await captureOutput(argv)));
+      return parseGenerateReport(await captureOutput(argv));
     } finally {
       if (previous === undefined) delete process.env.REDWING_GPU_PROFILE;
       else process.env.REDWING_GPU_PROFILE = previous;

@@ -29,27 +29,10 @@ import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
+import { parseGenerateReport, type GenerateReport, type TokenStat } from "./generate-report.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
-const TokenStat = z.object({
-  hits: z.number(),
-  misses: z.number(),
-  bytes_read: z.number(),
-  io_wait_ms: z.number(),
-  compute_ms: z.number(),
-});
-const Report = z.object({
-  tokens: z.array(z.number()),
-  prompt_tokens: z.number(),
-  prefill_seconds: z.number(),
-  decode_seconds: z.number(),
-  peak_rss_bytes: z.number(),
-  direct_io: z.boolean(),
-  expert_cache_slots: z.number().optional(),
-  decode_parts_ms_per_token: z.record(z.string(), z.number()).optional(),
-  token_stats: z.array(TokenStat),
-});
 const MemoryReport = z.object({ total_bytes: z.number(), expert_bytes_each: z.number() });
 
 function option(name: string): string | undefined {
@@ -177,9 +160,9 @@ interface Row {
   parts_ms_per_token: Record<string, number> | null;
 }
 
-function summarize(name: string, r: z.infer<typeof Report>, diskBytesPerS: number | null): Row {
+function summarize(name: string, r: GenerateReport, diskBytesPerS: number | null): Row {
   const steps = r.token_stats.slice(1);
-  const sum = (f: (t: z.infer<typeof TokenStat>) => number) => steps.reduce((a, t) => a + f(t), 0);
+  const sum = (f: (t: TokenStat) => number) => steps.reduce((a, t) => a + f(t), 0);
   const n = Math.max(1, steps.length);
   const uses = sum((t) => t.hits + t.misses);
   const ioWait = sum((t) => t.io_wait_ms);
@@ -195,9 +178,9 @@ function summarize(name: string, r: z.infer<typeof Report>, diskBytesPerS: numbe
     io_wait_share: uses > 0 ? ioWait / (ioWait + compute) : null,
     compute_ms_per_token: compute / n,
     direct_io: r.direct_io,
-    slots: r.expert_cache_slots ?? null,
+    slots: r.expert_cache_slots,
     disk_mib_s: diskBytesPerS === null ? null : diskBytesPerS / 2 ** 20,
-    parts_ms_per_token: r.decode_parts_ms_per_token ?? null,
+    parts_ms_per_token: r.decode_parts_ms_per_token,
   };
 }
 
@@ -269,8 +252,8 @@ export async function runStreamingBench(): Promise<void> {
       const throughput = mapped ? null : await diskThroughput(model, 2 ** 30);
       dropCaches();
       console.error(`streaming bench: ${name}`);
-      const report = Report.parse(
-        JSON.parse(await captureOutput(limiter.wrap([binary, ...common, ...flags]))),
+      const report = parseGenerateReport(
+        await captureOutput(limiter.wrap([binary, ...common, ...flags])),
       );
       rows.push(summarize(name, report, throughput));
     }

@@ -29,20 +29,13 @@ import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
+import { parseGenerateReport } from "./generate-report.ts";
 import { gemma4Gguf, writeGemma4Gguf } from "./gguf-gemma4.ts";
 import { tensorBytes } from "./gguf.ts";
 import { flag, median } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const peers = join(root, "bench", "peers");
-
-const RedwingReport = z.object({
-  tokens: z.array(z.number()),
-  prompt_tokens: z.number(),
-  prefill_seconds: z.number(),
-  decode_seconds: z.number(),
-  decode_parts_ms_per_token: z.record(z.string(), z.number()).optional(),
-});
 
 const LlamaReport = z.object({
   prompt_tokens: z.number(),
@@ -120,7 +113,7 @@ async function runRedwing(
     ],
     { inheritStderr: true },
   );
-  const r = RedwingReport.parse(JSON.parse(out));
+  const r = parseGenerateReport(out);
   return {
     prefill: r.prompt_tokens / r.prefill_seconds,
     decode: (r.tokens.length - 1) / r.decode_seconds,

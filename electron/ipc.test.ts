@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import {
   AppEventSchema,
   DEFAULT_SETTINGS,
+  SERVER_OFF,
   type AppBackend,
   type AppEvent,
   type EngineStatus,
@@ -38,15 +39,7 @@ class FakeBackend implements AppBackend {
       "settings.get": DEFAULT_SETTINGS,
       "models.list": [],
       "engine.status": engine,
-      "server.status": {
-        running: false,
-        url: null,
-        modelId: null,
-        example: null,
-        error: null,
-        requests: [],
-        unavailable: null,
-      },
+      "server.status": SERVER_OFF,
       "chat.list": [
         { id: "c1", title: "Hi", updatedAt: "2025-01-01", messageCount: 2, pinned: false },
       ],
@@ -155,15 +148,7 @@ describe("events", () => {
     void pump.resync(); // a second request while the first gathers adds nothing
     backend.emit({
       type: "server",
-      status: {
-        running: true,
-        url: null,
-        modelId: null,
-        example: null,
-        error: null,
-        requests: [],
-        unavailable: null,
-      },
+      status: { ...SERVER_OFF, running: true },
     });
     expect(sent).toEqual(["engine"]); // held back
     open();

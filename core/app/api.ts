@@ -626,6 +626,17 @@ export const ServerStatusSchema = z.object({
 });
 export type ServerStatus = z.infer<typeof ServerStatusSchema>;
 
+/** The server's status while it is off (no error). */
+export const SERVER_OFF: ServerStatus = Object.freeze({
+  running: false,
+  url: null,
+  modelId: null,
+  example: null,
+  error: null,
+  requests: [],
+  unavailable: null,
+});
+
 // ---- live -------------------------------------------------------------------------------------
 
 export const LiveSampleSchema = z.object({

@@ -19,6 +19,7 @@ import { DownloadManager } from "./downloads.ts";
 import { defaultPowerMeter, type PowerMeter } from "./energy.ts";
 import { EngineManager } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
+import { inOrderAnnouncer } from "./in-order.ts";
 import { LiveSampler } from "./live.ts";
 import { HitRateBook } from "./memory.ts";
 import { ModelsManager } from "./models.ts";
@@ -169,12 +170,11 @@ export function createAppContext(options: AppControllerOptions): AppContext {
   // ---- parts ----
   const hitRates = new HitRateBook();
   const conversations = new ConversationStore(join(dataDir, "conversations"), log);
-  const emitConversations = (): void => {
-    void conversations.list().then(
-      (list) => emit({ type: "conversations", conversations: list }),
-      (error: unknown) => log(`cannot list conversations: ${(error as Error).message}`),
-    );
-  };
+  const emitConversations = inOrderAnnouncer(
+    () => conversations.list(),
+    (list) => emit({ type: "conversations", conversations: list }),
+    (error) => log(`cannot list conversations: ${(error as Error).message}`),
+  );
   const models = new ModelsManager({
     modelsDir,
     dataDir,
@@ -217,12 +217,11 @@ export function createAppContext(options: AppControllerOptions): AppContext {
       }
     },
   });
-  const emitModels = (): void => {
-    void models.list(engine.loaded?.name ?? null).then(
-      (list) => emit({ type: "models", models: list }),
-      (error: unknown) => log(`cannot list models: ${(error as Error).message}`),
-    );
-  };
+  const emitModels = inOrderAnnouncer(
+    () => models.list(engine.loaded?.name ?? null),
+    (list) => emit({ type: "models", models: list }),
+    (error) => log(`cannot list models: ${(error as Error).message}`),
+  );
   const connections = new ConnectionsManager({
     dataDir,
     secretBox: options.secretBox ?? null,

@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readModelDir } from "../format/read.ts";
 import { writeTinyCheckpoint, TINY_GEMMA4_MOE } from "../../testkit/checkpoints.ts";
 import { hasPartial } from "../install/installer.ts";
+import { waitForPlacedRange } from "../../testkit/install.ts";
 import { TestHub } from "../../testkit/test-hub.ts";
 import { nativeBuildDir } from "../native.ts";
 import {
@@ -492,10 +493,14 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     const from = events.length;
     const d = await call("models.install", { ref: "test/tiny" });
     expect(d).toMatchObject({ name: "test--tiny", state: "running" });
-    await waitEvent(
-      isDownload(d.taskId, (x) => x.phase === "downloading" && x.bytesDone > 0),
+    // Paused once a range is placed (not at the first bytes, which may belong to no whole range
+    // yet): the resume must say it reuses it.
+    const finished = waitEvent(
+      isDownload(d.taskId, (x) => x.state !== "running"),
       from,
+      120_000,
     );
+    expect(await waitForPlacedRange(dest, finished)).toBe(true);
     const paused = await call("models.pause", { taskId: d.taskId });
     expect(paused).toMatchObject({ state: "paused", phase: "paused", error: null });
     expect(await hasPartial(dest)).toBe(true);

@@ -378,8 +378,8 @@ export class EngineManager {
       // engine maps it (UserErrors that name the file).
       const { manifest } = await readModelDir(dir);
       const settings = structuredClone(this.opts.settings().engine);
-      await this.refuseUnfit(name, dir, manifest, settings);
-      return await this.loadChecked(name, dir, manifest, settings);
+      const plan = await this.refuseUnfit(name, dir, manifest, settings);
+      return await this.loadChecked(name, dir, manifest, settings, plan);
     } finally {
       release();
     }
@@ -388,14 +388,15 @@ export class EngineManager {
   /**
    * Refuses a load that cannot work, before anything is unloaded: a context beyond the model's
    * maximum, or a memory budget smaller than the engine's plan needs. Each refusal carries the
-   * fix (the settings that work) for the error's button. The caller holds the queue.
+   * fix (the settings that work) for the error's button. Answers the plan when it asked for one
+   * (a budget is set). The caller holds the queue.
    */
   private async refuseUnfit(
     name: string,
     dir: string,
     manifest: Manifest,
     settings: EngineSettings,
-  ): Promise<void> {
+  ): Promise<PlanEvent | null> {
     const kept = this.loaded ? ` "${this.loaded.name}" stays loaded.` : "";
     const maxContext = manifest.architecture.max_position_embeddings;
     if (settings.context > maxContext) {
@@ -407,7 +408,9 @@ export class EngineManager {
         { label: `Load with ${maxContext}`, model: name, engine: { context: maxContext } },
       );
     }
-    if (settings.memoryBudgetBytes === null && effectiveVramBudget(settings) === undefined) return;
+    if (settings.memoryBudgetBytes === null && effectiveVramBudget(settings) === undefined) {
+      return null;
+    }
     // The plan is asked of the running service (one is started when none runs: the load needs
     // it anyway); a refusal puts the status back as it was.
     const before = { state: this.state };
@@ -421,14 +424,19 @@ export class EngineManager {
     }
     if (plan.over_budget !== null)
       throw budgetTooSmall(name, settings.memoryBudgetBytes ?? 0, plan, kept);
+    return plan;
   }
 
-  /** Loads a checked model directory (the caller holds the queue). */
+  /**
+   * Loads a checked model directory (the caller holds the queue). `knownPlan`: the engine's plan
+   * for these settings when the checks already asked for it.
+   */
   private async loadChecked(
     name: string,
     dir: string,
     manifest: Manifest,
     settings: EngineSettings,
+    knownPlan: PlanEvent | null,
   ): Promise<EngineStatus> {
     const previous = this.loaded;
     try {
@@ -446,6 +454,13 @@ export class EngineManager {
         await client.unload();
       }
       let lastEmit = 0;
+      // The ready event names only the plan's total; the parts (Live, Tuning) come from the plan
+      // the checks made, else from one asked for beside the load (the service answers it at once),
+      // so "ready" waits for no request after the load.
+      const planning = knownPlan
+        ? Promise.resolve(knownPlan)
+        : client.plan(loadParams(dir, settings));
+      planning.catch(() => undefined); // awaited below, after the load
       const [ready, side] = await Promise.all([
         client.load(loadParams(dir, settings), (p) => {
           this.loadFraction = p.fraction;
@@ -457,7 +472,7 @@ export class EngineManager {
         }),
         this.textSide(dir, manifest),
       ]);
-      const plan = await client.plan(loadParams(dir, settings));
+      const plan = await planning;
       this.loaded = {
         name,
         dir,

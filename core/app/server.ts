@@ -6,7 +6,7 @@
  */
 import { createServer } from "node:net";
 import { startServer, type RedwingServer } from "../server/server.ts";
-import type { AppError, SamplingSettings, ServerStatus } from "./api.ts";
+import { SERVER_OFF, type AppError, type SamplingSettings, type ServerStatus } from "./api.ts";
 import type { EngineManager } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 
@@ -64,17 +64,7 @@ export class ServerManager {
 
   status(): ServerStatus {
     const s = this.server;
-    if (!s) {
-      return {
-        running: false,
-        url: null,
-        modelId: null,
-        example: null,
-        error: this.error,
-        requests: [],
-        unavailable: null,
-      };
-    }
+    if (!s) return { ...SERVER_OFF, requests: [], error: this.error };
     const url = `${s.url}/v1`;
     return {
       running: true,

@@ -8,9 +8,11 @@ import { request as httpRequest, type IncomingHttpHeaders, type IncomingMessage 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { runningDownload } from "../../testkit/download.ts";
 import { UserError } from "../errors.ts";
 import {
   DEFAULT_SETTINGS,
+  SERVER_OFF,
   type AppBackend,
   type AppEvent,
   type Download,
@@ -33,23 +35,6 @@ const ENGINE: EngineStatus = {
   error: null,
 };
 
-function download(taskId: string): Download {
-  return {
-    taskId,
-    ref: `owner/${taskId}`,
-    name: taskId,
-    state: "running",
-    phase: "downloading",
-    bytesDone: 10,
-    bytesTotal: 100,
-    rate: null,
-    etaSeconds: null,
-    file: null,
-    note: null,
-    error: null,
-  };
-}
-
 /** Records every call; answers from `answers` (a function may throw). */
 class FakeBackend implements AppBackend {
   calls: { method: string; params: unknown }[] = [];
@@ -60,19 +45,11 @@ class FakeBackend implements AppBackend {
     "settings.get": () => DEFAULT_SETTINGS,
     "models.list": () => [],
     "engine.status": () => ENGINE,
-    "server.status": () => ({
-      running: false,
-      url: null,
-      modelId: null,
-      example: null,
-      error: null,
-      requests: [],
-      unavailable: null,
-    }),
+    "server.status": () => SERVER_OFF,
     "chat.list": () => [
       { id: "c1", title: "Hello", updatedAt: "2026-01-01", messageCount: 2, pinned: false },
     ],
-    "models.downloads": () => [download("a"), download("b")],
+    "models.downloads": () => [runningDownload("a"), runningDownload("b")],
     "chat.rename": (p) => ({ renamed: p }),
   };
 

@@ -233,6 +233,37 @@ export interface ImportPlan {
   defaultQuant: { group_size: number; bits: number };
 }
 
+/** The experts of one MoE layer: their count and each part's [rows, cols]. */
+export interface MoeLayerShape {
+  shapes: Record<ExpertPartName, [number, number]>;
+  count: number;
+  intermediate: number;
+  hidden: number;
+}
+
+/**
+ * Calls `visit` for each MoE layer of `arch` with the prefix its experts' tensors have in a
+ * checkpoint (`<prefix>layers.<n>.experts.`) and their shapes: the walk the importer's plan and
+ * the config-only layout (install/layout-from-config.ts) share.
+ */
+export function forEachMoeLayer(
+  arch: Architecture,
+  prefix: string,
+  visit: (layer: number, base: string, shape: MoeLayerShape) => void,
+): void {
+  const moe = arch.moe;
+  if (!moe) return;
+  const shape: MoeLayerShape = {
+    shapes: expertPartShapes(arch),
+    count: moe.num_experts,
+    intermediate: moe.intermediate_size,
+    hidden: arch.hidden_size,
+  };
+  arch.layers.forEach((layer, li) => {
+    if (layer.moe) visit(li, `${prefix}layers.${li}.experts.`, shape);
+  });
+}
+
 /**
  * Resolves every tensor `arch` needs to source tensors of `ckpt` and checks names, shapes and
  * dtypes; throws a UserError naming what is missing, misshapen or unknown. Vision and audio
@@ -303,116 +334,105 @@ export function planImport(
   }
 
   const experts: ExpertJob[] = [];
-  if (arch.moe) {
-    const shapes = expertPartShapes(arch);
-    const e = arch.moe.num_experts;
-    const i = arch.moe.intermediate_size;
-    const h = arch.hidden_size;
-    arch.layers.forEach((layer, li) => {
-      if (!layer.moe) return;
-      const base = `${prefix}layers.${li}.experts.`;
-      const parts = {} as Record<ExpertPartName, ExpertSource>;
-      const meta = {} as Record<ExpertPartName, QuantizedMeta>;
-      if (mlx) {
-        for (const p of EXPERT_PARTS) {
-          const b = `${base}switch_glu.${p}`;
-          const weight = take(`${b}.weight`);
-          const scales = take(`${b}.scales`);
-          const biases = take(`${b}.biases`);
-          if (!weight || !scales || !biases) return;
-          const [rows, cols] = shapes[p];
-          const m = mlxMeta(b, [weight, scales, biases], [e], rows, cols, quantConfig, problems);
-          if (!m) return;
-          parts[p] = { kind: "mlx", weight, scales, biases };
-          meta[p] = m;
-        }
-      } else if (
-        ckpt.get(`${base}gate_up_proj`) ||
-        !ckpt.get(`${base}switch_glu.gate_proj.weight`)
-      ) {
-        // transformers layout: fused gate_up_proj [E, 2I, H] and down_proj [E, H, I].
-        const gateUp = take(`${base}gate_up_proj`);
-        const down = take(`${base}down_proj`);
-        if (!gateUp || !down) return;
-        let ok = true;
-        for (const [t, shape] of [
-          [gateUp, [e, 2 * i, h]],
-          [down, [e, h, i]],
-        ] as const) {
-          if (!sameShape(t.shape, shape)) {
-            problems.push(shapeProblem(t, shape));
-            ok = false;
-          } else if (!FLOAT_ST[t.dtype]) {
-            problems.push(`${t.name} has dtype ${t.dtype}; expected BF16, F16 or F32`);
-            ok = false;
-          }
-        }
-        if (!ok) return;
-        parts.gate_proj = {
-          kind: "float",
-          src: gateUp,
-          rowOffset: 0,
-          rowsTotal: 2 * i,
-          params: DEFAULT_QUANT,
-        };
-        parts.up_proj = {
-          kind: "float",
-          src: gateUp,
-          rowOffset: i,
-          rowsTotal: 2 * i,
-          params: DEFAULT_QUANT,
-        };
-        parts.down_proj = {
-          kind: "float",
-          src: down,
-          rowOffset: 0,
-          rowsTotal: h,
-          params: DEFAULT_QUANT,
-        };
-      } else {
-        // An unquantized MLX layout: switch_glu.{gate,up,down}_proj.weight [E, rows, cols].
-        for (const p of EXPERT_PARTS) {
-          const t = take(`${base}switch_glu.${p}.weight`);
-          if (!t) return;
-          const [rows, cols] = shapes[p];
-          if (!sameShape(t.shape, [e, rows, cols])) {
-            problems.push(shapeProblem(t, [e, rows, cols]));
-            return;
-          }
-          if (!FLOAT_ST[t.dtype]) {
-            problems.push(`${t.name} has dtype ${t.dtype}; expected BF16, F16 or F32`);
-            return;
-          }
-          parts[p] = {
-            kind: "float",
-            src: t,
-            rowOffset: 0,
-            rowsTotal: rows,
-            params: DEFAULT_QUANT,
-          };
+  forEachMoeLayer(arch, prefix, (li, base, { shapes, count: e, intermediate: i, hidden: h }) => {
+    const parts = {} as Record<ExpertPartName, ExpertSource>;
+    const meta = {} as Record<ExpertPartName, QuantizedMeta>;
+    if (mlx) {
+      for (const p of EXPERT_PARTS) {
+        const b = `${base}switch_glu.${p}`;
+        const weight = take(`${b}.weight`);
+        const scales = take(`${b}.scales`);
+        const biases = take(`${b}.biases`);
+        if (!weight || !scales || !biases) return;
+        const [rows, cols] = shapes[p];
+        const m = mlxMeta(b, [weight, scales, biases], [e], rows, cols, quantConfig, problems);
+        if (!m) return;
+        parts[p] = { kind: "mlx", weight, scales, biases };
+        meta[p] = m;
+      }
+    } else if (ckpt.get(`${base}gate_up_proj`) || !ckpt.get(`${base}switch_glu.gate_proj.weight`)) {
+      // transformers layout: fused gate_up_proj [E, 2I, H] and down_proj [E, H, I].
+      const gateUp = take(`${base}gate_up_proj`);
+      const down = take(`${base}down_proj`);
+      if (!gateUp || !down) return;
+      let ok = true;
+      for (const [t, shape] of [
+        [gateUp, [e, 2 * i, h]],
+        [down, [e, h, i]],
+      ] as const) {
+        if (!sameShape(t.shape, shape)) {
+          problems.push(shapeProblem(t, shape));
+          ok = false;
+        } else if (!FLOAT_ST[t.dtype]) {
+          problems.push(`${t.name} has dtype ${t.dtype}; expected BF16, F16 or F32`);
+          ok = false;
         }
       }
-      if (!mlx) {
-        for (const p of EXPERT_PARTS) {
-          const src = parts[p] as Extract<ExpertSource, { kind: "float" }>;
-          const [, cols] = shapes[p];
-          if (cols % DEFAULT_QUANT.groupSize !== 0) {
-            problems.push(
-              `${src.src.name}: ${cols} columns are not a multiple of the group size ${DEFAULT_QUANT.groupSize}`,
-            );
-            return;
-          }
-          meta[p] = {
-            bits: DEFAULT_QUANT.bits,
-            group_size: DEFAULT_QUANT.groupSize,
-            scale_dtype: FLOAT_ST[src.src.dtype]!,
-            shape: shapes[p],
-          };
+      if (!ok) return;
+      parts.gate_proj = {
+        kind: "float",
+        src: gateUp,
+        rowOffset: 0,
+        rowsTotal: 2 * i,
+        params: DEFAULT_QUANT,
+      };
+      parts.up_proj = {
+        kind: "float",
+        src: gateUp,
+        rowOffset: i,
+        rowsTotal: 2 * i,
+        params: DEFAULT_QUANT,
+      };
+      parts.down_proj = {
+        kind: "float",
+        src: down,
+        rowOffset: 0,
+        rowsTotal: h,
+        params: DEFAULT_QUANT,
+      };
+    } else {
+      // An unquantized MLX layout: switch_glu.{gate,up,down}_proj.weight [E, rows, cols].
+      for (const p of EXPERT_PARTS) {
+        const t = take(`${base}switch_glu.${p}.weight`);
+        if (!t) return;
+        const [rows, cols] = shapes[p];
+        if (!sameShape(t.shape, [e, rows, cols])) {
+          problems.push(shapeProblem(t, [e, rows, cols]));
+          return;
         }
+        if (!FLOAT_ST[t.dtype]) {
+          problems.push(`${t.name} has dtype ${t.dtype}; expected BF16, F16 or F32`);
+          return;
+        }
+        parts[p] = {
+          kind: "float",
+          src: t,
+          rowOffset: 0,
+          rowsTotal: rows,
+          params: DEFAULT_QUANT,
+        };
       }
-      experts.push({ layer: li, parts, meta });
-    });
-  }
+    }
+    if (!mlx) {
+      for (const p of EXPERT_PARTS) {
+        const src = parts[p] as Extract<ExpertSource, { kind: "float" }>;
+        const [, cols] = shapes[p];
+        if (cols % DEFAULT_QUANT.groupSize !== 0) {
+          problems.push(
+            `${src.src.name}: ${cols} columns are not a multiple of the group size ${DEFAULT_QUANT.groupSize}`,
+          );
+          return;
+        }
+        meta[p] = {
+          bits: DEFAULT_QUANT.bits,
+          group_size: DEFAULT_QUANT.groupSize,
+          scale_dtype: FLOAT_ST[src.src.dtype]!,
+          shape: shapes[p],
+        };
+      }
+    }
+    experts.push({ layer: li, parts, meta });
+  });
 
   if (missing.length > 0) {
     const list = missing.slice(0, 8).join(", ");

@@ -28,6 +28,7 @@ import {
   type InstallOptions,
   type InstallProgress,
 } from "./installer.ts";
+import { waitForPlacedRange } from "../../testkit/install.ts";
 import { TestHub } from "../../testkit/test-hub.ts";
 
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
@@ -511,33 +512,29 @@ describe("resume", () => {
     const repo = "test/moving";
     const files = new Map<string, Buffer>();
     for (const f of await readdir(s.dir)) files.set(f, await readFile(join(s.dir, f)));
-    const first = hub.addRepo(repo, files);
+    const firstCommit = hub.addRepo(repo, files);
     const to = dest();
     const controller = new AbortController();
     slowData(4096, 5);
-    await expectUserError(
-      installModel(
-        { repo, revision: "main", dest: to },
-        options({
-          signal: controller.signal,
-          onProgress: (e) =>
-            e.phase === "downloading" && e.bytesDone > 150_000 && controller.abort(),
-        }),
-      ),
-      "interrupted",
-      /cancelled/,
+    const first = installModel(
+      { repo, revision: "main", dest: to },
+      options({ signal: controller.signal }),
     );
+    // Interrupted once a range is placed: that is what the resume below must reuse.
+    expect(await waitForPlacedRange(to, first)).toBe(true);
+    controller.abort();
+    await expectUserError(first, "interrupted", /cancelled/);
     hub.faults.length = 0;
     const changed = new Map(files);
     changed.set("README.md", Buffer.from("new commit"));
     const second = hub.addRepo(repo, changed);
-    expect(second).not.toBe(first);
+    expect(second).not.toBe(firstCommit);
     const notes: string[] = [];
     const r = await installModel(
       { repo, revision: "main", dest: to },
       options({ onProgress: (e) => e.note && notes.push(e.note) }),
     );
-    expect(r.commit).toBe(first);
+    expect(r.commit).toBe(firstCommit);
     expect(r.reusedBytes).toBeGreaterThan(0);
     expect(notes.some((n) => n.includes("now points at"))).toBe(true);
   });

@@ -12,16 +12,12 @@
  * layout (the tests hold them equal on the reference fixtures).
  */
 import { UserError } from "../errors.ts";
-import {
-  EXPERT_PARTS,
-  expertPartShapes,
-  type Architecture,
-  type Manifest,
-} from "../format/manifest.ts";
+import { EXPERT_PARTS, type Architecture, type Manifest } from "../format/manifest.ts";
 import { EXPERT_ALIGNMENT, FORMAT_NAME, FORMAT_VERSION } from "../format/manifest.ts";
 import { normalizeConfig } from "../import/config.ts";
 import {
   DEFAULT_QUANT,
+  forEachMoeLayer,
   layoutImport,
   lookupOverride,
   planImport,
@@ -119,25 +115,17 @@ export function tensorTableFromConfig(
     if (mlx) addMlx(base, [], rows, cols);
     else add(tensor(`${base}.weight`, dtype, spec.shape));
   }
-  if (arch.moe) {
-    const shapes = expertPartShapes(arch);
-    const e = arch.moe.num_experts;
-    const i = arch.moe.intermediate_size;
-    const h = arch.hidden_size;
-    arch.layers.forEach((layer, li) => {
-      if (!layer.moe) return;
-      const base = `${prefix}layers.${li}.experts.`;
-      if (mlx) {
-        for (const p of EXPERT_PARTS) {
-          const [rows, cols] = shapes[p];
-          addMlx(`${base}switch_glu.${p}`, [e], rows, cols);
-        }
-      } else {
-        add(tensor(`${base}gate_up_proj`, dtype, [e, 2 * i, h]));
-        add(tensor(`${base}down_proj`, dtype, [e, h, i]));
+  forEachMoeLayer(arch, prefix, (_, base, { shapes, count: e, intermediate: i, hidden: h }) => {
+    if (mlx) {
+      for (const p of EXPERT_PARTS) {
+        const [rows, cols] = shapes[p];
+        addMlx(`${base}switch_glu.${p}`, [e], rows, cols);
       }
-    });
-  }
+    } else {
+      add(tensor(`${base}gate_up_proj`, dtype, [e, 2 * i, h]));
+      add(tensor(`${base}down_proj`, dtype, [e, h, i]));
+    }
+  });
   return { tensors, get: (name) => tensors.get(name) };
 }
 

@@ -75,18 +75,19 @@ function postFromChild(
 }
 
 /**
- * Asks `/health` again and again until `work` settles; answers the slowest answer's latency in
- * milliseconds and how many probes there were.
+ * Asks `/health` again and again until `work` settles; answers the slowest answer's latency and
+ * how long the work took, in milliseconds, and how many probes there were.
  */
 async function healthLatencyDuring(
   server: RedwingServer,
   work: Promise<unknown>,
-): Promise<{ maxMs: number; probes: number }> {
-  let settled = false;
-  void work.finally(() => (settled = true));
+): Promise<{ maxMs: number; workMs: number; probes: number }> {
+  const start = performance.now();
+  let workMs: number | null = null;
+  void work.finally(() => (workMs = performance.now() - start));
   let maxMs = 0;
   let probes = 0;
-  while (!settled) {
+  while (workMs === null) {
     const t0 = performance.now();
     const res = await fetch(`${server.url}/health`);
     await res.json();
@@ -94,13 +95,25 @@ async function healthLatencyDuring(
     probes++;
     await new Promise((r) => setTimeout(r, 10));
   }
-  return { maxMs, probes };
+  return { maxMs, workMs, probes };
+}
+
+/**
+ * The slowest `/health` answer allowed while the server works on a request. What is checked is
+ * that the work never holds up the event loop: a probe that waited for it would take as long as
+ * the work (a second or more of tokenizing), while a free loop answers in milliseconds (up to
+ * about 110 ms seen with other builds and tests running beside it, where 100 ms was the bound and
+ * failed). The bound sits far from both: half a second, and never more than a third of the work's
+ * own time.
+ */
+function healthBoundMs(workMs: number): number {
+  return Math.min(500, workMs / 3);
 }
 
 /**
  * Sends a too-long prompt (`postFromChild`) while probing `/health`: the request must be refused
  * as too long (its message matching `reason`), and `/health` must have answered more than
- * `minProbes` times, each within 100 ms.
+ * `minProbes` times, each within `healthBoundMs`.
  */
 async function expectRefusedWhileHealthy(
   server: RedwingServer,
@@ -111,13 +124,16 @@ async function expectRefusedWhileHealthy(
   minProbes: number,
 ): Promise<void> {
   const big = postFromChild(server, path, body, repeat);
-  const { maxMs, probes } = await healthLatencyDuring(server, big);
+  const { maxMs, workMs, probes } = await healthLatencyDuring(server, big);
   const res = await big;
   expect(res.status).toBe(400);
   expect(res.json.error!.code).toBe("context_length_exceeded");
   expect(res.json.error!.message).toMatch(reason);
   expect(probes).toBeGreaterThan(minProbes);
-  expect(maxMs).toBeLessThan(100);
+  expect(
+    maxMs,
+    `slowest /health ${maxMs.toFixed(0)} ms during ${workMs.toFixed(0)} ms of work`,
+  ).toBeLessThan(healthBoundMs(workMs));
 }
 
 describe("Host and Origin checks", () => {
@@ -207,12 +223,12 @@ describe.skipIf(!haveService)("redwing serve against hostile clients", () => {
     expect(get.status).toBe(404);
   });
 
-  it("/health answers within 100 ms while a 4 MB prompt is refused", async () => {
+  it("/health answers at once while a 4 MB prompt is refused", async () => {
     // 4 MiB less 1 KiB of JSON around it: just under the default body limit.
     await expectRefusedWhileHealthy(server, "/v1/completions", "prompt", 322_500, /characters/, 0);
   }, 60_000);
 
-  it("/health answers within 100 ms while a long prompt under the bound is tokenized", async () => {
+  it("/health answers at once while a long prompt under the bound is tokenized", async () => {
     // 65,000 characters, under the character bound (8192 tokens × the longest token × 2), so
     // only tokenizing tells that it does not fit: a second or more of work, off the event loop.
     await expectRefusedWhileHealthy(server, "/v1/chat/completions", "messages", 5_000, /tokens/, 3);

@@ -9,6 +9,7 @@ import {
   DEFAULT_SETTINGS,
   effectiveVramBudget,
   parseCall,
+  SERVER_OFF,
   type AppError,
   type AppEvent,
   type CatalogItem,
@@ -164,15 +165,7 @@ export function createMockClient(): RendererClient {
     emit({ type: "engine", status: engine });
   };
 
-  let server: ServerStatus = {
-    running: false,
-    url: null,
-    modelId: null,
-    example: null,
-    error: null,
-    requests: [],
-    unavailable: null,
-  };
+  let server: ServerStatus = SERVER_OFF;
   const downloads = new Map<string, Download>();
   const timers = new Map<string, ReturnType<typeof setInterval>>();
 
@@ -765,15 +758,7 @@ export function createMockClient(): RendererClient {
             requests: [],
             unavailable: null,
           }
-        : {
-            running: false,
-            url: null,
-            modelId: null,
-            example: null,
-            error: null,
-            requests: [],
-            unavailable: null,
-          };
+        : SERVER_OFF;
       settings = { ...settings, server: { enabled: p.enabled, port } };
       emit({ type: "server", status: server });
       return server;

@@ -43,13 +43,14 @@ function statusOf(
 export function Sidebar({ view, onNavigate }: { view: View; onNavigate: (v: View) => void }) {
   const engine = useAppState((s) => s.engine);
   const connection = useAppState((s) => s.connection);
-  const { client, store, run } = useActions();
+  const { client, run } = useActions();
   const { text, tone } = statusOf(engine, connection);
   const crashed = connection !== "reconnecting" && engine?.state === "crashed";
 
-  async function restart(): Promise<void> {
-    const status = await run(() => client.call("engine.reload", {}));
-    if (status) store.dispatch({ type: "event", event: { type: "engine", status } });
+  // The status follows from the engine's events; the call's answer (the status when the load
+  // ended) could be older than them by the time it arrives.
+  function restart(): void {
+    void run(() => client.call("engine.reload", {}));
   }
 
   return (
@@ -73,7 +74,7 @@ export function Sidebar({ view, onNavigate }: { view: View; onNavigate: (v: View
             </span>
           </p>
           {crashed && (
-            <Button small variant="danger" onClick={() => void restart()}>
+            <Button small variant="danger" onClick={restart}>
               Restart
             </Button>
           )}

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { initialState, isReplying, MAX_SAMPLES, messageText, reduce, type State } from "./store.ts";
 import type { Conversation, Download, LiveSample, Message } from "../../../core/app/api.ts";
+import { runningDownload } from "../../../testkit/download.ts";
 
 const user: Message = { id: "u1", role: "user", content: "hi", createdAt: "t" };
 const pendingReply: Message = { id: "a1", role: "assistant", content: "", createdAt: "t" };
@@ -140,20 +141,7 @@ describe("New chat", () => {
 });
 
 describe("downloads and samples", () => {
-  const d: Download = {
-    taskId: "t1",
-    ref: "demo",
-    name: "demo",
-    state: "running",
-    phase: "downloading",
-    bytesDone: 10,
-    bytesTotal: 100,
-    rate: null,
-    etaSeconds: null,
-    file: null,
-    note: null,
-    error: null,
-  };
+  const d = runningDownload("t1", { ref: "demo", name: "demo" });
   it("upserts downloads in first-seen order and drops dismissed ones", () => {
     let s = reduce(initialState, { type: "event", event: { type: "download", download: d } });
     s = reduce(s, { type: "event", event: { type: "download", download: { ...d, taskId: "t2" } } });

@@ -3,7 +3,7 @@
  * what the engine settings cost in memory. Every change is saved at once; engine fields that
  * differ from what the engine was loaded with say "needs reload".
  */
-import { useEffect, useRef, useState, type ReactNode } from "react";
+import { useEffect, useRef, useState, type ComponentProps, type ReactNode } from "react";
 import {
   effectiveVramBudget,
   type EngineSettings,
@@ -45,6 +45,60 @@ function parseBudget(text: string): Parsed {
   return v === undefined
     ? { ok: false, error: "Enter a size such as 8 GiB or 512 MiB, or leave empty for no budget." }
     : { ok: true, value: v };
+}
+
+/** What the Tuning fields pass through to NumberField as they are. */
+type FieldProps = Pick<
+  ComponentProps<typeof NumberField>,
+  "id" | "label" | "help" | "badge" | "extra" | "disabled"
+>;
+
+/**
+ * A number from `min` to `max`, the input's bounds and the check alike; a whole number when the
+ * step is whole.
+ */
+function RangeField({
+  value,
+  range: [min, max, step],
+  onSave,
+  ...field
+}: FieldProps & {
+  value: number;
+  /** [min, max, step]. */
+  range: [number, number, number];
+  onSave: (value: number) => void;
+}) {
+  return (
+    <NumberField
+      {...field}
+      value={value}
+      parse={numberParser({ min, max, integer: Number.isInteger(step) })}
+      onCommit={(v) => {
+        // Never null: the parser takes no empty value.
+        if (v !== null) onSave(v);
+      }}
+      min={min}
+      max={max}
+      step={step}
+    />
+  );
+}
+
+/** A memory size typed with its unit ("8 GiB"); empty: no budget. */
+function BudgetField({
+  onSave,
+  ...field
+}: FieldProps & { value: number | null; onSave: (bytes: number | null) => void }) {
+  return (
+    <NumberField
+      {...field}
+      parse={parseBudget}
+      format={budgetText}
+      onCommit={onSave}
+      text
+      placeholder="none"
+    />
+  );
 }
 
 export function TuningView() {
@@ -133,47 +187,35 @@ export function TuningView() {
         </h2>
         <p className="mb-4 text-xs text-muted">Applies to the next reply.</p>
         <div className="grid gap-4 sm:grid-cols-2 lg:grid-cols-3">
-          <NumberField
+          <RangeField
             id="field-temperature"
             label="Temperature"
             value={s.temperature}
-            parse={numberParser({ min: 0, max: 2 })}
-            onCommit={(v) => sampling({ temperature: v ?? 0 })}
-            min={0}
-            max={2}
-            step={0.05}
+            range={[0, 2, 0.05]}
+            onSave={(temperature) => sampling({ temperature })}
             help="0 always picks the most likely token."
           />
-          <NumberField
+          <RangeField
             id="field-top-k"
             label="Top-k"
             value={s.topK}
-            parse={numberParser({ min: 0, max: 1000, integer: true })}
-            onCommit={(v) => sampling({ topK: v ?? 0 })}
-            min={0}
-            max={1000}
-            step={1}
+            range={[0, 1000, 1]}
+            onSave={(topK) => sampling({ topK })}
             help="0 turns it off."
           />
-          <NumberField
+          <RangeField
             id="field-top-p"
             label="Top-p"
             value={s.topP}
-            parse={numberParser({ min: 0, max: 1 })}
-            onCommit={(v) => sampling({ topP: v ?? 1 })}
-            min={0}
-            max={1}
-            step={0.01}
+            range={[0, 1, 0.01]}
+            onSave={(topP) => sampling({ topP })}
           />
-          <NumberField
+          <RangeField
             id="field-repetition-penalty"
             label="Repetition penalty"
             value={s.repetitionPenalty}
-            parse={numberParser({ min: 1, max: 2 })}
-            onCommit={(v) => sampling({ repetitionPenalty: v ?? 1 })}
-            min={1}
-            max={2}
-            step={0.01}
+            range={[1, 2, 0.01]}
+            onSave={(repetitionPenalty) => sampling({ repetitionPenalty })}
             help="1 turns it off."
           />
           <NumberField
@@ -187,15 +229,12 @@ export function TuningView() {
             placeholder="random"
             help="Empty: a random seed for each reply."
           />
-          <NumberField
+          <RangeField
             id="field-max-new-tokens"
             label="Max new tokens"
             value={s.maxNewTokens}
-            parse={numberParser({ min: 1, max: 32768, integer: true })}
-            onCommit={(v) => sampling({ maxNewTokens: v ?? 1 })}
-            min={1}
-            max={32768}
-            step={1}
+            range={[1, 32768, 1]}
+            onSave={(maxNewTokens) => sampling({ maxNewTokens })}
           />
         </div>
         <StopStrings
@@ -233,15 +272,12 @@ export function TuningView() {
           </div>
         </div>
         <div className="grid gap-4 sm:grid-cols-2 lg:grid-cols-3">
-          <NumberField
+          <RangeField
             id="field-context"
             label="Context length"
             value={e.context}
-            parse={numberParser({ min: 256, max: 131072, integer: true })}
-            onCommit={(v) => engineSet({ context: v ?? 4096 })}
-            min={256}
-            max={131072}
-            step={256}
+            range={[256, 131072, 256]}
+            onSave={(context) => engineSet({ context })}
             badge={reloadBadge("context")}
             help="Tokens of prompt and reply the model can see."
             extra={<Cost label="KV cache" bytes={plan?.kvBytes} />}
@@ -254,15 +290,12 @@ export function TuningView() {
             onChange={(v) => engineSet({ contextOverflow: v as EngineSettings["contextOverflow"] })}
             help={`${OVERFLOW_CHOICES[e.contextOverflow].help} Applies to the next reply.`}
           />
-          <NumberField
+          <RangeField
             id="field-expert-cache-slots"
             label="Expert cache slots"
             value={e.expertCacheSlots}
-            parse={numberParser({ min: 4, max: 128, integer: true })}
-            onCommit={(v) => engineSet({ expertCacheSlots: v ?? 16 })}
-            min={4}
-            max={128}
-            step={1}
+            range={[4, 128, 1]}
+            onSave={(expertCacheSlots) => engineSet({ expertCacheSlots })}
             badge={reloadBadge("expertCacheSlots")}
             help={
               budgetSet
@@ -276,43 +309,32 @@ export function TuningView() {
               </>
             }
           />
-          <NumberField
+          <BudgetField
             id="field-memory-budget"
             label="Memory budget"
             value={e.memoryBudgetBytes}
-            parse={parseBudget}
-            format={budgetText}
-            onCommit={(v) => engineSet({ memoryBudgetBytes: v })}
-            text
-            placeholder="none"
+            onSave={(memoryBudgetBytes) => engineSet({ memoryBudgetBytes })}
             badge={reloadBadge("memoryBudgetBytes")}
             help="Such as 8 GiB or 512 MiB (a bare number is GiB). Empty: no budget. With one, the engine picks the expert slots that fit."
           />
-          <NumberField
+          <BudgetField
             id="field-vram-budget"
             label="GPU memory"
             value={e.vramBudgetBytes}
-            parse={parseBudget}
-            format={budgetText}
-            onCommit={(v) => engineSet({ vramBudgetBytes: v })}
-            text
+            onSave={(vramBudgetBytes) => engineSet({ vramBudgetBytes })}
             disabled={gpuMemoryOff !== null}
-            placeholder="none"
             badge={vramReloadBadge}
             help={
               gpuMemoryOff ??
               "GPU memory for the model, such as 6 GiB. Empty: no budget. Every expert stays on the GPU when they fit, else the engine streams them through the slots that fit."
             }
           />
-          <NumberField
+          <RangeField
             id="field-threads"
             label="Threads"
             value={e.threads}
-            parse={numberParser({ min: 0, max: 256, integer: true })}
-            onCommit={(v) => engineSet({ threads: v ?? 0 })}
-            min={0}
-            max={256}
-            step={1}
+            range={[0, 256, 1]}
+            onSave={(threads) => engineSet({ threads })}
             badge={reloadBadge("threads")}
             help={`0: one per core${hardwareThreads ? ` (${hardwareThreads} here)` : ""}.`}
           />
