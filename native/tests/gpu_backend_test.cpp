@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend_select.h"
@@ -356,9 +357,10 @@ TEST_CASE("gpu: the decode products match the CPU in every workgroup shape and r
   auto pes_cpu = put(*cpu, pes);
   const auto nw = randn(static_cast<size_t>(cols), 921, 0.3f);
   for (const Shape& shape : shapes) {
+    const std::string matvec = shape.matvec, down_shape = shape.down;
     CAPTURE(shape.threads);
-    CAPTURE(shape.matvec);
-    CAPTURE(shape.down);
+    CAPTURE(matvec);
+    CAPTURE(down_shape);
     CAPTURE(shape.subgroups);
     setenv("REDWING_GPU_MATVEC", shape.matvec, 1);
     setenv("REDWING_GPU_MATVEC_DOWN", shape.down, 1);
