@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace redwing {
@@ -1318,6 +1319,14 @@ class GpuBackend final : public Backend {
     std::fprintf(stderr, "gpu profile (%s, %llu submissions): %.3f ms in kernels\n",
                  dev_->info().name.c_str(), static_cast<unsigned long long>(dev_->submissions()),
                  total);
+    // The decode products' shapes (rows per team, lanes, words in flight; reduction).
+    const gpu::DeviceInfo& info = dev_->info();
+    for (const auto& [label, m] :
+         {std::pair{"matvec", info.matvec}, {"matvec_down", info.matvec_down}})
+      std::fprintf(stderr, "  %s shape %u,%u,%u (%s), %u threads, subgroup size %u\n", label,
+                   m.rows_per_team, m.lanes, m.unroll,
+                   m.subgroup_reduce ? "subgroupAdd" : "shared memory", info.workgroup_threads,
+                   info.subgroup_size);
     for (size_t k = 0; k < times.size(); ++k)
       if (times[k].dispatches > 0)
         std::fprintf(stderr, "  %-18s %8llu dispatches %10.3f ms %5.1f%%\n",
