@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "backend/backend_select.h"
@@ -273,9 +272,9 @@ TEST_CASE("gpu: gate and up in one buffer and the GeGLU inside the down product 
   }
 }
 
-// Rows wider than the kernels' per-pass limits: qmatmul stages x in slabs of 512 columns, rms_norm
-// holds 4,096 columns in registers and reads the rest again (and the decode products, which
-// staged x in chunks of 4,096 columns before the seventh round, take many words per lane).
+// Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096
+// columns (matvec.glsl), qmatmul in slabs of 512, rms_norm holds 4,096 columns in registers and
+// reads the rest again.
 TEST_CASE("gpu: products and norms over rows wider than one staging chunk match the CPU") {
   FOR_EACH_WORKGROUP_SHAPE(threads);
   auto cpu = make_cpu_backend(2);
@@ -309,139 +308,6 @@ TEST_CASE("gpu: products and norms over rows wider than one staging chunk match 
             be.rms_norm(Mat{x[0].get(), 0, rows, cols, cols}, x[1].get(), 1.0f, 1e-6f,
                         Mat{x[0].get(), 0, rows, cols, cols});
           }) < 1e-6);
-  }
-}
-
-// The decode products (matvec.glsl) in every shape the device layer can give them: teams of 1
-// to all threads, 1 to 4 rows per team, 1 to 4 words in flight per thread, the team's sums by
-// subgroupAdd (lavapipe has 8-wide arithmetic subgroups) and by the shared-memory tree, in
-// 64- and 256-thread workgroups: plain products over a strided, unaligned x (tokens 1 and 3), a
-// folded norm (its sum of squares rides along in the reduction), the GeGLU inside the down
-// product, and the routed experts (gate/up and down products, with the down product in a shape
-// of its own).
-TEST_CASE("gpu: the decode products match the CPU in every workgroup shape and reduction") {
-  struct Shape {
-    uint32_t threads;
-    const char* matvec;  // REDWING_GPU_MATVEC: rows per team, lanes, unroll
-    const char* down;    // REDWING_GPU_MATVEC_DOWN
-    bool subgroups;
-  };
-  const Shape shapes[] = {
-      {64, "1,1,1", "4,8,4", true},    {64, "1,1,1", "4,8,4", false},
-      {64, "4,8,4", "3,16,1", true},   {64, "4,8,4", "3,16,1", false},
-      {64, "3,32,2", "2,64,2", true},  {64, "3,32,2", "2,64,2", false},
-      {256, "2,64,2", "2,32,2", true}, {256, "2,64,2", "2,32,2", false},
-      {256, "3,256,4", "1,8,1", true},
-  };
-  auto cpu = make_cpu_backend(2);
-  const int64_t cols = 320, hidden = 96, inter = 160;
-  HostQuant q4(37, cols, 4, 64, DType::bf16, 901), q8(29, cols, 8, 32, DType::f16, 902);
-  HostQuant dq(hidden, inter, 4, 32, DType::f32, 903);
-  const int experts = 5, top_k = 2;
-  std::vector<HostQuant> host;  // gate, up, down per expert
-  for (int e = 0; e < experts; ++e) {
-    host.emplace_back(inter, hidden, 4, 32, DType::bf16, static_cast<uint64_t>(910 + 3 * e));
-    host.emplace_back(inter, hidden, 4, 32, DType::bf16, static_cast<uint64_t>(911 + 3 * e));
-    host.emplace_back(hidden, inter, 8, 32, DType::bf16, static_cast<uint64_t>(912 + 3 * e));
-  }
-  std::vector<HostQuantMatrix> gate, up, down;
-  for (int e = 0; e < experts; ++e) {
-    gate.push_back(host[static_cast<size_t>(3 * e)].m);
-    up.push_back(host[static_cast<size_t>(3 * e + 1)].m);
-    down.push_back(host[static_cast<size_t>(3 * e + 2)].m);
-  }
-  auto w4c = cpu->import_qweight(q4.m), w8c = cpu->import_qweight(q8.m),
-       wdc = cpu->import_qweight(dq.m);
-  auto bank_cpu = cpu->import_experts(gate, up, down);
-  const auto pes = randn(static_cast<size_t>(experts), 920);
-  auto pes_cpu = put(*cpu, pes);
-  const auto nw = randn(static_cast<size_t>(cols), 921, 0.3f);
-  for (const Shape& shape : shapes) {
-    const std::string matvec = shape.matvec, down_shape = shape.down;
-    CAPTURE(shape.threads);
-    CAPTURE(matvec);
-    CAPTURE(down_shape);
-    CAPTURE(shape.subgroups);
-    setenv("REDWING_GPU_MATVEC", shape.matvec, 1);
-    setenv("REDWING_GPU_MATVEC_DOWN", shape.down, 1);
-    setenv("REDWING_GPU_SUBGROUP", shape.subgroups ? "1" : "0", 1);
-    setenv("REDWING_GPU_FOLD_NORMS", "1", 1);
-    auto gpu = gpu_backend(shape.threads);
-    unsetenv("REDWING_GPU_MATVEC");
-    unsetenv("REDWING_GPU_MATVEC_DOWN");
-    unsetenv("REDWING_GPU_SUBGROUP");
-    unsetenv("REDWING_GPU_FOLD_NORMS");
-    auto w4g = gpu->import_qweight(q4.m), w8g = gpu->import_qweight(q8.m),
-         wdg = gpu->import_qweight(dq.m);
-    auto bank_gpu = gpu->import_experts(gate, up, down);
-    auto pes_gpu = put(*gpu, pes);
-    for (int64_t tokens : {1, 3}) {
-      CAPTURE(tokens);
-      const int64_t xs = cols + 5;  // token 1's row starts off a 16-byte boundary
-      const auto x =
-          randn(static_cast<size_t>(tokens * xs), static_cast<uint64_t>(930 + tokens), 2.0f);
-      std::vector<float> y4(static_cast<size_t>(tokens * 37 + 3), 0.0f);
-      std::vector<float> y8(static_cast<size_t>(tokens * 29), 0.0f);
-      const double plain = compare(*cpu, *gpu, {x, y4, y8}, [&](Backend& b, auto& bufs) {
-        const bool on_cpu = &b == cpu.get();
-        const Mat in{bufs[0].get(), 0, tokens, cols, xs};
-        b.qmatmul(on_cpu ? *w4c : *w4g, in, Mat{bufs[1].get(), 3, tokens, 37, 37});
-        b.qmatmul(on_cpu ? *w8c : *w8g, in, Mat{bufs[2].get(), 0, tokens, 29, 29});
-      });
-      CHECK(plain < 1e-4);  // summation order differs; a wrong kernel is off by O(1)
-      std::vector<float> normed(static_cast<size_t>(tokens * cols), 0.0f);
-      const double folded =
-          compare(*cpu, *gpu, {x, nw, y4, y8, normed}, [&](Backend& b, auto& bufs) {
-            const bool on_cpu = &b == cpu.get();
-            Backend::InputNorm norm;
-            norm.weight = bufs[1].get();
-            norm.weight_offset = 1.0f;
-            norm.eps = 1e-6f;
-            const Mat h{bufs[4].get(), 0, tokens, cols, cols};
-            const Backend::QProduct products[] = {
-                {on_cpu ? w4c.get() : w4g.get(), h, Mat{bufs[2].get(), 3, tokens, 37, 37}},
-                {on_cpu ? w8c.get() : w8g.get(), h, Mat{bufs[3].get(), 0, tokens, 29, 29}}};
-            b.qmatmul_normed(Mat{bufs[0].get(), 0, tokens, cols, xs}, norm, h, products);
-            b.fill_zero(h);  // left unwritten by the folded path
-          });
-      CHECK(folded < 3e-4);
-      const auto gu = randn(static_cast<size_t>(tokens * 2 * inter), static_cast<uint64_t>(940));
-      std::vector<float> out(static_cast<size_t>(tokens * hidden), 0.0f);
-      const double geglu = compare(*cpu, *gpu, {gu, out}, [&](Backend& b, auto& bufs) {
-        const Mat both{bufs[0].get(), 0, tokens, 2 * inter, 2 * inter};
-        b.geglu_qmatmul(&b == cpu.get() ? *wdc : *wdg, both.col_range(0, inter),
-                        both.col_range(inter, inter),
-                        Mat{bufs[1].get(), 0, tokens, hidden, hidden});
-        b.fill_zero(both.col_range(0, inter));  // gate is left undefined
-      });
-      CHECK(geglu < 1e-4);
-      // The routed experts: gate/up (matvec's shape), then down (matvec_down's) over the GeGLU.
-      const auto logits = randn(static_cast<size_t>(tokens * experts), 950);
-      const auto xe = randn(static_cast<size_t>(tokens * hidden), 951);
-      const size_t count = static_cast<size_t>(tokens * top_k);
-      auto lc = put(*cpu, logits), lg = put(*gpu, logits);
-      auto rc = cpu->alloc(route_buffer_bytes(count)), rg = gpu->alloc(route_buffer_bytes(count));
-      auto xc = put(*cpu, xe), xg = put(*gpu, xe);
-      auto oc = cpu->alloc(static_cast<size_t>(tokens * hidden) * 4);
-      auto og = gpu->alloc(static_cast<size_t>(tokens * hidden) * 4);
-      cpu->route_to(Mat{lc.get(), 0, tokens, experts, experts}, top_k, *pes_cpu, *rc);
-      gpu->route_to(Mat{lg.get(), 0, tokens, experts, experts}, top_k, *pes_gpu, *rg);
-      cpu->routed_experts(*bank_cpu, Mat{xc.get(), 0, tokens, hidden, hidden}, *rc, top_k,
-                          Mat{oc.get(), 0, tokens, hidden, hidden});
-      gpu->routed_experts(*bank_gpu, Mat{xg.get(), 0, tokens, hidden, hidden}, *rg, top_k,
-                          Mat{og.get(), 0, tokens, hidden, hidden});
-      CHECK(max_rel(get(*gpu, *og), get(*cpu, *oc)) < 1e-4);
-    }
-  }
-}
-
-// A malformed REDWING_GPU_MATVEC is an error naming the variable, not a silent default.
-TEST_CASE("gpu: a malformed decode product shape is refused") {
-  for (const char* bad : {"2,48,2", "5,64,2", "2,64,3", "2,64", "two"}) {
-    CAPTURE(bad);
-    setenv("REDWING_GPU_MATVEC", bad, 1);
-    CHECK_THROWS_AS(gpu_backend(64), std::invalid_argument);
-    unsetenv("REDWING_GPU_MATVEC");
   }
 }
 

@@ -53,18 +53,6 @@ const char* kernel_source_name(Kernel k);
 constexpr int kMaxBindings = 6;
 constexpr size_t kMaxPushBytes = 128;
 
-// The decode products' shape (gpu-kernels/matvec.glsl's specialization constants 1 to 4): a
-// workgroup is threads / lanes teams of `lanes` threads, each team computing rows_per_team rows
-// with its lanes splitting the columns. The defaults are the GLSL's (what Metal runs: its device
-// sets no function constants).
-struct MatvecShape {
-  uint32_t rows_per_team = 2;    // MV_RPT, 1 to 4
-  uint32_t lanes = 128;          // MV_LANES, a power of two up to the workgroup's threads
-  bool subgroup_reduce = false;  // MV_SUBGROUP: the team's sums by subgroupAdd
-  uint32_t unroll = 4;           // MV_UNROLL: words per thread whose loads go out together
-  uint32_t rows_per_group(uint32_t threads) const { return threads / lanes * rows_per_team; }
-};
-
 struct DeviceInfo {
   std::string api;            // "vulkan"
   std::string name;           // e.g. "NVIDIA H200", "llvmpipe (LLVM 15.0.6, 256 bits)"
@@ -78,20 +66,7 @@ struct DeviceInfo {
   // from it). Real GPUs take kGpuWorkgroupThreads; a CPU device (lavapipe) runs every idle lane
   // and every barrier of a workgroup on one core, so it takes kCpuWorkgroupThreads.
   uint32_t workgroup_threads = 256;
-  // Subgroups (0 and false where the API does not report them): the size the device runs
-  // compute shaders with, and whether it has arithmetic subgroup operations there.
-  uint32_t subgroup_size = 0;
-  bool subgroup_arithmetic = false;
-  // The decode products' shape: `matvec` for qmatvec and the experts' gate/up product,
-  // `matvec_down` for the experts' down product (Kernel::moe_matvec_down), whose rows are narrow.
-  MatvecShape matvec, matvec_down;
 };
-// The shapes a device of this kind uses (choose_matvec_shapes fills info.matvec and
-// info.matvec_down from its workgroup_threads and subgroup fields):
-// REDWING_GPU_MATVEC / REDWING_GPU_MATVEC_DOWN = "rows,lanes,unroll" force one (A/B runs, tests;
-// lanes is capped at the workgroup's threads), REDWING_GPU_SUBGROUP=0 forces the shared-memory
-// reduction. Throws std::invalid_argument on a malformed value.
-void choose_matvec_shapes(DeviceInfo& info);
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;
 // The workgroup_threads a device of this kind uses: REDWING_GPU_WORKGROUP (64, 128 or 256)

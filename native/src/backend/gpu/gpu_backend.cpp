@@ -23,7 +23,6 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
-#include <utility>
 #include <vector>
 
 namespace redwing {
@@ -177,7 +176,8 @@ constexpr int kMaxExperts = 512;               // route.comp's MAX_EXPERTS
 constexpr int64_t kMatvecMaxTokens = 4;        // more tokens: the tiled qmatmul kernel
 constexpr int64_t kMatmulTileRows = 16;        // qmatmul.comp's TILE_ROWS
 constexpr int64_t kMatmulTileTokens = 8;       // qmatmul.comp's TILE_TOKENS
-constexpr int64_t kNormHeld = 16;              // rms_norm.comp's and ffn_tail.comp's NORM_HELD
+constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
+constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
 class GpuBackend final : public Backend {
  public:
@@ -496,9 +496,8 @@ class GpuBackend final : public Backend {
       }
       const Binding binds[] = {packed, scales, biases, vx.b, vy.b, norm_weight};
       if (matvec) {
-        const int64_t per_group =
-            dev_->info().matvec.rows_per_group(dev_->info().workgroup_threads);
-        const uint64_t groups = static_cast<uint64_t>((n + per_group - 1) / per_group);
+        const uint64_t groups =
+            static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
         const auto [gx, gy] = grid(groups);
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
@@ -1023,14 +1022,11 @@ class GpuBackend final : public Backend {
         Binding{s.buf.get(), 0, s.scales_offset},
         Binding{s.buf.get(), s.scales_offset, s.buf->size_bytes() - s.scales_offset}, vx.b, vy.b,
         ids};
-    // The down product (the one that computes the GeGLU) under its own name in the profile, and
-    // with its own shape (device.h's matvec_down).
-    const Kernel kernel = geglu_half != 0 ? Kernel::moe_matvec_down : Kernel::moe_matvec;
-    const gpu::DeviceInfo& info = dev_->info();
-    const int64_t per_group = (kernel == Kernel::moe_matvec_down ? info.matvec_down : info.matvec)
-                                  .rows_per_group(info.workgroup_threads);
-    const auto [gx, gy] = grid(static_cast<uint64_t>((s.rows + per_group - 1) / per_group));
-    dispatch(kernel, binds, &p, sizeof p, gx, gy, slots);
+    const auto [gx, gy] =
+        grid(static_cast<uint64_t>((s.rows + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup));
+    // The down product (the one that computes the GeGLU) under its own name in the profile.
+    dispatch(geglu_half != 0 ? Kernel::moe_matvec_down : Kernel::moe_matvec, binds, &p, sizeof p,
+             gx, gy, slots);
   }
 
   void experts_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
@@ -1319,14 +1315,6 @@ class GpuBackend final : public Backend {
     std::fprintf(stderr, "gpu profile (%s, %llu submissions): %.3f ms in kernels\n",
                  dev_->info().name.c_str(), static_cast<unsigned long long>(dev_->submissions()),
                  total);
-    // The decode products' shapes (rows per team, lanes, words in flight; reduction).
-    const gpu::DeviceInfo& info = dev_->info();
-    for (const auto& [label, m] :
-         {std::pair{"matvec", info.matvec}, {"matvec_down", info.matvec_down}})
-      std::fprintf(stderr, "  %s shape %u,%u,%u (%s), %u threads, subgroup size %u\n", label,
-                   m.rows_per_team, m.lanes, m.unroll,
-                   m.subgroup_reduce ? "subgroupAdd" : "shared memory", info.workgroup_threads,
-                   info.subgroup_size);
     for (size_t k = 0; k < times.size(); ++k)
       if (times[k].dispatches > 0)
         std::fprintf(stderr, "  %-18s %8llu dispatches %10.3f ms %5.1f%%\n",

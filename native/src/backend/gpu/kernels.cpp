@@ -1,7 +1,5 @@
 // The embedded SPIR-V of the kernels in gpu-kernels/ (compiled by glslangValidator at build
 // time into headers of uint32 arrays, see native/CMakeLists.txt).
-#include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <stdexcept>
@@ -75,56 +73,6 @@ uint32_t choose_workgroup_threads(bool software) {
     return n;
   }
   return software ? kCpuWorkgroupThreads : kGpuWorkgroupThreads;
-}
-
-namespace {
-
-// "rows,lanes,unroll" (REDWING_GPU_MATVEC*), or the default when unset.
-MatvecShape parse_matvec_shape(const char* variable, MatvecShape fallback) {
-  const char* value = std::getenv(variable);
-  if (!value || !*value) return fallback;
-  unsigned rows = 0, lanes = 0, unroll = 0;
-  char rest = 0;
-  const auto is_pow2 = [](unsigned n) { return n != 0 && (n & (n - 1)) == 0; };
-  if (std::sscanf(value, "%u,%u,%u%c", &rows, &lanes, &unroll, &rest) != 3 || rows < 1 ||
-      rows > 4 || !is_pow2(lanes) || lanes > 256 || (unroll != 1 && unroll != 2 && unroll != 4))
-    throw std::invalid_argument(std::string(variable) + "=" + value +
-                                ": expected rows,lanes,unroll (rows 1-4, lanes a power of two up "
-                                "to 256, unroll 1, 2 or 4)");
-  fallback.rows_per_team = rows;
-  fallback.lanes = lanes;
-  fallback.unroll = unroll;
-  return fallback;
-}
-
-}  // namespace
-
-void choose_matvec_shapes(DeviceInfo& info) {
-  const uint32_t threads = info.workgroup_threads;
-  // A CPU device (lavapipe: 8-wide subgroups, one core per workgroup) wants teams of one
-  // subgroup (no barrier at all) and few idle lanes; a GPU wants its loads spread over many
-  // threads (docs/gpu.md, seventh round). The experts' down product has rows of ~700 columns
-  // (88 4-bit words), so fewer lanes per row there.
-  MatvecShape wide, down;
-  if (threads <= 64) {
-    wide = {2, 8, false, 2};
-    down = {2, 8, false, 2};
-  } else {
-    wide = {2, 128, false, 4};
-    down = {2, 32, false, 4};
-  }
-  wide = parse_matvec_shape("REDWING_GPU_MATVEC", wide);
-  down = parse_matvec_shape("REDWING_GPU_MATVEC_DOWN", down);
-  const char* sub = std::getenv("REDWING_GPU_SUBGROUP");
-  const bool subgroups_allowed = !(sub && std::string(sub) == "0");
-  for (MatvecShape* s : {&wide, &down}) {
-    s->lanes = std::min(s->lanes, threads);
-    // subgroupAdd sums whole subgroups: a team must be whole subgroups (both are powers of two).
-    s->subgroup_reduce = subgroups_allowed && info.subgroup_arithmetic && info.subgroup_size > 0 &&
-                         s->lanes % info.subgroup_size == 0 && threads % info.subgroup_size == 0;
-  }
-  info.matvec = wide;
-  info.matvec_down = down;
 }
 
 const char* kernel_name(Kernel k) {
