@@ -1028,71 +1028,90 @@ std::vector<double> softmax_attention(const float* q, const std::vector<double>&
 
 TEST_CASE("attention_partial and attention_combine: blocks merge into the whole softmax") {
   // Two KV heads interleaved in each row (the second is used), a ring of 300 rows holding
-  // positions 200..499 (so the keys wrap), 4 query heads sharing the KV head; f32 and f16.
-  const int d = 40, group = 4, kv_heads = 2, g = 1;
-  const int64_t capacity = 300, first = 200, end = 500, n = end - first;
-  const int64_t stride = kv_heads * d;
+  // positions 200..499 (so the keys wrap), `group` query heads sharing the KV head; f32 and
+  // f16. Head sizes that end in a partial 16- or 8-lane vector and group sizes that leave
+  // remainders in the AVX-512 tiles (4 and 2 heads at a time), blocks of 128, 128 and 44 keys.
+  struct Shape {
+    int d;
+    int group;
+  };
+  for (const Shape shape :
+       {Shape{40, 4}, Shape{7, 3}, Shape{261, 8}, Shape{33, 1}, Shape{256, 2}, Shape{512, 7}}) {
+    const int d = shape.d, group = shape.group, kv_heads = 2, g = 1;
+    CAPTURE(d);
+    CAPTURE(group);
+    const int64_t capacity = 300, first = 200, end = 500, n = end - first;
+    const int64_t stride = kv_heads * d;
+    const std::vector<float> kf = random_vector(capacity * stride, 71, -2.0f, 2.0f);
+    const std::vector<float> vf = random_vector(capacity * stride, 72);
+    const std::vector<float> q = random_vector(group * d, 73, -1.5f, 1.5f);
+    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) kh[i] = nearest_half(kf[i]), vh[i] = nearest_half(vf[i]);
+    const float scale = 0.35f;
+    // Float32 error grows with the length of the dot products.
+    const double tolerance = 1e-5 * (1 + d / 64.0);
+    std::vector<std::vector<float>> by_isa;
+    for (bool f16 : {false, true}) {
+      // The keys and values of positions first..end-1 in order, as the cache holds them.
+      std::vector<double> k(static_cast<size_t>(n * d)), v(k.size());
+      for (int64_t j = 0; j < n; ++j)
+        for (int c = 0; c < d; ++c) {
+          const size_t at = static_cast<size_t>((first + j) % capacity * stride + g * d + c);
+          k[static_cast<size_t>(j * d + c)] = f16 ? half_to_double(kh[at]) : kf[at];
+          v[static_cast<size_t>(j * d + c)] = f16 ? half_to_double(vh[at]) : vf[at];
+        }
+      AttentionKv kv;
+      kv.k = f16 ? static_cast<const void*>(kh.data() + g * d) : kf.data() + g * d;
+      kv.v = f16 ? static_cast<const void*>(vh.data() + g * d) : vf.data() + g * d;
+      kv.f16 = f16;
+      kv.row_stride = stride;
+      kv.capacity = capacity;
+      kv.ring = true;
+      const int blocks = static_cast<int>((n + kAttentionBlock - 1) / kAttentionBlock);
+      REQUIRE(blocks == 3);  // two full blocks and a partial one
+      for (Isa isa : available_isas()) {
+        IsaScope scope(isa);
+        CAPTURE(std::string(isa_name(isa)));
+        CAPTURE(f16);
+        std::vector<float> m(static_cast<size_t>(blocks * group)), w(m.size());
+        std::vector<float> o(m.size() * d);
+        std::vector<float> scratch(static_cast<size_t>(group * kAttentionBlock));
+        for (int b = 0; b < blocks; ++b) {
+          const int64_t p0 = first + b * kAttentionBlock;
+          attention_partial(q.data(), d, group, d, scale, kv, p0,
+                            std::min(p0 + kAttentionBlock, end), m.data() + b * group,
+                            w.data() + b * group, o.data() + b * group * d, scratch.data());
+        }
+        std::vector<float> got(static_cast<size_t>(group * d));
+        for (int i = 0; i < group; ++i)
+          attention_combine(m.data() + i, w.data() + i, o.data() + i * d, group, blocks, d,
+                            got.data() + i * d);
+        for (int i = 0; i < group; ++i) {
+          const auto want = softmax_attention(q.data() + i * d, k, v, n, d, scale);
+          double worst = 0;
+          for (int c = 0; c < d; ++c)
+            worst = std::max(worst, std::fabs(got[static_cast<size_t>(i * d + c)] - want[c]));
+          CHECK(worst < tolerance);
+        }
+        // One block alone is its own softmax: combine copies it.
+        std::vector<float> one(static_cast<size_t>(d));
+        attention_combine(m.data(), w.data(), o.data(), group, 1, d, one.data());
+        CHECK(std::equal(one.begin(), one.end(), o.begin()));
+        by_isa.push_back(got);
+      }
+    }
+    // Every ISA close to the scalar reference (by_isa holds f32 runs, then f16 runs).
+    const size_t per = by_isa.size() / 2;
+    for (size_t r = 0; r < by_isa.size(); ++r)
+      for (size_t c = 0; c < by_isa[r].size(); ++c)
+        CHECK(std::fabs(by_isa[r][c] - by_isa[r / per * per][c]) < tolerance);
+  }
+  const int d = 40;
+  const int64_t capacity = 300, stride = 2 * d;
   const std::vector<float> kf = random_vector(capacity * stride, 71, -2.0f, 2.0f);
   const std::vector<float> vf = random_vector(capacity * stride, 72);
-  const std::vector<float> q = random_vector(group * d, 73, -1.5f, 1.5f);
-  std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-  for (size_t i = 0; i < kf.size(); ++i) kh[i] = nearest_half(kf[i]), vh[i] = nearest_half(vf[i]);
+  const std::vector<float> q = random_vector(d, 73, -1.5f, 1.5f);
   const float scale = 0.35f;
-  std::vector<std::vector<float>> by_isa;
-  for (bool f16 : {false, true}) {
-    // The keys and values of positions first..end-1 in order, as the cache holds them.
-    std::vector<double> k(static_cast<size_t>(n * d)), v(k.size());
-    for (int64_t j = 0; j < n; ++j)
-      for (int c = 0; c < d; ++c) {
-        const size_t at = static_cast<size_t>((first + j) % capacity * stride + g * d + c);
-        k[static_cast<size_t>(j * d + c)] = f16 ? half_to_double(kh[at]) : kf[at];
-        v[static_cast<size_t>(j * d + c)] = f16 ? half_to_double(vh[at]) : vf[at];
-      }
-    AttentionKv kv;
-    kv.k = f16 ? static_cast<const void*>(kh.data() + g * d) : kf.data() + g * d;
-    kv.v = f16 ? static_cast<const void*>(vh.data() + g * d) : vf.data() + g * d;
-    kv.f16 = f16;
-    kv.row_stride = stride;
-    kv.capacity = capacity;
-    kv.ring = true;
-    const int blocks = static_cast<int>((n + kAttentionBlock - 1) / kAttentionBlock);
-    REQUIRE(blocks == 3);  // two full blocks and a partial one
-    for (Isa isa : available_isas()) {
-      IsaScope scope(isa);
-      CAPTURE(std::string(isa_name(isa)));
-      CAPTURE(f16);
-      std::vector<float> m(static_cast<size_t>(blocks * group)), w(m.size());
-      std::vector<float> o(m.size() * d);
-      std::vector<float> scratch(static_cast<size_t>(group * kAttentionBlock));
-      for (int b = 0; b < blocks; ++b) {
-        const int64_t p0 = first + b * kAttentionBlock;
-        attention_partial(q.data(), d, group, d, scale, kv, p0, std::min(p0 + kAttentionBlock, end),
-                          m.data() + b * group, w.data() + b * group, o.data() + b * group * d,
-                          scratch.data());
-      }
-      std::vector<float> got(static_cast<size_t>(group * d));
-      for (int i = 0; i < group; ++i)
-        attention_combine(m.data() + i, w.data() + i, o.data() + i * d, group, blocks, d,
-                          got.data() + i * d);
-      for (int i = 0; i < group; ++i) {
-        const auto want = softmax_attention(q.data() + i * d, k, v, n, d, scale);
-        double worst = 0;
-        for (int c = 0; c < d; ++c)
-          worst = std::max(worst, std::fabs(got[static_cast<size_t>(i * d + c)] - want[c]));
-        CHECK(worst < 1e-5);
-      }
-      // One block alone is its own softmax: combine copies it.
-      std::vector<float> one(static_cast<size_t>(d));
-      attention_combine(m.data(), w.data(), o.data(), group, 1, d, one.data());
-      CHECK(std::equal(one.begin(), one.end(), o.begin()));
-      by_isa.push_back(got);
-    }
-  }
-  // Every ISA close to the scalar reference (by_isa holds f32 runs, then f16 runs).
-  const size_t per = by_isa.size() / 2;
-  for (size_t r = 0; r < by_isa.size(); ++r)
-    for (size_t c = 0; c < by_isa[r].size(); ++c)
-      CHECK(std::fabs(by_isa[r][c] - by_isa[r / per * per][c]) < 1e-5);
   std::vector<float> m(1), w(1), o(static_cast<size_t>(d)), scratch(kAttentionBlock);
   AttentionKv kv;
   kv.k = kf.data(), kv.v = vf.data(), kv.row_stride = stride, kv.capacity = capacity;

@@ -464,20 +464,23 @@ void attention_partial(const float* q, int64_t q_stride, int group, int head_dim
   const KernelTable& kn = kernels();
   const int64_t d = head_dim;
   float* s = scratch;  // [group, n] scores, then probabilities
-  // Where position p's row of K or V starts. The group's heads read each row one after
-  // another, so it is in L1 after the first; f16 rows are widened inside the dot and axpy
-  // kernels (no copy).
-  const auto row_at = [&](int64_t p) { return (kv.ring ? p % kv.capacity : p) * kv.row_stride; };
-  const auto* k32 = static_cast<const float*>(kv.k);
-  const auto* k16 = static_cast<const uint16_t*>(kv.k);
-  const auto* v32 = static_cast<const float*>(kv.v);
-  const auto* v16 = static_cast<const uint16_t*>(kv.v);
+  // Where position p's row of K or V starts (f16 rows are widened inside the kernels, no copy).
+  int64_t rows[kAttentionBlock];
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t r = row_at(pos_begin + j);
-    for (int i = 0; i < group; ++i)
-      s[i * n + j] = (kv.f16 ? kn.dot_f16(q + i * q_stride, k16 + r, d)
-                             : kn.dot_f32(q + i * q_stride, k32 + r, d)) *
-                     scale;
+    const int64_t p = pos_begin + j;
+    rows[j] = (kv.ring ? p % kv.capacity : p) * kv.row_stride;
+  }
+  if (kn.attention_scores != nullptr) {
+    kn.attention_scores(q, q_stride, group, head_dim, scale, kv, rows, n, s);
+  } else {
+    // The group's heads read each row one after another, so it is in L1 after the first.
+    const auto* k32 = static_cast<const float*>(kv.k);
+    const auto* k16 = static_cast<const uint16_t*>(kv.k);
+    for (int64_t j = 0; j < n; ++j)
+      for (int i = 0; i < group; ++i)
+        s[i * n + j] = (kv.f16 ? kn.dot_f16(q + i * q_stride, k16 + rows[j], d)
+                               : kn.dot_f32(q + i * q_stride, k32 + rows[j], d)) *
+                       scale;
   }
   for (int i = 0; i < group; ++i) {
     float* si = s + i * n;
@@ -486,15 +489,20 @@ void attention_partial(const float* q, int64_t q_stride, int group, int head_dim
     m[i] = si[top];
     kn.softmax(si, n);
     w[i] = si[top];
-    std::fill_n(o + i * d, d, 0.0f);
   }
+  if (kn.attention_values != nullptr) {
+    kn.attention_values(s, group, head_dim, kv, rows, n, o);
+    return;
+  }
+  std::fill_n(o, group * d, 0.0f);
+  const auto* v32 = static_cast<const float*>(kv.v);
+  const auto* v16 = static_cast<const uint16_t*>(kv.v);
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t r = row_at(pos_begin + j);
     for (int i = 0; i < group; ++i) {
       if (kv.f16)
-        kn.axpy_f16(s[i * n + j], v16 + r, o + i * d, d);
+        kn.axpy_f16(s[i * n + j], v16 + rows[j], o + i * d, d);
       else
-        kn.axpy_f32(s[i * n + j], v32 + r, o + i * d, d);
+        kn.axpy_f32(s[i * n + j], v32 + rows[j], o + i * d, d);
     }
   }
 }

@@ -40,6 +40,17 @@ struct KernelTable {
   void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
   void (*bf16_to_f32)(const uint16_t* x, float* y, int64_t n);
   void (*softmax)(float* x, int64_t n);
+  // The two halves of attention_partial over one block of n keys, key j's row of K or V at
+  // element rows[j] of kv.k or kv.v. attention_scores: s[i * n + j] = scale * q_i . k_j for the
+  // group's query heads (q_i at q + i * q_stride). attention_values: o[i * head_dim + c] =
+  // sum_j p[i * n + j] v_j[c], summed in key order from zero. nullptr (the default) builds them
+  // from dot_f16/dot_f32 and axpy_f16/axpy_f32 (dispatch.cpp); an implementation of its own
+  // reads each key's row once for all the group's heads.
+  void (*attention_scores)(const float* q, int64_t q_stride, int group, int head_dim, float scale,
+                           const AttentionKv& kv, const int64_t* rows, int64_t n,
+                           float* s) = nullptr;
+  void (*attention_values)(const float* p, int group, int head_dim, const AttentionKv& kv,
+                           const int64_t* rows, int64_t n, float* o) = nullptr;
 };
 
 using Q8Kernel = void (*)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
