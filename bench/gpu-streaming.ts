@@ -79,40 +79,31 @@ export async function runGpuStreamingBench(): Promise<void> {
     throw new Error(`--tier must be ssd, ram or both, not ${tierOption}`);
   const tiers: Tier[] = tierOption === "both" ? ["ssd", "ram"] : [tierOption as Tier];
 
+  const engineCommand = (command: string) => [
+    engine,
+    command,
+    "--model",
+    model,
+    "--backend",
+    "vulkan",
+    "--kv-dtype",
+    kvDtype,
+  ];
+
   // `ssd`: the host keeps as many slots as the GPU (the engine's pick for the budget), so every
   // GPU miss is a read; `ram`: the engine's default under --vram-budget, every expert read stays
   // in host memory.
   const hostSlots = async (budget: string, tier: Tier): Promise<string[]> => {
     if (tier === "ram") return [];
     const plan = Plan.parse(
-      JSON.parse(
-        await captureOutput([
-          engine,
-          "memory",
-          "--model",
-          model,
-          "--backend",
-          "vulkan",
-          "--kv-dtype",
-          kvDtype,
-          "--vram-budget",
-          budget,
-        ]),
-      ),
+      JSON.parse(await captureOutput([...engineCommand("memory"), "--vram-budget", budget])),
     );
     return plan.gpu_slots > 0 ? ["--expert-cache-slots", String(plan.gpu_slots)] : [];
   };
 
   const run = async (budget: string | null, tier: Tier | null) => {
     const argv = [
-      engine,
-      "generate",
-      "--model",
-      model,
-      "--backend",
-      "vulkan",
-      "--kv-dtype",
-      kvDtype,
+      ...engineCommand("generate"),
       "--tokens",
       tokens,
       "--max-new",

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lavapipe.h"
 #include "runtime/engine.h"
 #include "runtime/expert_store.h"
 #include "runtime/memory_plan.h"
@@ -209,21 +210,7 @@ TEST_CASE("expert store: the RAM tier numbers the GPU's own slots and counts eac
 void read_error_mid_generation(const EngineOptions& o, const fs::path& model);
 void wrong_size_or_missing_file(const std::string& backend, int gpu_slots);
 
-// The backends an engine test runs on: the CPU, and Vulkan through lavapipe where this build
-// has it (streamed experts then go through the GPU's expert slots).
-std::vector<std::string> engine_backends() {
-#if defined(REDWING_HAVE_VULKAN)
-  for (const char* icd : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
-                          "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json"}) {
-    if (fs::exists(icd)) {
-      setenv("VK_DRIVER_FILES", icd, 0);
-      setenv("VK_ICD_FILENAMES", icd, 0);
-      return {"cpu", "vulkan"};
-    }
-  }
-#endif
-  return {"cpu"};
-}
+using test_support::engine_backends;
 
 TEST_CASE("expert store: a read error mid-generation fails that generation only") {
   for (const std::string& backend : engine_backends()) {

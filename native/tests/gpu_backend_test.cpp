@@ -13,6 +13,7 @@
 #include "backend/backend_select.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "lavapipe.h"
 #include "runtime/sampler.h"
 #if defined(REDWING_HAVE_VULKAN)
 #include "backend/gpu/gpu_backend.h"
@@ -27,18 +28,6 @@ using namespace redwing;
 
 namespace {
 
-// lavapipe, where the machine has it (Debian's mesa-vulkan-drivers).
-void force_lavapipe() {
-  for (const char* icd : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
-                          "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json"}) {
-    if (std::filesystem::exists(icd)) {
-      setenv("VK_DRIVER_FILES", icd, 0);
-      setenv("VK_ICD_FILENAMES", icd, 0);
-      return;
-    }
-  }
-}
-
 // threads: the kernels' workgroup shape (device.h's workgroup_threads); 0 takes the device's own
 // choice (64 on lavapipe).
 std::unique_ptr<Backend> gpu_backend(uint32_t threads = 0) {
@@ -48,7 +37,7 @@ std::unique_ptr<Backend> gpu_backend(uint32_t threads = 0) {
   if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
     return make_gpu_backend(gpu::open_metal_device(0));
 #endif
-  force_lavapipe();
+  test_support::use_lavapipe();
   const auto devices = gpu::list_vulkan_devices();
   REQUIRE_MESSAGE(!devices.empty(), "no Vulkan device (install mesa-vulkan-drivers)");
   return make_gpu_backend(gpu::open_vulkan_device(0, threads));
@@ -660,7 +649,7 @@ TEST_CASE("gpu: KV store and attention match the CPU (f32 and f16, windows, ring
 }
 
 TEST_CASE("gpu: backend selection") {
-  force_lavapipe();
+  test_support::use_lavapipe();
   const auto all = available_backends();
   REQUIRE(all.size() >= 2);
   CHECK(all[0].name == "cpu");

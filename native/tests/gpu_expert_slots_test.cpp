@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "lavapipe.h"
 #if defined(REDWING_HAVE_VULKAN)
 #include "backend/gpu/gpu_backend.h"
 #endif
@@ -26,14 +27,7 @@ using namespace redwing;
 namespace {
 
 std::unique_ptr<Backend> lavapipe_backend() {
-  for (const char* icd : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
-                          "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json"}) {
-    if (std::filesystem::exists(icd)) {
-      setenv("VK_DRIVER_FILES", icd, 0);
-      setenv("VK_ICD_FILENAMES", icd, 0);
-      break;
-    }
-  }
+  test_support::use_lavapipe();
   REQUIRE_MESSAGE(!gpu::list_vulkan_devices().empty(),
                   "no Vulkan device (install mesa-vulkan-drivers)");
   return make_gpu_backend(gpu::open_vulkan_device(0));

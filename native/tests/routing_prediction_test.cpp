@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lavapipe.h"
 #include "runtime/engine.h"
 #include "runtime/routing_prediction.h"
 #include "synthetic_model.h"
@@ -28,19 +29,7 @@ std::vector<float> logits_ranking(const std::vector<std::vector<int32_t>>& first
   return l;
 }
 
-std::vector<std::string> engine_backends() {
-#if defined(REDWING_HAVE_VULKAN)
-  for (const char* icd : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
-                          "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json"}) {
-    if (fs::exists(icd)) {
-      setenv("VK_DRIVER_FILES", icd, 0);
-      setenv("VK_ICD_FILENAMES", icd, 0);
-      return {"cpu", "vulkan"};
-    }
-  }
-#endif
-  return {"cpu"};
-}
+using test_support::engine_backends;
 
 }  // namespace
 
