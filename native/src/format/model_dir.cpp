@@ -306,16 +306,21 @@ std::string shape_string(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-HostQuantMatrix host_quant_at(const QuantTensorInfo& info, const std::byte* base) {
+HostQuantMatrix quant_shape(const QuantTensorInfo& info) {
   HostQuantMatrix m;
-  m.packed = reinterpret_cast<const uint32_t*>(base + info.weight.offset);
-  m.scales = base + info.scales.offset;
-  m.biases = base + info.biases.offset;
   m.scale_dtype = info.scale_dtype;
   m.bits = info.bits;
   m.group_size = info.group_size;
   m.rows = info.rows;
   m.cols = info.cols;
+  return m;
+}
+
+HostQuantMatrix host_quant_at(const QuantTensorInfo& info, const std::byte* base) {
+  HostQuantMatrix m = quant_shape(info);
+  m.packed = reinterpret_cast<const uint32_t*>(base + info.weight.offset);
+  m.scales = base + info.scales.offset;
+  m.biases = base + info.biases.offset;
   return m;
 }
 

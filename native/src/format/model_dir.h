@@ -132,6 +132,10 @@ class ModelDir {
   platform::MappedFile weights_;
 };
 
+// A quantized matrix's shape and encoding without its data (null pointers): what a delivery into
+// a backend expert slot that already holds the expert carries.
+HostQuantMatrix quant_shape(const QuantTensorInfo& info);
+
 // Points a HostQuantMatrix at a quantized tensor whose regions are relative to `base`.
 HostQuantMatrix host_quant_at(const QuantTensorInfo& info, const std::byte* base);
 

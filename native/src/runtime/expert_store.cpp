@@ -19,16 +19,7 @@ double seconds_between(std::chrono::steady_clock::time_point a,
 // An expert's matrices without their data: what a delivery into a backend slot that already holds
 // the expert carries (for_each_slot, the RAM tier's GPU hits).
 ExpertMatrices shapes_of(const ExpertLayerInfo& info) {
-  auto shape = [](const QuantTensorInfo& q) {
-    HostQuantMatrix m;
-    m.scale_dtype = q.scale_dtype;
-    m.bits = q.bits;
-    m.group_size = q.group_size;
-    m.rows = q.rows;
-    m.cols = q.cols;
-    return m;
-  };
-  return {shape(info.gate), shape(info.up), shape(info.down)};
+  return {quant_shape(info.gate), quant_shape(info.up), quant_shape(info.down)};
 }
 
 }  // namespace
