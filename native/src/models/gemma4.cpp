@@ -239,14 +239,22 @@ class Gemma4 final : public Model {
     routing_observer_->router_logits(layer, source, r.rows, experts, host.data());
   }
 
-  // The router's choice for the residual r, into routes_ (backend memory: no host round trip
-  // unless a routing hook or observer must see the ids).
-  void route_to_backend(int layer, const Layer& l, Mat r) {
+  // The router's choice for the residual r into routes_ (grown as needed); returns the number of
+  // routed entries, r.rows * top_k.
+  size_t route_on_backend(const Layer& l, Mat r) {
     const MoeConfig& moe = *arch_.moe;
     const size_t count = static_cast<size_t>(r.rows) * static_cast<size_t>(moe.top_k);
     if (!routes_ || routes_->size_bytes() < route_buffer_bytes(count))
       routes_ = backend_.alloc(route_buffer_bytes(count));
     backend_.route_to(router_logits(l, r), moe.top_k, *l.per_expert_scale, *routes_);
+    return count;
+  }
+
+  // The router's choice for the residual r, into routes_ (backend memory: no host round trip
+  // unless a routing hook or observer must see the ids).
+  void route_to_backend(int layer, const Layer& l, Mat r) {
+    const MoeConfig& moe = *arch_.moe;
+    const size_t count = route_on_backend(l, r);
     if (routing_hook_ != nullptr || routing_observer_ != nullptr) {
       std::vector<int32_t> idx(count);
       backend_.download(*routes_, 0, idx.data(), idx.size() * sizeof(int32_t));
@@ -277,10 +285,7 @@ class Gemma4 final : public Model {
   // download of ids and weights; a routing hook edits the ids there and they go back up.
   SlotRouting route_to_host(int layer, const Layer& l, Mat x) {
     const MoeConfig& moe = *arch_.moe;
-    const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(moe.top_k);
-    if (!routes_ || routes_->size_bytes() < route_buffer_bytes(count))
-      routes_ = backend_.alloc(route_buffer_bytes(count));
-    backend_.route_to(router_logits(l, x), moe.top_k, *l.per_expert_scale, *routes_);
+    const size_t count = route_on_backend(l, x);
     std::vector<std::byte> host(route_buffer_bytes(count));
     backend_.download(*routes_, 0, host.data(), host.size());
     SlotRouting r;
