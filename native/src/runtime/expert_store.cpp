@@ -228,23 +228,46 @@ void ExpertStore::assign_slots(Layer& l, int layer) {
     slot.last_use = ++tick_;
     l.where[slot.expert] = s;
     l.active_slot[k] = s;
-    const uint64_t stride = l.info.stride;
-    uint64_t piece = stride;
-    if (options_.read_piece_bytes > 0 && options_.read_piece_bytes < stride) {
-      const uint64_t n = (stride + options_.read_piece_bytes - 1) / options_.read_piece_bytes;
-      piece = ((stride / n + 16383) / 16384) * 16384;  // aligned for direct I/O
-    }
-    slot.pieces_left = 0;
-    slot.delivered = false;
-    slot.error.clear();
-    for (uint64_t b = 0; b < stride; b += piece) {
-      jobs_.push_back({layer, s, slot.expert, b, std::min(piece, stride - b)});
-      ++slot.pieces_left;
-      ++in_flight_;
-    }
+    queue_read(l, layer, s);
     queued = true;
   }
   if (queued) job_cv_.notify_all();
+}
+
+void ExpertStore::queue_read(Layer& l, int layer, int s) {
+  Slot& slot = l.slots[static_cast<size_t>(s)];
+  const uint64_t stride = l.info.stride;
+  uint64_t piece = stride;
+  if (options_.read_piece_bytes > 0 && options_.read_piece_bytes < stride) {
+    const uint64_t n = (stride + options_.read_piece_bytes - 1) / options_.read_piece_bytes;
+    piece = ((stride / n + 16383) / 16384) * 16384;  // aligned for direct I/O
+  }
+  slot.pieces_left = 0;
+  slot.delivered = false;
+  slot.error.clear();
+  slot.read_for = l.requests;
+  for (uint64_t b = 0; b < stride; b += piece) {
+    jobs_.push_back({layer, s, slot.expert, b, std::min(piece, stride - b)});
+    ++slot.pieces_left;
+    ++in_flight_;
+  }
+}
+
+bool ExpertStore::retry_stale_failure(Layer& l, int layer, size_t k) {
+  const int s = l.active_slot[k];
+  Slot& slot = l.slots[static_cast<size_t>(s)];
+  // A read queued by an earlier request that was abandoned (its generation failed or was
+  // cancelled) may have failed for a reason that is gone now, e.g. a file since restored: this
+  // request found the expert loading, counted a hit, and must not inherit that failure.
+  if (slot.read_for == l.requests) return false;
+  slot.expert = l.active[k];
+  slot.state = SlotState::loading;
+  l.where[slot.expert] = s;
+  --stats_.hits;
+  ++stats_.misses;
+  queue_read(l, layer, s);
+  job_cv_.notify_all();
+  return true;
 }
 
 void ExpertStore::io_main() {
@@ -377,7 +400,8 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
         if (done[k] || s < 0) continue;
         const Slot& slot = l.slots[static_cast<size_t>(s)];
         if (slot.state == SlotState::ready) pick = k;
-        if (slot.state == SlotState::failed) throw platform::FileError(slot.error);
+        if (slot.state == SlotState::failed && !retry_stale_failure(l, layer, k))
+          throw platform::FileError(slot.error);
       }
       if (pick == n) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -433,12 +457,17 @@ std::vector<ExpertMatrices> ExpertStore::acquire(int layer, std::span<const int3
   for (;;) {
     if (!l.waiting.empty()) assign_slots(l, layer);
     bool all_ready = true;
-    for (int s : l.active_slot) {
+    for (size_t k = 0; k < l.active_slot.size(); ++k) {
+      const int s = l.active_slot[k];
       if (s < 0) {
         all_ready = false;
         continue;
       }
       const Slot& slot = l.slots[static_cast<size_t>(s)];
+      if (slot.state == SlotState::failed && retry_stale_failure(l, layer, k)) {
+        all_ready = false;
+        continue;
+      }
       if (slot.state == SlotState::failed) {
         const std::string error = slot.error;
         for (int t : l.active_slot)

@@ -101,6 +101,7 @@ class ExpertStore final : public ExpertSource {
     bool delivered = false;  // handed to for_each_slot since it was read (a mirroring backend
                              // holds a copy)
     std::string error;       // why the last read failed
+    uint64_t read_for = 0;   // the layer request that queued the last read (Layer::requests)
     platform::AlignedBytes data;
   };
   // A backend slot of the RAM tier: what the backend's copy holds (set once a delivery into it
@@ -145,6 +146,12 @@ class ExpertStore final : public ExpertSource {
   void begin(Layer& l, int layer, std::span<const int32_t> experts, bool tiered);
   // Gives queued misses free slots and submits their reads. Requires the lock.
   void assign_slots(Layer& l, int layer);
+  // Queues the reads that fill slot s with its expert. Requires the lock.
+  void queue_read(Layer& l, int layer, int s);
+  // A slot of the current request whose read failed: false if that read was queued by this
+  // request (the failure is this request's); true if it was queued by an earlier, abandoned
+  // request, in which case it is read again for this one. Requires the lock.
+  bool retry_stale_failure(Layer& l, int layer, size_t k);
   // Whether `experts` is the request prefetch() started, as the taker (tiered or not) needs it.
   bool announced(const Layer& l, std::span<const int32_t> experts, bool tiered) const;
   // The policy: whether expert a (last used at tick a_use) goes before expert b.
