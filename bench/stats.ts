@@ -1,11 +1,14 @@
 // Small helpers every benchmark shares: command-line numbers and medians.
 
-/** `--name N` from the command line: a positive integer, or `fallback` when absent. */
-export function flag(name: string, fallback: number): number {
+/**
+ * `--name N` from the command line: an integer of at least `min` (1 unless a flag gives 0 a
+ * meaning), or `fallback` when absent.
+ */
+export function flag(name: string, fallback: number, min = 1): number {
   const i = process.argv.indexOf(`--${name}`);
   const value = i >= 0 ? Number(process.argv[i + 1]) : fallback;
-  if (!Number.isInteger(value) || value < 1)
-    throw new Error(`--${name} must be a positive integer`);
+  if (!Number.isInteger(value) || value < min)
+    throw new Error(`--${name} must be an integer of at least ${min}`);
   return value;
 }
 

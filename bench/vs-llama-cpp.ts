@@ -189,7 +189,7 @@ export async function runVsLlamaCppBench(): Promise<void> {
   const threads = flag("threads", 2);
   const decode = flag("decode", 32);
   const prompt = flag("prompt", 512);
-  const longContext = flag("context", 4096);
+  const longContext = flag("context", 4096, 0);
   await ensurePeer();
   const { redwing, gguf } = await models(layers);
 
