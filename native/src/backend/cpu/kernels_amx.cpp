@@ -65,6 +65,8 @@ bool cpu_has_amx() {
 
 #include <immintrin.h>
 
+#include "backend/cpu/avx512_common.h"
+
 namespace redwing::cpu {
 namespace {
 
@@ -89,11 +91,6 @@ void configure_tiles() {
     cfg.rows[t] = 16;
   }
   _tile_loadconfig(&cfg);
-}
-
-inline __mmask16 first_lanes(int64_t n) {
-  if (n <= 0) return 0;
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // Two 16-bit integers per lane (low, high; each < 256) as the bfloat16 pair of the same values.

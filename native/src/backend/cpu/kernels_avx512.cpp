@@ -30,28 +30,10 @@
 
 #include <immintrin.h>
 
+#include "backend/cpu/avx512_common.h"
+
 namespace redwing::cpu {
 namespace {
-
-// Scales or biases [i, i + 16) as float32; lanes outside `lanes` read nothing and are 0.
-inline __m512 load_scales16(const void* p, ScaleType type, int64_t i, __mmask16 lanes) {
-  switch (type) {
-    case ScaleType::bf16: {
-      const __m512i v = _mm512_cvtepu16_epi32(
-          _mm256_maskz_loadu_epi16(lanes, static_cast<const uint16_t*>(p) + i));
-      return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    }
-    case ScaleType::f16:
-      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, static_cast<const uint16_t*>(p) + i));
-    case ScaleType::f32:
-      break;
-  }
-  return _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(p) + i);
-}
-
-inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-}
 
 // Converts n scales to out[0, n) and zeroes out[n, n + 16) (out has room for the padding).
 void scales_to_f32(const void* p, ScaleType type, int64_t offset, int64_t n, float* out) {
@@ -71,20 +53,6 @@ __m512 bias_lanes(const void* p, ScaleType type, int64_t offset, int64_t n, cons
                           _mm512_maskz_loadu_ps(lanes, sx + i), acc);
   }
   return acc;
-}
-
-// The lane sums of four vectors: {sum(a), sum(b), sum(c), sum(d)}, in fewer steps than four
-// separate reductions.
-inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  // Per 128-bit quarter: {a, b, c, d} partial sums.
-  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m256 half =
-      _mm256_add_ps(_mm512_castps512_ps256(abcd),
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
 // How many row groups ahead qmv_rows prefetches (measured: 1 and 2 are close, 2 slightly better
