@@ -276,30 +276,20 @@ void qmv_range(const QuantMatrix& w, const float* x, const float* xt, const floa
   for (; r < re; ++r) qmv_rows<kBits, kGroup, 1>(w, x, xt, sx, r, y, sbuf);
 }
 
-template <int kBits>
-void qmatvec_bits(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
+template <int kBits, int kGroup>
+void qmatvec_shaped(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
   thread_local Scratch xt_buf, sx_buf, s_buf;
   const int64_t gpr = groups_per_row(w);
   float* xt = xt_buf.floats(static_cast<size_t>(w.cols));
   float* sx = sx_buf.floats(static_cast<size_t>(gpr));
   float* sbuf = s_buf.floats(static_cast<size_t>(4 * gpr));
   prepare_x<kBits>(x, w.cols, w.group_size, xt, sx);
-  switch (w.group_size) {
-    case 32:
-      return qmv_range<kBits, 32>(w, x, xt, sx, y, rb, re, sbuf);
-    case 64:
-      return qmv_range<kBits, 64>(w, x, xt, sx, y, rb, re, sbuf);
-    default:
-      return qmv_range<kBits, 128>(w, x, xt, sx, y, rb, re, sbuf);
-  }
+  qmv_range<kBits, kGroup>(w, x, xt, sx, y, rb, re, sbuf);
 }
 
 void qmatvec_avx2(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
-  if (w.bits == 4) {
-    qmatvec_bits<4>(w, x, y, rb, re);
-  } else {
-    qmatvec_bits<8>(w, x, y, rb, re);
-  }
+  with_quant_shape(
+      w, [&]<int kBits, int kGroup>() { qmatvec_shaped<kBits, kGroup>(w, x, y, rb, re); });
 }
 
 // ---- dequantization and qmatmul --------------------------------------------------------------
@@ -440,26 +430,11 @@ void q8_range(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* 
   for (; r < re; ++r) q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf);
 }
 
-template <int kBits>
-void q8_bits(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y, int64_t y_stride,
-             int64_t rb, int64_t re) {
-  switch (w.group_size) {
-    case 32:
-      return q8_range<kBits, 32>(w, xa, n_x, y, y_stride, rb, re);
-    case 64:
-      return q8_range<kBits, 64>(w, xa, n_x, y, y_stride, rb, re);
-    default:
-      return q8_range<kBits, 128>(w, xa, n_x, y, y_stride, rb, re);
-  }
-}
-
 void qmatmul_q8_avx2(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
                      int64_t y_stride, int64_t rb, int64_t re) {
-  if (w.bits == 4) {
-    q8_bits<4>(w, xa, n_x, y, y_stride, rb, re);
-  } else {
-    q8_bits<8>(w, xa, n_x, y, y_stride, rb, re);
-  }
+  with_quant_shape(w, [&]<int kBits, int kGroup>() {
+    q8_range<kBits, kGroup>(w, xa, n_x, y, y_stride, rb, re);
+  });
 }
 
 void qdequant_row_avx2(const QuantMatrix& w, int64_t row, float* out) {

@@ -175,26 +175,11 @@ void q8_range(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* 
   for (; r < re; ++r) q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf, bbuf);
 }
 
-template <int kBits>
-void q8_bits(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y, int64_t y_stride,
-             int64_t rb, int64_t re) {
-  switch (w.group_size) {
-    case 32:
-      return q8_range<kBits, 32>(w, xa, n_x, y, y_stride, rb, re);
-    case 64:
-      return q8_range<kBits, 64>(w, xa, n_x, y, y_stride, rb, re);
-    default:
-      return q8_range<kBits, 128>(w, xa, n_x, y, y_stride, rb, re);
-  }
-}
-
 void qmatmul_q8_vnni(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
                      int64_t y_stride, int64_t rb, int64_t re) {
-  if (w.bits == 4) {
-    q8_bits<4>(w, xa, n_x, y, y_stride, rb, re);
-  } else {
-    q8_bits<8>(w, xa, n_x, y, y_stride, rb, re);
-  }
+  with_quant_shape(w, [&]<int kBits, int kGroup>() {
+    q8_range<kBits, kGroup>(w, xa, n_x, y, y_stride, rb, re);
+  });
 }
 
 }  // namespace

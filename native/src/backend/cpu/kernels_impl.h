@@ -175,6 +175,27 @@ inline void q8_group_sums(const Q8Activation& xa, int group_size, float* out) {
   }
 }
 
+// Calls fn.template operator()<kBits, kGroup>() with w's bits (4 or 8) and group size (32, 64 or
+// 128) as constants: the SIMD products are templates over both, and every file picks them the
+// same way.
+template <class Fn>
+inline void with_quant_shape(const QuantMatrix& w, Fn&& fn) {
+  auto by_group = [&]<int kBits>() {
+    switch (w.group_size) {
+      case 32:
+        return fn.template operator()<kBits, 32>();
+      case 64:
+        return fn.template operator()<kBits, 64>();
+      default:
+        return fn.template operator()<kBits, 128>();
+    }
+  };
+  if (w.bits == 4)
+    by_group.template operator()<4>();
+  else
+    by_group.template operator()<8>();
+}
+
 // Growable, 64-byte aligned per-thread scratch memory for the SIMD files (instead of
 // std::vector<float>, whose instantiations there would be weak symbols, see above).
 class Scratch {

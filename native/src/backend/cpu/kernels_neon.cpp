@@ -134,8 +134,8 @@ void qmv_range(const QuantMatrix& w, const float* xt, const float* sx, float* y,
   for (; r < re; ++r) qmv_rows<kBits, kGroup, 1>(w, xt, sx, r, y, sbuf, bbuf);
 }
 
-template <int kBits>
-void qmatvec_bits(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
+template <int kBits, int kGroup>
+void qmatvec_shaped(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
   thread_local Scratch xt_buf, sx_buf, s_buf, b_buf;
   const int64_t gpr = groups_per_row(w);
   float* xt = xt_buf.floats(static_cast<size_t>(w.cols));
@@ -143,22 +143,12 @@ void qmatvec_bits(const QuantMatrix& w, const float* x, float* y, int64_t rb, in
   float* sbuf = s_buf.floats(static_cast<size_t>(4 * gpr));
   float* bbuf = b_buf.floats(static_cast<size_t>(4 * gpr));
   prepare_x<kBits>(x, w.cols, w.group_size, xt, sx);
-  switch (w.group_size) {
-    case 32:
-      return qmv_range<kBits, 32>(w, xt, sx, y, rb, re, sbuf, bbuf);
-    case 64:
-      return qmv_range<kBits, 64>(w, xt, sx, y, rb, re, sbuf, bbuf);
-    default:
-      return qmv_range<kBits, 128>(w, xt, sx, y, rb, re, sbuf, bbuf);
-  }
+  qmv_range<kBits, kGroup>(w, xt, sx, y, rb, re, sbuf, bbuf);
 }
 
 void qmatvec_neon(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
-  if (w.bits == 4) {
-    qmatvec_bits<4>(w, x, y, rb, re);
-  } else {
-    qmatvec_bits<8>(w, x, y, rb, re);
-  }
+  with_quant_shape(
+      w, [&]<int kBits, int kGroup>() { qmatvec_shaped<kBits, kGroup>(w, x, y, rb, re); });
 }
 
 // ---- dequantization and qmatmul --------------------------------------------------------------
