@@ -7,6 +7,7 @@
 import type { ChatMessage } from "../../core/chat/template.ts";
 import {
   listModels,
+  remoteChatRequest,
   streamChat,
   type RemoteChatRequest,
   type RemoteReply,
@@ -68,18 +69,13 @@ function request(
   messages: ChatMessage[],
   opts: RemoteChatOptions,
 ): RemoteChatRequest {
-  return {
-    model,
-    messages: messages.map((m) => ({
-      role: m.role === "system" || m.role === "assistant" ? m.role : "user",
-      content: m.content,
-    })),
+  return remoteChatRequest(model, messages, {
     temperature: opts.temperature,
     topP: opts.topP,
     maxTokens: opts.maxNew,
     stop: opts.stop,
     seed: opts.seed ?? null,
-  };
+  });
 }
 
 /** One reply: text to stdout as it comes (unless --json), waits and statistics to stderr. */

@@ -7,7 +7,12 @@
  * reply keeps its text and offers Retry).
  */
 import type { ChatMessage } from "../chat/template.ts";
-import { streamChat, type RemoteFinishReason, type RemoteTimeouts } from "../connections/client.ts";
+import {
+  remoteChatRequest,
+  streamChat,
+  type RemoteFinishReason,
+  type RemoteTimeouts,
+} from "../connections/client.ts";
 import type { Endpoint } from "../connections/store.ts";
 import type { AppError, Message, MessageStats, SamplingSettings } from "./api.ts";
 import { toAppError } from "./errors.ts";
@@ -51,18 +56,13 @@ export function remoteReplySource(
       try {
         const r = await streamChat(
           endpoint,
-          {
-            model,
-            messages: messages.map((m) => ({
-              role: m.role === "system" || m.role === "assistant" ? m.role : "user",
-              content: m.content,
-            })),
+          remoteChatRequest(model, messages, {
             temperature: sampling.temperature,
             topP: sampling.topP,
             maxTokens: sampling.maxNewTokens,
             stop: sampling.stop,
             seed: sampling.seed,
-          },
+          }),
           { onText },
           { ...timeouts, signal },
         );

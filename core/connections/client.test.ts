@@ -14,7 +14,7 @@ import { enterTempHome, type TempHome } from "../../testkit/home.ts";
 import { runCli } from "../../testkit/run-cli.ts";
 import { startRemoteServe, type RemoteServe } from "../../testkit/remote-serve.ts";
 import { nativeBuildDir } from "../native.ts";
-import { listModels, RemoteError, streamChat } from "./client.ts";
+import { listModels, RemoteError, remoteChatRequest, streamChat } from "./client.ts";
 import { retryAfterSeconds } from "./errors.ts";
 import type { Endpoint } from "./store.ts";
 
@@ -249,6 +249,35 @@ describe.skipIf(!haveService)("remote client against redwing serve", () => {
       streamChat(endpoint(url), { model: "demo", messages: hello }),
     );
     expect(refusedChat.code).toBe("remote_refused");
+  });
+});
+
+describe("remoteChatRequest", () => {
+  it("sends roles a server knows and the sampling as given", () => {
+    const r = remoteChatRequest(
+      "m",
+      [
+        { role: "system", content: "be brief" },
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "hello" },
+        { role: "tool", content: "42" },
+      ],
+      { temperature: 0.5, topP: 0.9, maxTokens: 7, stop: ["\n"], seed: null },
+    );
+    expect(r).toEqual({
+      model: "m",
+      messages: [
+        { role: "system", content: "be brief" },
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "hello" },
+        { role: "user", content: "42" },
+      ],
+      temperature: 0.5,
+      topP: 0.9,
+      maxTokens: 7,
+      stop: ["\n"],
+      seed: null,
+    });
   });
 });
 

@@ -37,6 +37,25 @@ export interface RemoteChatRequest {
   seed?: number | null;
 }
 
+/**
+ * A chat request from Redwing's messages: roles other than system and assistant go as "user"
+ * (the roles every OpenAI-compatible server knows), the sampling as given.
+ */
+export function remoteChatRequest(
+  model: string,
+  messages: readonly { role: string; content: string }[],
+  sampling: Omit<RemoteChatRequest, "model" | "messages">,
+): RemoteChatRequest {
+  return {
+    model,
+    messages: messages.map((m) => ({
+      role: m.role === "system" || m.role === "assistant" ? m.role : "user",
+      content: m.content,
+    })),
+    ...sampling,
+  };
+}
+
 export interface RemoteTimeouts {
   /** Until the server answers the request's headers (default 60 s; a long prompt's prefill). */
   requestMs?: number;
