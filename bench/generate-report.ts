@@ -14,6 +14,9 @@ export const TokenStat = z.object({
   bytes_read: z.number(),
   /** Bytes copied from host to GPU expert slots (0 on the CPU). */
   gpu_copy_bytes: z.number(),
+  /** Hybrid experts (`--gpu-misses cpu`): expert uses computed on the CPU, and their time. */
+  cpu_experts: z.number(),
+  cpu_expert_ms: z.number(),
   io_wait_ms: z.number(),
   compute_ms: z.number(),
 });
@@ -40,6 +43,12 @@ export const GenerateReport = z.object({
   decode_bytes_read_per_token: z.number(),
   decode_gpu_copy_bytes_per_token: z.number(),
   decode_io_wait_ms_per_token: z.number(),
+  /** How a GPU's misses run under the RAM tier: copied to the GPU, or computed on the CPU. */
+  gpu_misses: z.enum(["copy", "cpu"]),
+  /** With `cpu`: copies into GPU slots per layer and step at most; -1 otherwise. */
+  gpu_expert_copies: z.number(),
+  decode_cpu_experts_per_token: z.number(),
+  decode_cpu_expert_ms_per_token: z.number(),
   /** Where a decode step's time goes, by part of the forward pass. */
   decode_parts_ms_per_token: z.record(z.string(), z.number()),
   token_stats: z.array(TokenStat),

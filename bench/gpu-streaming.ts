@@ -6,7 +6,8 @@
  *   npm run bench -- gpu-streaming [--model DIR | --synth-layers N] [--budgets 2G,4G,8G]
  *                                  [--decode 32] [--trace synthetic:reuse=0.45,seed=1]
  *                                  [--kv-dtype f16] [--direct-io off] [--tier ssd|ram|both]
- *                                  [--engine PATH] [--out DIR]
+ *                                  [--gpu-misses copy|cpu|both] [--gpu-expert-copies N]
+ *                                  [--threads N] [--engine PATH] [--out DIR]
  *
  * The model is --model, or the synthetic Gemma 4 26B-A4B cut to --synth-layers N of its 30
  * layers, or by default the gemma4-moe fixture (then the budgets default to a few MiB, so that
@@ -20,6 +21,11 @@
  * model). Reported per budget and tier: slots per layer (GPU and host), device memory, decode
  * tok/s, GPU and RAM hit rates, bytes read from the SSD and copied to the GPU per token, I/O wait
  * per token, submissions (host round trips) per token.
+ * --gpu-misses (default copy, as before): how the RAM tier's GPU misses run, `copy` into a GPU
+ * slot and computed there, or `cpu` (hybrid experts: computed on the CPU with --threads threads,
+ * at most --gpu-expert-copies of them per layer and step copied to the GPU; the engine's
+ * defaults when not given); `both` runs each `ram` row twice. The `ssd` tier has no RAM tier, so
+ * it always copies. The rows then also show the experts the CPU computed and its ms per token.
  * Results go to bench/results/gpu-streaming.json (or --out).
  */
 import { existsSync } from "node:fs";
@@ -37,6 +43,7 @@ const root = fileURLToPath(new URL("..", import.meta.url));
 const Plan = z.object({ gpu_slots: z.number() });
 
 type Tier = "ssd" | "ram";
+type Misses = "copy" | "cpu";
 
 function option(name: string): string | undefined {
   const i = process.argv.indexOf(`--${name}`);
@@ -78,6 +85,12 @@ export async function runGpuStreamingBench(): Promise<void> {
   if (!["ssd", "ram", "both"].includes(tierOption))
     throw new Error(`--tier must be ssd, ram or both, not ${tierOption}`);
   const tiers: Tier[] = tierOption === "both" ? ["ssd", "ram"] : [tierOption as Tier];
+  const missesOption = option("gpu-misses") ?? "copy";
+  if (!["copy", "cpu", "both"].includes(missesOption))
+    throw new Error(`--gpu-misses must be copy, cpu or both, not ${missesOption}`);
+  const missModes: Misses[] = missesOption === "both" ? ["copy", "cpu"] : [missesOption as Misses];
+  const copies = option("gpu-expert-copies");
+  const threads = option("threads");
 
   const engineCommand = (command: string) => [
     engine,
@@ -88,6 +101,7 @@ export async function runGpuStreamingBench(): Promise<void> {
     "vulkan",
     "--kv-dtype",
     kvDtype,
+    ...(threads === undefined ? [] : ["--threads", threads]),
   ];
 
   // `ssd`: the host keeps as many slots as the GPU (the engine's pick for the budget), so every
@@ -101,7 +115,7 @@ export async function runGpuStreamingBench(): Promise<void> {
     return plan.gpu_slots > 0 ? ["--expert-cache-slots", String(plan.gpu_slots)] : [];
   };
 
-  const run = async (budget: string | null, tier: Tier | null) => {
+  const run = async (budget: string | null, tier: Tier | null, misses: Misses = "copy") => {
     const argv = [
       ...engineCommand("generate"),
       "--tokens",
@@ -116,11 +130,17 @@ export async function runGpuStreamingBench(): Promise<void> {
       // --direct-io off: expert reads through the page cache (a RAM tier once the files are
       // cached), to split the SSD's share of a token from the rest of the streaming path.
       ...(option("direct-io") === "off" ? ["--direct-io", "off"] : []),
+      ...(misses === "cpu" ? ["--gpu-misses", "cpu"] : []),
+      ...(misses === "cpu" && copies !== undefined ? ["--gpu-expert-copies", copies] : []),
     ];
     const r = parseGenerateReport(await captureOutput(argv));
     return {
       budget,
       tier,
+      gpu_misses: r.gpu_misses,
+      gpu_expert_copies: r.gpu_expert_copies,
+      cpu_experts_per_token: r.decode_cpu_experts_per_token,
+      cpu_expert_ms_per_token: r.decode_cpu_expert_ms_per_token,
       slots: r.gpu_expert_slots,
       host_slots: r.expert_cache_slots,
       device_memory_bytes: r.device_memory_bytes,
@@ -141,26 +161,28 @@ export async function runGpuStreamingBench(): Promise<void> {
   const rows = [await run(null, null)];
   const refused: { budget: string; tier: Tier; error: string }[] = [];
   for (const b of budgetList)
-    for (const tier of tiers) {
-      try {
-        rows.push(await run(b, tier));
-      } catch (e) {
-        // A budget that cannot hold the model: the engine says why; the other budgets still run.
-        refused.push({ budget: b, tier, error: e instanceof Error ? e.message : String(e) });
+    for (const tier of tiers)
+      for (const misses of tier === "ssd" ? (["copy"] as Misses[]) : missModes) {
+        try {
+          rows.push(await run(b, tier, misses));
+        } catch (e) {
+          // A budget that cannot hold the model: the engine says why; the other budgets still run.
+          refused.push({ budget: b, tier, error: e instanceof Error ? e.message : String(e) });
+        }
       }
-    }
   const direct = rows[1]?.direct_io;
   console.log(
     `${rows[0]!.device}; ${model}; KV ${kvDtype}; routing ${trace}; ${decode} tokens; expert reads ${direct === false ? "through the page cache" : "direct (O_DIRECT)"}`,
   );
   console.log(
-    "GPU budget | tier | GPU/host slots per layer | device GB | decode tok/s | GPU hits | RAM hits | MB read/token | MB to GPU/token | I/O wait ms/token | submissions/token",
+    "GPU budget | tier | GPU misses | GPU/host slots per layer | device GB | decode tok/s | GPU hits | RAM hits | MB read/token | MB to GPU/token | CPU experts/token | CPU ms/token | I/O wait ms/token | submissions/token",
   );
   for (const r of rows)
     console.log(
       [
         r.budget ?? "resident",
         r.tier ?? "-",
+        r.gpu_misses === "cpu" ? `cpu (${r.gpu_expert_copies} copies)` : "copy",
         r.slots === 0 ? "all" : `${r.slots}/${r.host_slots === 0 ? "all" : r.host_slots}`,
         (r.device_memory_bytes / 1e9).toFixed(2),
         r.decode_tokens_per_s.toFixed(1),
@@ -168,6 +190,8 @@ export async function runGpuStreamingBench(): Promise<void> {
         percent(r.slots === 0 ? null : r.ram_hit_rate),
         (r.bytes_read_per_token / 1e6).toFixed(2),
         (r.gpu_copy_bytes_per_token / 1e6).toFixed(2),
+        r.cpu_experts_per_token.toFixed(1),
+        r.cpu_expert_ms_per_token.toFixed(2),
         r.io_wait_ms_per_token.toFixed(2),
         r.submissions_per_token.toFixed(1),
       ].join(" | "),

@@ -474,6 +474,103 @@ for (const fixture of FIXTURES) {
         expect(mirrored.ram_hit_rate).toBe(0);
         expect(mirrored.gpu_hit_rate).toBeCloseTo(mirrored.hit_rate, 4);
       });
+
+      // Hybrid experts (`--gpu-misses cpu`, docs/gpu.md): the GPU computes the experts its slots
+      // hold, the CPU the rest from the host's slots, and the GPU combines both. The CPU's
+      // products add in another order than the GPU's, so the hybrid is held to transformers
+      // (the first 12 prompt positions) like every backend, not to the resident run's bits.
+      it("hybrid experts, 1 and 2 GPU slots under 4 and 3 host slots: f32 KV within 1e-3, f16 KV top-1 identical", () => {
+        const rows = 12;
+        const tokens = ref.prompt.slice(0, rows);
+        const want = logits.subarray(0, rows * vocab);
+        const hybrid = (host: number, gpuSlots: number) => [
+          "--expert-cache-slots",
+          String(host),
+          "--gpu-expert-slots",
+          String(gpuSlots),
+          "--gpu-misses",
+          "cpu",
+        ];
+        for (const [name, flags] of [modes[0]!, modes[1]!, modes[3]!]) {
+          for (const [host, gpuSlots] of [
+            [4, 1],
+            [3, 2],
+          ] as const) {
+            const f32 = compare(
+              engineLogits(model, tokens, [
+                ...gpu,
+                ...flags,
+                "--kv-dtype",
+                "f32",
+                ...hybrid(host, gpuSlots),
+              ]),
+              want,
+              rows,
+              vocab,
+            );
+            report.push(
+              `${fixture} ${GPU_BACKEND} hybrid ${gpuSlots}/${host} slots ${name}: f32 ${f32.maxAbs.toExponential(2)}`,
+            );
+            expect(f32.maxAbs, `${name}, ${gpuSlots} GPU / ${host} host slots`).toBeLessThanOrEqual(
+              TOLERANCE,
+            );
+            expect(f32.agreement).toBe(1);
+          }
+        }
+        for (const [name, flags] of [modes[1]!, modes[3]!]) {
+          const f16 = compare(
+            engineLogits(model, tokens, [...gpu, ...flags, "--kv-dtype", "f16", ...hybrid(3, 2)]),
+            want,
+            rows,
+            vocab,
+          );
+          expect(f16.agreement, `f16 KV, ${name}`).toBe(1);
+        }
+      });
+
+      it("hybrid experts' counters: the CPU computes every GPU miss, copies stay within --gpu-expert-copies", () => {
+        const moeLayers = 6;
+        const topK = 2;
+        for (const copies of [0, 1]) {
+          const out = greedyContinuation(model, ref, [
+            ...gpu,
+            "--expert-cache-slots",
+            "4",
+            "--gpu-expert-slots",
+            "2",
+            "--gpu-misses",
+            "cpu",
+            "--gpu-expert-copies",
+            String(copies),
+          ]);
+          const r = parseGenerateReport(out);
+          const stride = (JSON.parse(out) as { expected_memory: { expert_bytes_each: number } })
+            .expected_memory.expert_bytes_each;
+          expect(r.tokens, `${copies} copies`).toEqual(ref.greedy);
+          expect(r.gpu_misses).toBe("cpu");
+          expect(r.gpu_expert_copies).toBe(copies);
+          let onCpu = 0;
+          let gpuHits = 0;
+          r.token_stats.forEach((t, i) => {
+            if (i > 0) expect(t.hits + t.misses, `decode step ${i}`).toBe(moeLayers * topK);
+            // Each step (the prefill is one chunk) copies at most `copies` experts per layer.
+            expect(t.gpu_copy_bytes % stride).toBe(0);
+            expect(t.gpu_copy_bytes, `step ${i}`).toBeLessThanOrEqual(copies * moeLayers * stride);
+            // Every use that is not a GPU hit is computed on the CPU.
+            expect(t.cpu_experts, `step ${i}`).toBe(t.hits - t.gpu_hits + t.misses);
+            onCpu += t.cpu_experts;
+            gpuHits += t.gpu_hits;
+          });
+          expect(onCpu).toBeGreaterThan(0);
+          expect(r.decode_cpu_expert_ms_per_token).toBeGreaterThan(0);
+          if (copies === 0) {
+            expect(gpuHits).toBe(0); // the GPU's slots never get an expert
+            expect(r.decode_gpu_copy_bytes_per_token).toBe(0);
+          } else {
+            expect(gpuHits).toBeGreaterThan(0); // the copies are used
+          }
+        }
+      });
     }
 
     it("greedy continuation equals transformers' token for token", () => {

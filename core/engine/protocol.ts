@@ -82,6 +82,13 @@ export const LoadParamsSchema = z.object({
    * as the host's); fewer than the host's make those a RAM tier (docs/gpu.md).
    */
   gpu_expert_slots: z.number().int().nonnegative().optional(),
+  /**
+   * Under the RAM tier: each GPU miss copied into a GPU slot and computed there ("copy", the
+   * default) or computed on the CPU from the host's slots ("cpu": hybrid experts, docs/gpu.md).
+   */
+  gpu_misses: z.enum(["copy", "cpu"]).optional(),
+  /** With gpu_misses "cpu": copies into GPU slots per MoE layer and step at most (default 1). */
+  gpu_expert_copies: z.number().int().nonnegative().optional(),
 });
 export type LoadParams = z.infer<typeof LoadParamsSchema>;
 
@@ -169,6 +176,8 @@ export const ReadyEventSchema = z.object({
   expert_cache_slots: z.number().int(),
   /** A GPU backend's expert slots per layer (fewer: the RAM tier); absent from older services. */
   gpu_expert_slots: z.number().int().optional(),
+  /** How the GPU's expert misses run under the RAM tier; absent from older services. */
+  gpu_misses: z.enum(["copy", "cpu"]).optional(),
   memory: z.object({
     model_bytes: z.number(),
     kv_bytes: z.number(),
@@ -267,6 +276,9 @@ export const StatsEventSchema = z.object({
     gpu_hit_rate: z.number().nullable().optional(),
     ram_hit_rate: z.number().nullable().optional(),
     gpu_copy_bytes_per_token: z.number().nullable().optional(),
+    /** Hybrid experts: expert uses computed on the CPU per token, and the CPU's ms on them. */
+    cpu_experts_per_token: z.number().nullable().optional(),
+    cpu_expert_ms_per_token: z.number().nullable().optional(),
   }),
 });
 export type StatsEvent = z.infer<typeof StatsEventSchema>;

@@ -27,6 +27,8 @@ TEST_CASE("a load or generate request without settings gets runtime/defaults.h")
   CHECK(o.memory_budget == defaults::kMemoryBudget);
   CHECK(o.expert_io_threads == defaults::kExpertIoThreads);
   CHECK(o.expert_read_piece_bytes == defaults::kExpertReadPieceBytes);
+  CHECK(o.gpu_misses == defaults::kGpuMisses);
+  CHECK(o.gpu_expert_copies == defaults::kGpuExpertCopies);
 
   const service::GenerateRequest gen = service::parse_generate(json{{"tokens", {2, 3}}});
   CHECK(gen.request.max_new == defaults::kMaxNewTokens);
@@ -59,4 +61,13 @@ TEST_CASE("defaults_json prints every default as a front end reads it") {
   CHECK(s.at("top_k") == defaults::kTopK);
   CHECK(s.at("repetition_context") == defaults::kRepetitionContext);
   CHECK(s.at("seed").is_null());
+}
+
+TEST_CASE("a load request picks how a GPU's expert misses run (hybrid experts)") {
+  const service::LoadRequest hybrid =
+      service::parse_load(json{{"model", "/m"}, {"gpu_misses", "cpu"}, {"gpu_expert_copies", 3}});
+  CHECK(hybrid.options.gpu_misses == "cpu");
+  CHECK(hybrid.options.gpu_expert_copies == 3);
+  CHECK_THROWS(service::parse_load(json{{"model", "/m"}, {"gpu_misses", "gpu"}}));
+  CHECK_THROWS(service::parse_load(json{{"model", "/m"}, {"gpu_expert_copies", -1}}));
 }

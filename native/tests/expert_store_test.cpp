@@ -207,6 +207,99 @@ TEST_CASE("expert store: the RAM tier numbers the GPU's own slots and counts eac
   CHECK_THROWS_AS(ExpertStore(dir, mirror), std::invalid_argument);
 }
 
+TEST_CASE("expert store: hybrid experts hand the GPU's misses to the host, copying at most N") {
+  ModelFixture m("hybrid");
+  const ModelDir dir = ModelDir::open(m.path.string());
+  ResidentExpertSource resident(dir);
+  const uint64_t stride = dir.expert_layer(0)->stride;
+  const std::vector<std::vector<int32_t>> requests = {{0, 1}, {0, 1}, {2, 3, 4}, {0, 1}, {5, 6},
+                                                      {0, 5}, {2, 3}, {7, 0},    {5, 6}, {5, 6}};
+  for (int host : {8, 3}) {
+    for (int copies : {0, 1, 2}) {
+      for (EvictionPolicy policy : {EvictionPolicy::lrfu, EvictionPolicy::lru}) {
+        CAPTURE(host);
+        CAPTURE(copies);
+        ExpertStoreOptions o;
+        o.slots = host;
+        o.device_slots = 2;
+        o.device_copies = copies;
+        o.policy = policy;
+        o.io_threads = 2;
+        ExpertStore store(dir, o);
+        REQUIRE(store.hybrid());
+        std::vector<int32_t> holds(2, -1);  // the GPU's copy
+        uint64_t uses = 0, copied = 0, gpu_hits = 0, on_host = 0;
+        for (const auto& ids : requests) {
+          uses += ids.size();
+          auto want = resident.acquire(0, ids);
+          int copied_now = 0;
+          store.prefetch(0, ids);
+          store.for_each_slot(0, ids, [&](size_t k, int slot, const ExpertMatrices& got) {
+            REQUIRE(slot >= -1);
+            REQUIRE(slot < 2);
+            if (got.gate.packed == nullptr) {  // a GPU hit: the GPU's slot must hold it
+              REQUIRE(slot >= 0);
+              CHECK(holds[static_cast<size_t>(slot)] == ids[k]);
+              ++gpu_hits;
+              return;
+            }
+            // Every other expert comes with its data, for the host to compute.
+            CHECK(same_bytes(got.gate, want[k].gate));
+            CHECK(same_bytes(got.down, want[k].down));
+            ++on_host;
+            if (slot >= 0) {  // and also to be copied into that GPU slot
+              holds[static_cast<size_t>(slot)] = ids[k];
+              ++copied_now;
+            }
+          });
+          resident.release(0);
+          CHECK(copied_now <= copies);
+          copied += static_cast<uint64_t>(copied_now);
+        }
+        const ExpertStats st = store.stats();
+        CHECK(st.requests == uses);
+        CHECK(st.device_hits == gpu_hits);
+        CHECK(st.host_computed == on_host);
+        CHECK(st.device_hits + st.host_computed == st.requests);
+        CHECK(st.device_bytes == copied * stride);
+        if (copies == 0) CHECK(st.device_hits == 0);  // the GPU never gets an expert
+        if (copies > 0) CHECK(st.device_hits > 0);    // the repeats find the copies
+      }
+    }
+  }
+  // The one policy decides whether a copy is worth it. LFU, one copy a request: the GPU learns 0
+  // and 1; expert 2, used once, does not displace a hotter one; used as often, it does.
+  ExpertStoreOptions o;
+  o.slots = 8;
+  o.device_slots = 2;
+  o.device_copies = 1;
+  o.policy = EvictionPolicy::lfu;
+  ExpertStore store(dir, o);
+  std::vector<int32_t> holds(2, -1);
+  auto run = [&](std::vector<int32_t> ids) {
+    int copied = 0;
+    store.for_each_slot(0, ids, [&](size_t k, int slot, const ExpertMatrices& got) {
+      if (got.gate.packed != nullptr && slot >= 0)
+        holds[static_cast<size_t>(slot)] = ids[k], ++copied;
+    });
+    return copied;
+  };
+  auto gpu_holds = [&](int32_t e) {
+    return std::find(holds.begin(), holds.end(), e) != holds.end();
+  };
+  CHECK(run({0, 1}) == 1);  // equal rank: the first
+  CHECK(run({0, 1}) == 1);  // 0 a GPU hit, 1 into the empty slot
+  CHECK(run({0, 1}) == 0);  // both GPU hits
+  CHECK((gpu_holds(0) && gpu_holds(1)));
+  CHECK(run({0, 2}) == 0);  // 2 (1 use) would evict 1 (3 uses): no
+  CHECK(run({2, 3}) == 0);  // 2 (2 uses) still below 1 (3 uses)
+  CHECK(run({2, 3}) == 1);  // 2 (3 uses) ties 1 and was used last: it replaces 1
+  CHECK((gpu_holds(0) && gpu_holds(2) && !gpu_holds(1)));
+  ExpertStoreOptions bad = o;
+  bad.device_copies = -2;
+  CHECK_THROWS_AS(ExpertStore(dir, bad), std::invalid_argument);
+}
+
 void read_error_mid_generation(const EngineOptions& o, const fs::path& model);
 void wrong_size_or_missing_file(const std::string& backend, int gpu_slots);
 
@@ -240,6 +333,17 @@ TEST_CASE("expert store: a read error mid-generation fails that generation only"
       o.backend = backend;
       read_error_mid_generation(o, m.path);
     }
+    // Hybrid experts: the GPU's misses on the CPU, straight from the host's slots.
+    ModelFixture m("ioerr-hybrid");
+    EngineOptions o;
+    o.model_dir = m.path.string();
+    o.kv_dtype = KvDType::f32;
+    o.threads = 2;
+    o.expert_cache_slots = 3;
+    o.gpu_expert_slots = 1;
+    o.gpu_misses = "cpu";
+    o.backend = backend;
+    read_error_mid_generation(o, m.path);
   }
 }
 
@@ -257,6 +361,7 @@ void read_error_mid_generation(const EngineOptions& o, const fs::path& model) {
     CHECK(engine.gpu_expert_slots() == o.gpu_expert_slots);
     CHECK(engine.expert_cache_slots() == o.expert_cache_slots);
   }
+  CHECK(engine.hybrid_experts() == (o.gpu_misses == "cpu"));
   SamplerConfig s;
   s.temperature = 0;
   const std::vector<int32_t> prompt = {2, 40, 77, 9, 130};

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -153,6 +154,94 @@ TEST_CASE("gpu expert slots: the same bits as every expert resident, at once and
       CHECK(download_all(*gpu, *got, x.size()) == download_all(*gpu, *want, x.size()));
     }
   }
+
+  // Hybrid experts: the experts in the slots on the GPU, the others on the CPU backend, their
+  // products handed to host_expert_products; the combine adds them all. The CPU sums its products
+  // in another order, so the result is close to (not the bits of) every expert resident.
+  auto cpu = make_cpu_backend(2);
+  for (int64_t t : {1, 3, 9}) {
+    for (int on_gpu : {0, 2}) {  // distinct experts held by GPU slots; the rest on the host
+      CAPTURE(t);
+      CAPTURE(on_gpu);
+      const size_t count = static_cast<size_t>(t * top_k);
+      std::vector<float> logits(static_cast<size_t>(t * experts)),
+          x(static_cast<size_t>(t * hidden));
+      for (float& v : logits) v = d(rng);
+      for (float& v : x) v = d(rng);
+      auto lb = gpu->alloc(logits.size() * 4), xb = gpu->alloc(x.size() * 4);
+      gpu->upload(*lb, 0, logits.data(), logits.size() * 4);
+      gpu->upload(*xb, 0, x.data(), x.size() * 4);
+      auto routes = gpu->alloc(route_buffer_bytes(count));
+      gpu->route_to(Mat{lb.get(), 0, t, experts, experts}, top_k, *pes_buf, *routes);
+      const Mat xm{xb.get(), 0, t, hidden, hidden};
+      auto want = gpu->alloc(x.size() * 4), got = gpu->alloc(x.size() * 4);
+      gpu->routed_experts(*bank, xm, *routes, top_k, Mat{want.get(), 0, t, hidden, hidden});
+      std::vector<int32_t> ids(count);
+      std::vector<float> weights(count);
+      gpu->download(*routes, 0, ids.data(), count * 4);
+      gpu->download(*routes, route_weights_offset(count), weights.data(), count * 4);
+      std::vector<int32_t> distinct = ids;
+      std::sort(distinct.begin(), distinct.end());
+      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+
+      auto slot_bank = gpu->create_expert_slots(mat(0, 0), mat(0, 1), mat(0, 2), 2);
+      std::vector<int32_t> entry_slot(count, -1), host_entries;
+      std::vector<float> host_products;
+      auto x_host = cpu->alloc(x.size() * 4);
+      cpu->upload(*x_host, 0, x.data(), x.size() * 4);
+      for (size_t k = 0; k < distinct.size(); ++k) {
+        const int e = distinct[k];
+        if (static_cast<int>(k) < on_gpu) {
+          const int s = static_cast<int>(k);
+          gpu->fill_expert_slot(*slot_bank, s, e, mat(e, 0), mat(e, 1), mat(e, 2));
+          for (size_t j = 0; j < count; ++j)
+            if (ids[j] == e) entry_slot[j] = s;
+          continue;
+        }
+        std::vector<int32_t> rows;
+        for (size_t j = 0; j < count; ++j)
+          if (ids[j] == e) {
+            host_entries.push_back(static_cast<int32_t>(j));
+            rows.push_back(static_cast<int32_t>(j / top_k));
+          }
+        const auto n = static_cast<int64_t>(rows.size());
+        auto in = cpu->alloc(static_cast<size_t>(n * hidden) * 4);
+        auto g = cpu->alloc(static_cast<size_t>(n * inter) * 4);
+        auto u = cpu->alloc(static_cast<size_t>(n * inter) * 4);
+        auto y = cpu->alloc(static_cast<size_t>(n * hidden) * 4);
+        const Mat inm{in.get(), 0, n, hidden, hidden}, gm{g.get(), 0, n, inter, inter},
+            um{u.get(), 0, n, inter, inter}, ym{y.get(), 0, n, hidden, hidden};
+        cpu->gather_rows(Mat{x_host.get(), 0, t, hidden, hidden}, rows, inm);
+        auto wg = cpu->import_qweight(mat(e, 0)), wu = cpu->import_qweight(mat(e, 1)),
+             wd = cpu->import_qweight(mat(e, 2));
+        cpu->qmatmul(*wg, inm, gm);
+        cpu->qmatmul(*wu, inm, um);
+        cpu->gelu_tanh_mul(gm, um, gm);
+        cpu->qmatmul(*wd, gm, ym);
+        const auto y_host = download_all(*cpu, *y, static_cast<size_t>(n * hidden));
+        host_products.insert(host_products.end(), y_host.begin(), y_host.end());
+      }
+      if (on_gpu > 0) gpu->slot_expert_products(*slot_bank, xm, ids, entry_slot, top_k);
+      REQUIRE(!host_entries.empty());
+      gpu->host_expert_products(*slot_bank, xm, ids, host_entries, host_products, top_k);
+      gpu->combine_slot_products(*routes, ids, weights, top_k,
+                                 Mat{got.get(), 0, t, hidden, hidden});
+      const auto g_all = download_all(*gpu, *got, x.size());
+      const auto w_all = download_all(*gpu, *want, x.size());
+      float scale = 0, diff = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        scale = std::max(scale, std::abs(w_all[i]));
+        diff = std::max(diff, std::abs(g_all[i] - w_all[i]));
+      }
+      CHECK(scale > 0);
+      CHECK(diff <= 1e-5f * scale);
+    }
+  }
+  CHECK_THROWS_AS(
+      gpu->host_expert_products(*gpu->create_expert_slots(mat(0, 0), mat(0, 1), mat(0, 2), 1),
+                                Mat{nullptr, 0, 1, hidden, hidden}, std::vector<int32_t>(top_k, 0),
+                                std::vector<int32_t>{5}, std::vector<float>(hidden), top_k),
+      std::logic_error);
 
   // Bad input is refused: a slot outside the bank, other shapes, a bank of another backend.
   auto slot_bank = gpu->create_expert_slots(mat(0, 0), mat(0, 1), mat(0, 2), 2);

@@ -83,6 +83,11 @@ const char* kUsage =
     "  --gpu-expert-slots N     GPU backends: N expert slots per layer on the GPU, fed from\n"
     "                              the host's slots (fewer: the RAM tier; default: the\n"
     "                              --vram-budget pick, else as many as the host's)\n"
+    "  --gpu-misses copy|cpu    under the RAM tier, a GPU miss is copied into a GPU slot and\n"
+    "                              computed there (copy, the default) or computed on the\n"
+    "                              CPU from the host's slot with --threads threads (cpu)\n"
+    "  --gpu-expert-copies N    with --gpu-misses cpu: at most N of a layer's misses per step\n"
+    "                              also copied into GPU slots (default 1)\n"
     "  --context N              context the budget plans for (default 4096)\n"
     "  --expert-cache-policy lrfu|lfu|lru (default lrfu)   --io-threads N (default 8)\n"
     "  --direct-io on|off\n"
@@ -104,7 +109,7 @@ const std::vector<std::string> kStreamFlags = {
     "expert-cache-slots", "expert-cache-policy", "io-threads",     "direct-io",
     "memory-budget",      "vram-budget",         "context",        "routing-trace",
     "record-routing",     "expert-mmap",         "read-piece-kib", "backend",
-    "activations",        "gpu-expert-slots"};
+    "activations",        "gpu-expert-slots",    "gpu-misses",     "gpu-expert-copies"};
 std::vector<std::string> with_stream_flags(std::vector<std::string> names) {
   names.insert(names.end(), kStreamFlags.begin(), kStreamFlags.end());
   return names;
@@ -213,6 +218,15 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   if (f.count("gpu-expert-slots")) {
     o.gpu_expert_slots = parse_number<int>(f.at("gpu-expert-slots"), "gpu-expert-slots");
     if (o.gpu_expert_slots < 0) throw UsageError("--gpu-expert-slots must be >= 0");
+  }
+  if (f.count("gpu-misses")) {
+    o.gpu_misses = f.at("gpu-misses");
+    if (o.gpu_misses != "copy" && o.gpu_misses != "cpu")
+      throw UsageError("--gpu-misses must be copy or cpu");
+  }
+  if (f.count("gpu-expert-copies")) {
+    o.gpu_expert_copies = parse_number<int>(f.at("gpu-expert-copies"), "gpu-expert-copies");
+    if (o.gpu_expert_copies < 0) throw UsageError("--gpu-expert-copies must be >= 0");
   }
   if (f.count("expert-cache-policy")) {
     try {
@@ -382,6 +396,8 @@ struct TokenStats {
   uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
   // Of the hits, those in a GPU slot already; bytes copied into GPU slots (ExpertStats).
   uint64_t gpu_hits = 0, gpu_copy_bytes = 0;
+  // Hybrid experts: of the expert uses, those computed on the CPU (ExpertStats::host_computed).
+  uint64_t cpu_experts = 0;
   double io_wait_ms = 0;        // waiting for expert reads with nothing else to do
   double compute_ms = 0;        // the rest of the forward pass
   redwing::ForwardParts parts;  // wall time per part (experts include io_wait_ms)
@@ -394,6 +410,7 @@ struct TokenStats {
     bytes_read += o.bytes_read;
     gpu_hits += o.gpu_hits;
     gpu_copy_bytes += o.gpu_copy_bytes;
+    cpu_experts += o.cpu_experts;
     io_wait_ms += o.io_wait_ms;
     compute_ms += o.compute_ms;
     submissions += o.submissions;
@@ -405,6 +422,7 @@ struct TokenStats {
     parts.dense_mlp_ms += o.parts.dense_mlp_ms;
     parts.experts_ms += o.parts.experts_ms;
     parts.head_ms += o.parts.head_ms;
+    parts.host_experts_ms += o.parts.host_experts_ms;
     return *this;
   }
 };
@@ -424,14 +442,19 @@ class ForwardRecorder {
     const redwing::ForwardParts& p = engine_.model().forward_parts();
     const redwing::ForwardParts& b = parts_before_;
     TokenStats s;
-    s.parts = {p.embed_ms - b.embed_ms,     p.attention_ms - b.attention_ms,
-               p.router_ms - b.router_ms,   p.dense_mlp_ms - b.dense_mlp_ms,
-               p.experts_ms - b.experts_ms, p.head_ms - b.head_ms};
+    s.parts = {p.embed_ms - b.embed_ms,
+               p.attention_ms - b.attention_ms,
+               p.router_ms - b.router_ms,
+               p.dense_mlp_ms - b.dense_mlp_ms,
+               p.experts_ms - b.experts_ms,
+               p.head_ms - b.head_ms,
+               p.host_experts_ms - b.host_experts_ms};
     s.expert_hits = now.hits - experts_before_.hits;
     s.expert_misses = now.misses - experts_before_.misses;
     s.bytes_read = now.bytes_read - experts_before_.bytes_read;
     s.gpu_hits = now.device_hits - experts_before_.device_hits;
     s.gpu_copy_bytes = now.device_bytes - experts_before_.device_bytes;
+    s.cpu_experts = now.host_computed - experts_before_.host_computed;
     s.io_wait_ms = (now.io_wait_seconds - experts_before_.io_wait_seconds) * 1e3;
     s.compute_ms = seconds * 1e3 - s.io_wait_ms;
     const redwing::Backend::WorkCounters work = engine_.backend().work_counters();
@@ -507,6 +530,14 @@ std::string expert_stats_json(const redwing::Engine& engine,
       share(decode.expert_hits - decode.gpu_hits, uses), static_cast<double>(decode.bytes_read) / n,
       static_cast<double>(decode.gpu_copy_bytes) / n, decode.io_wait_ms / n, decode.compute_ms / n);
   out += buf;
+  // Hybrid experts (--gpu-misses cpu): the GPU's misses computed on the CPU, and its time.
+  std::snprintf(buf, sizeof(buf),
+                ", \"gpu_misses\": \"%s\", \"gpu_expert_copies\": %d, "
+                "\"decode_cpu_experts_per_token\": %.3f, \"decode_cpu_expert_ms_per_token\": %.3f",
+                engine.hybrid_experts() ? "cpu" : "copy",
+                engine.hybrid_experts() ? engine.options().gpu_expert_copies : -1,
+                static_cast<double>(decode.cpu_experts) / n, decode.parts.host_experts_ms / n);
+  out += buf;
   // Where a decode step's time goes; experts_ms includes the wait for reads, so the routed
   // experts' compute is experts_ms - io_wait_ms; "other" is norms, residual adds and sampling.
   const auto& p = decode.parts;
@@ -516,22 +547,26 @@ std::string expert_stats_json(const redwing::Engine& engine,
   std::snprintf(buf, sizeof(buf),
                 ", \"decode_parts_ms_per_token\": {\"embed\": %.3f, \"attention\": %.3f, "
                 "\"router\": %.3f, \"dense_mlp\": %.3f, \"experts\": %.3f, "
-                "\"experts_io_wait\": %.3f, \"head\": %.3f, \"other\": %.3f}",
+                "\"experts_io_wait\": %.3f, \"experts_cpu\": %.3f, \"head\": %.3f, "
+                "\"other\": %.3f}",
                 p.embed_ms / n, p.attention_ms / n, p.router_ms / n, p.dense_mlp_ms / n,
-                p.experts_ms / n, decode.io_wait_ms / n, p.head_ms / n, other / n);
+                p.experts_ms / n, decode.io_wait_ms / n, p.host_experts_ms / n, p.head_ms / n,
+                other / n);
   out += buf;
   out += ", \"token_stats\": [";
   for (size_t i = 0; i < token_stats.size(); ++i) {
     const auto& t = token_stats[i];
     std::snprintf(buf, sizeof(buf),
                   "%s{\"hits\": %llu, \"gpu_hits\": %llu, \"misses\": %llu, "
-                  "\"bytes_read\": %llu, \"gpu_copy_bytes\": %llu, \"io_wait_ms\": %.3f, "
-                  "\"compute_ms\": %.3f}",
+                  "\"bytes_read\": %llu, \"gpu_copy_bytes\": %llu, \"cpu_experts\": %llu, "
+                  "\"cpu_expert_ms\": %.3f, \"io_wait_ms\": %.3f, \"compute_ms\": %.3f}",
                   i ? ", " : "", static_cast<unsigned long long>(t.expert_hits),
                   static_cast<unsigned long long>(t.gpu_hits),
                   static_cast<unsigned long long>(t.expert_misses),
                   static_cast<unsigned long long>(t.bytes_read),
-                  static_cast<unsigned long long>(t.gpu_copy_bytes), t.io_wait_ms, t.compute_ms);
+                  static_cast<unsigned long long>(t.gpu_copy_bytes),
+                  static_cast<unsigned long long>(t.cpu_experts), t.parts.host_experts_ms,
+                  t.io_wait_ms, t.compute_ms);
     out += buf;
   }
   out += "]";

@@ -191,6 +191,11 @@ class Backend {
   };
   virtual std::vector<KernelTiming> kernel_timings() const { return {}; }
 
+  // Starts the work recorded so far without waiting for it, so the host can compute beside it
+  // (hybrid experts); the next download waits for it. Nothing to do where ops run as they come
+  // (the CPU).
+  virtual void submit() {}
+
   // ---- memory ----
   // Zero-initialized backend memory.
   virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
@@ -393,6 +398,16 @@ class Backend {
   virtual void slot_expert_products(const ExpertBank& slots, Mat x, std::span<const int32_t> ids,
                                     std::span<const int32_t> entry_slot, int top_k) {
     throw std::logic_error("slot_expert_products: no slot path on this backend");
+  }
+  // Hybrid experts (docs/gpu.md): the products of routed entries computed on the host, which
+  // combine_slot_products then adds with the slots' own, in its order. `entries` lists entry
+  // indices j (into the T * top_k routed ids); `products` holds, in that order, each one's
+  // unweighted product down(gelu_tanh(gate x[j / top_k]) * up x[j / top_k]), x.cols floats
+  // each. `x` is the layer's experts' input [T, hidden] (shapes only).
+  virtual void host_expert_products(const ExpertBank& slots, Mat x, std::span<const int32_t> ids,
+                                    std::span<const int32_t> entries,
+                                    std::span<const float> products, int top_k) {
+    throw std::logic_error("host_expert_products: no slot path on this backend");
   }
   // out[t] = routed_experts' sum from the products of every entry (routes: route_to's buffer;
   // ids and weights: the same routes on the host).

@@ -34,6 +34,9 @@ struct ExpertStats {
   // Experts delivered into a backend's slots (for_each_slot, GPU expert slots):
   uint64_t device_hits = 0;   // of the hits, already in the backend's slot: nothing copied
   uint64_t device_bytes = 0;  // bytes of the experts handed over to be copied into its slots
+  // Hybrid experts (runtime/expert_store.h): of the uses that were not GPU hits, those handed to
+  // the host to compute (every RAM hit and miss).
+  uint64_t host_computed = 0;
   double hit_rate() const {
     return requests ? static_cast<double>(hits) / static_cast<double>(requests) : 0.0;
   }
@@ -67,7 +70,9 @@ class ExpertSource {
   // experts in host memory than the backend has slots (the RAM tier, runtime/expert_store.h),
   // it numbers the backend's slots itself, and an expert already in its backend slot is
   // delivered first with its shapes only (null data pointers): the backend holds it, nothing is
-  // to be copied. The defaults: no slots, and slot -1.
+  // to be copied. With hybrid experts (the host computes the backend's misses) an expert with
+  // data comes with slot -1 when it is not to be copied to the backend at all. The defaults: no
+  // slots, and slot -1.
   virtual int slots_per_layer() const { return 0; }
   virtual void for_each_slot(int layer, std::span<const int32_t> experts,
                              const std::function<void(size_t, int, const ExpertMatrices&)>& fn);

@@ -47,7 +47,7 @@ enum Gemma4Slot : int {
 
 class Gemma4 final : public Model {
  public:
-  Gemma4(const ModelDir& dir, Backend& backend, ExpertSource* experts)
+  Gemma4(const ModelDir& dir, Backend& backend, ExpertSource* experts, Backend* host)
       : arch_(dir.arch()), backend_(backend), experts_(experts), scratch_(backend) {
     const int64_t hidden = arch_.hidden_size;
     embed_ = gemma::load_matrix(backend, dir, "embed_tokens", arch_.vocab_size, hidden,
@@ -105,6 +105,11 @@ class Gemma4 final : public Model {
       // Streamed experts on a GPU: slots in device memory mirroring the store's (slotted_experts).
       slotted_ = true;
       slot_banks_.resize(static_cast<size_t>(arch_.num_layers));
+      // Hybrid experts: the host computes what the GPU's slots do not hold (hybrid_experts).
+      if (host != nullptr) {
+        host_ = host;
+        host_scratch_ = std::make_unique<Scratch>(*host);
+      }
     }
   }
 
@@ -135,14 +140,26 @@ class Gemma4 final : public Model {
       const bool moe = arch_.layers[static_cast<size_t>(i)].moe;
       const bool banked = moe && !banks_.empty();
       const bool slotted = moe && !banked && slotted_;
+      const bool hybrid = slotted && host_ != nullptr;
       Routing routing;
       SlotRouting slot_routing;
+      Mat h = scratch_.get(gemma::kNormed, T, hidden);
+      Mat e_in;  // the experts' input, pre_feedforward_layernorm_2(x), beside the dense MLP's
       if (routing_observer_ != nullptr) {
         observe_router(i, RoutingSource::own, x);
         observe_router(i + 1, RoutingSource::after_attention, x);
       }
       if (banked) {
         timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
+      } else if (hybrid) {
+        timed(parts_.router_ms, [&] {
+          // The host computes some of the experts: their input comes back with the routes.
+          e_in = expert_input_beside_routes(T);
+          backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
+                                 e_in);
+          slot_routing = route_to_host(i, l, x, e_in);  // the layer's one host round trip
+          experts_->prefetch(i, slot_routing.distinct);
+        });
       } else if (slotted) {
         timed(parts_.router_ms, [&] {
           slot_routing = route_to_host(i, l, x);  // the layer's one host round trip
@@ -154,11 +171,11 @@ class Gemma4 final : public Model {
           experts_->prefetch(i, routing.ids);
         });
       }
-      Mat h = scratch_.get(gemma::kNormed, T, hidden);
       Mat m = scratch_.get(kFfnOut, T, hidden);
-      Mat e_in;  // the experts' input, pre_feedforward_layernorm_2(x), beside the dense MLP's
       timed(parts_.dense_mlp_ms, [&] {
-        if (moe) {
+        if (hybrid) {
+          // normed above, with the experts' input
+        } else if (moe) {
           e_in = scratch_.get(kExpertIn, T, hidden);
           backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
                                  e_in);
@@ -171,6 +188,7 @@ class Gemma4 final : public Model {
         Mat sum;
         timed(parts_.experts_ms, [&] {
           sum = banked    ? banked_experts(i, e_in)
+                : hybrid  ? hybrid_experts(i, e_in, slot_routing)
                 : slotted ? slotted_experts(i, e_in, slot_routing)
                           : moe_branch(i, e_in, routing);
         });
@@ -250,6 +268,22 @@ class Gemma4 final : public Model {
     return count;
   }
 
+  // Where the routes of T rows end in routes_, rounded up to 256 bytes: hybrid experts keep the
+  // experts' input there (expert_input_beside_routes).
+  size_t routes_end(int64_t T) const {
+    const size_t count = static_cast<size_t>(T) * static_cast<size_t>(arch_.moe->top_k);
+    return (route_buffer_bytes(count) + 255) / 256 * 256;
+  }
+  // A [T, hidden] view of routes_ right after the routes of T rows (routes_ grown to hold it), so
+  // one read-back brings the routes and the experts' input to the host.
+  Mat expert_input_beside_routes(int64_t T) {
+    const int64_t hidden = arch_.hidden_size;
+    const size_t at = routes_end(T);
+    const size_t bytes = at + static_cast<size_t>(T * hidden) * sizeof(float);
+    if (!routes_ || routes_->size_bytes() < bytes) routes_ = backend_.alloc(bytes);
+    return Mat{routes_.get(), static_cast<int64_t>(at / sizeof(float)), T, hidden, hidden};
+  }
+
   // The router's choice for the residual r, into routes_ (backend memory: no host round trip
   // unless a routing hook or observer must see the ids).
   void route_to_backend(int layer, const Layer& l, Mat r) {
@@ -280,19 +314,26 @@ class Gemma4 final : public Model {
     std::vector<int32_t> ids;       // T * top_k, route_to's order
     std::vector<float> weights;     // likewise
     std::vector<int32_t> distinct;  // the chosen experts, ascending
+    std::vector<float> input;       // hybrid experts: the experts' input [T, hidden]
   };
   // The router's choice for the residual r in routes_ (as route_to_backend) and on the host: one
-  // download of ids and weights; a routing hook edits the ids there and they go back up.
-  SlotRouting route_to_host(int layer, const Layer& l, Mat x) {
+  // download of ids and weights (and of e_in, when it is expert_input_beside_routes' view); a
+  // routing hook edits the ids there and they go back up.
+  SlotRouting route_to_host(int layer, const Layer& l, Mat x, Mat e_in = {}) {
     const MoeConfig& moe = *arch_.moe;
     const size_t count = route_on_backend(l, x);
-    std::vector<std::byte> host(route_buffer_bytes(count));
+    const size_t input_floats = e_in.buf ? static_cast<size_t>(e_in.rows * e_in.cols) : 0;
+    std::vector<std::byte> host(input_floats ? routes_end(x.rows) + input_floats * sizeof(float)
+                                             : route_buffer_bytes(count));
     backend_.download(*routes_, 0, host.data(), host.size());
     SlotRouting r;
     r.ids.resize(count);
     r.weights.resize(count);
     std::memcpy(r.ids.data(), host.data(), count * sizeof(int32_t));
     std::memcpy(r.weights.data(), host.data() + route_weights_offset(count), count * sizeof(float));
+    r.input.resize(input_floats);
+    if (input_floats)
+      std::memcpy(r.input.data(), host.data() + routes_end(x.rows), input_floats * sizeof(float));
     if (routing_hook_ != nullptr) {
       routing_hook_->apply(layer, x.rows, moe.top_k, moe.num_experts, r.ids.data());
       backend_.upload(*routes_, 0, r.ids.data(), count * sizeof(int32_t));
@@ -345,6 +386,104 @@ class Gemma4 final : public Model {
     Mat sum = scratch_.get(kExpertSum, e_in.rows, arch_.hidden_size);
     backend_.combine_slot_products(*routes_, r.ids, r.weights, top_k, sum);
     return sum;
+  }
+
+  // slotted_experts' sum under the RAM tier with hybrid experts: the GPU computes the experts
+  // its slots hold (GPU hits, delivered first), the host (host_, the CPU backend) every other
+  // one straight from the store's host slot (RAM hits, then misses as their reads land), and
+  // its products join the GPU's for the one combine. The store hands a few of the host's
+  // experts on to a GPU slot (ExpertStoreOptions::device_copies), copied after the host used
+  // them and after the recorded products that read the slot's old expert.
+  Mat hybrid_experts(int layer, Mat e_in, const SlotRouting& r) {
+    const int top_k = arch_.moe->top_k;
+    std::unique_ptr<ExpertBank>& bank = slot_banks_[static_cast<size_t>(layer)];
+    const size_t count = r.ids.size();
+    std::vector<int32_t> on_gpu(count, -1);  // GPU hits' entries: their slot, until recorded
+    bool any_on_gpu = false;
+    auto record_gpu_products = [&] {
+      if (!any_on_gpu) return;
+      backend_.slot_expert_products(*bank, e_in, r.ids, on_gpu, top_k);
+      std::fill(on_gpu.begin(), on_gpu.end(), -1);
+      any_on_gpu = false;
+    };
+    HostProducts host;
+    bool gpu_started = false;
+    experts_->for_each_slot(layer, r.distinct, [&](size_t k, int slot, const ExpertMatrices& m) {
+      const int32_t expert = r.distinct[k];
+      if (!bank)
+        bank = backend_.create_expert_slots(m.gate, m.up, m.down, experts_->slots_per_layer());
+      if (m.gate.packed == nullptr) {  // a GPU hit
+        if (!backend_.slot_holds(*bank, slot, expert))
+          throw std::logic_error("expert " + std::to_string(expert) + " of layer " +
+                                 std::to_string(layer) + " delivered without data to GPU slot " +
+                                 std::to_string(slot) + ", which does not hold it");
+        for (size_t j = 0; j < count; ++j)
+          if (r.ids[j] == expert) on_gpu[j] = slot, any_on_gpu = true;
+        return;
+      }
+      if (!gpu_started) {  // the GPU runs the dense MLP and its hits while the host computes
+        record_gpu_products();
+        backend_.submit();
+        gpu_started = true;
+      }
+      timed(parts_.host_experts_ms, [&] { host_expert(expert, m, r, host); });
+      if (slot >= 0) {  // also into a GPU slot, for the tokens after this one
+        if (std::find(on_gpu.begin(), on_gpu.end(), slot) != on_gpu.end()) record_gpu_products();
+        backend_.fill_expert_slot(*bank, slot, expert, m.gate, m.up, m.down);
+      }
+    });
+    record_gpu_products();
+    if (!host.entries.empty())
+      backend_.host_expert_products(*bank, e_in, r.ids, host.entries, host.products, top_k);
+    Mat sum = scratch_.get(kExpertSum, e_in.rows, arch_.hidden_size);
+    backend_.combine_slot_products(*routes_, r.ids, r.weights, top_k, sum);
+    return sum;
+  }
+
+  // The host's share of a hybrid layer: the entries it computed and their unweighted products
+  // (hidden floats each), for Backend::host_expert_products.
+  struct HostProducts {
+    Mat input;  // the experts' input on the host backend, uploaded on first use
+    std::vector<int32_t> entries;
+    std::vector<float> products;
+  };
+
+  // One expert of a hybrid layer on the host backend, over the tokens that chose it: the CPU
+  // engine's products of a streamed expert (gate and up as one batch, GeGLU, down), appended to
+  // `out` for the GPU.
+  void host_expert(int32_t expert, const ExpertMatrices& m, const SlotRouting& r,
+                   HostProducts& out) {
+    const MoeConfig& moe = *arch_.moe;
+    const auto top_k = static_cast<size_t>(moe.top_k);
+    const int64_t hidden = arch_.hidden_size;
+    Backend& cpu = *host_;
+    if (!out.input.buf) {
+      const int64_t T = static_cast<int64_t>(r.input.size()) / hidden;
+      out.input = host_scratch_->get(kExpertIn, T, hidden);
+      cpu.upload(*out.input.buf, 0, r.input.data(), r.input.size() * sizeof(float));
+    }
+    std::vector<int32_t> rows;
+    for (size_t j = 0; j < r.ids.size(); ++j)
+      if (r.ids[j] == expert) {
+        out.entries.push_back(static_cast<int32_t>(j));
+        rows.push_back(static_cast<int32_t>(j / top_k));
+      }
+    const int64_t n = static_cast<int64_t>(rows.size());
+    ImportedExpert e;
+    import_expert(cpu, m, e);
+    Mat in = host_scratch_->get(kExpertRows, n, hidden);
+    cpu.gather_rows(out.input, rows, in);
+    Mat g = host_scratch_->get(kExpertGate, n, moe.intermediate_size);
+    Mat u = host_scratch_->get(kExpertUp, n, moe.intermediate_size);
+    const Backend::QProduct gate_up[] = {{e.gate.get(), in, g}, {e.up.get(), in, u}};
+    cpu.qmatmul_batch(gate_up);
+    cpu.gelu_tanh_mul(g, u, g);
+    Mat y = host_scratch_->get(kExpertOut, n, hidden);
+    cpu.qmatmul(*e.down, g, y);
+    const size_t at = out.products.size();
+    out.products.resize(at + static_cast<size_t>(n * hidden));
+    cpu.download(*y.buf, static_cast<size_t>(y.offset) * sizeof(float), out.products.data() + at,
+                 static_cast<size_t>(n * hidden) * sizeof(float));
   }
 
   Routing route(int layer, const Layer& l, Mat r) {
@@ -432,13 +571,14 @@ class Gemma4 final : public Model {
   const ImportedExpert& import_expert(int layer, int32_t id, const ExpertMatrices& mats,
                                       ImportedExpert& once) {
     ImportedExpert& e = experts_->stable() ? imported_[{layer, id}] : once;
-    if (!e.gate) {
-      e.gate = backend_.import_qweight(mats.gate);
-      e.up = backend_.import_qweight(mats.up);
-      e.down = backend_.import_qweight(mats.down);
-      e.gate->kind = e.up->kind = e.down->kind = ProductKind::experts;
-    }
+    if (!e.gate) import_expert(backend_, mats, e);
     return e;
+  }
+  static void import_expert(Backend& backend, const ExpertMatrices& mats, ImportedExpert& e) {
+    e.gate = backend.import_qweight(mats.gate);
+    e.up = backend.import_qweight(mats.up);
+    e.down = backend.import_qweight(mats.down);
+    e.gate->kind = e.up->kind = e.down->kind = ProductKind::experts;
   }
 
   // Every chosen expert of a layer at once, when the source has them all in memory: the gate
@@ -487,6 +627,10 @@ class Gemma4 final : public Model {
   // on the layer's first use (null for dense layers and until then).
   bool slotted_ = false;
   std::vector<std::unique_ptr<ExpertBank>> slot_banks_;
+  // Hybrid experts (slotted_ under the RAM tier): the CPU backend that computes the experts the
+  // GPU's slots do not hold, and its scratch; null otherwise.
+  Backend* host_ = nullptr;
+  std::unique_ptr<Scratch> host_scratch_;
   Scratch scratch_;
   std::unique_ptr<QWeight> embed_;
   std::unique_ptr<Buffer> norm_;
@@ -495,8 +639,9 @@ class Gemma4 final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gemma4(const ModelDir& dir, Backend& backend, ExpertSource* experts) {
-  return std::make_unique<Gemma4>(dir, backend, experts);
+std::unique_ptr<Model> make_gemma4(const ModelDir& dir, Backend& backend, ExpertSource* experts,
+                                   Backend* host) {
+  return std::make_unique<Gemma4>(dir, backend, experts, host);
 }
 
 }  // namespace redwing

@@ -58,6 +58,8 @@ class RoutingObserver {
 struct ForwardParts {
   double embed_ms = 0, attention_ms = 0, router_ms = 0, dense_mlp_ms = 0, experts_ms = 0,
          head_ms = 0;
+  // Of experts_ms, the host's products of hybrid experts (a GPU's misses computed on the CPU).
+  double host_experts_ms = 0;
 };
 
 class Model {
@@ -96,6 +98,10 @@ class Model {
 
 // Builds the model the manifest describes. `experts` must outlive the model and is required
 // when the model has MoE layers. The ModelDir must outlive the model (weights stay mapped).
-std::unique_ptr<Model> load_model(const ModelDir& dir, Backend& backend, ExpertSource* experts);
+// `host`: with experts streamed into a GPU backend's slots under the RAM tier, a CPU backend that
+// computes the experts the GPU's slots do not hold (hybrid experts, docs/gpu.md); the expert
+// source must then deliver them for the host (ExpertStore::hybrid). It must outlive the model.
+std::unique_ptr<Model> load_model(const ModelDir& dir, Backend& backend, ExpertSource* experts,
+                                  Backend* host = nullptr);
 
 }  // namespace redwing

@@ -30,6 +30,16 @@ inline constexpr int kMaxBudgetSlots = 128;
 inline constexpr uint64_t kMemoryBudget = 0;  // 0: none
 inline constexpr int64_t kPrefixSlack = 0;    // extra sliding-window ring rows for prefix reuse
 inline constexpr int kExpertIoThreads = 8;    // expert reads in flight at most
+// A GPU's expert misses under the RAM tier (docs/gpu.md, "Hybrid experts"): "copy" copies each
+// into a GPU slot and computes it there (the streamed logits equal the resident run's bits);
+// "cpu" computes them on the CPU from the host's slots. Copy stays the default until the hybrid
+// is measured on a real GPU.
+inline constexpr const char* kGpuMisses = "copy";
+// With "cpu": copies into GPU slots per MoE layer and step at most, so the slots still learn the
+// hot experts. One bounds the traffic to one expert per layer and token (on the 26B, 30 x 3.4 MB
+// = 101 MB a token, a sixth of what copying every miss moved at 2 GB) and still fills 68 slots
+// per layer within 68 tokens.
+inline constexpr int kGpuExpertCopies = 1;
 inline constexpr uint64_t kExpertReadPieceBytes = 1 << 20;
 // Working memory the plan allows for the executable, its libraries and thread stacks.
 inline constexpr uint64_t kProcessAllowanceBytes = 64ull << 20;

@@ -50,6 +50,10 @@ Engine::Engine(const EngineOptions& options)
   if (options_.expert_cache_slots < 0)
     throw std::invalid_argument("expert cache slots must be >= 0");
   if (options_.gpu_expert_slots < 0) throw std::invalid_argument("GPU expert slots must be >= 0");
+  if (options_.gpu_misses != "copy" && options_.gpu_misses != "cpu")
+    throw std::invalid_argument("GPU misses must be copy or cpu, not \"" + options_.gpu_misses +
+                                "\"");
+  if (options_.gpu_expert_copies < 0) throw std::invalid_argument("GPU expert copies must be >= 0");
   const bool moe = dir_.arch().moe.has_value();
   if (options_.mmap_experts && options_.expert_cache_slots > 0)
     throw std::invalid_argument("mapped experts and expert cache slots exclude each other");
@@ -70,6 +74,14 @@ Engine::Engine(const EngineOptions& options)
     so.io_threads = options_.expert_io_threads;
     so.read_piece_bytes = options_.expert_read_piece_bytes;
     so.direct_io = options_.direct_io;
+    // Hybrid experts: the RAM tier on a backend with expert slots, its misses on the CPU.
+    const bool hybrid =
+        options_.gpu_misses == "cpu" && so.device_slots > 0 && backend_->supports_expert_slots();
+    if (hybrid) {
+      so.device_copies = options_.gpu_expert_copies;
+      host_backend_ = make_backend("cpu", options_.threads);
+      host_backend_->set_activations(options_.activations);
+    }
     auto store = std::make_unique<ExpertStore>(dir_, so);
     store_ = store.get();
     experts_ = std::move(store);
@@ -78,7 +90,7 @@ Engine::Engine(const EngineOptions& options)
   } else if (moe) {
     experts_ = std::make_unique<ResidentExpertSource>(dir_);
   }
-  model_ = load_model(dir_, *backend_, experts_.get());
+  model_ = load_model(dir_, *backend_, experts_.get(), host_backend_.get());
   if (!options_.routing_trace.empty() || !options_.record_routing.empty()) {
     routing_trace_ =
         std::make_unique<RoutingTrace>(options_.routing_trace, options_.record_routing);

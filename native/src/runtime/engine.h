@@ -51,6 +51,12 @@ struct EngineOptions {
   // The GPU's own expert slots per layer (a GPU backend; 0: vram_budget's pick, else as many as
   // the host's); fewer than the host's make the host slots a RAM tier (PlanSettings).
   int gpu_expert_slots = 0;
+  // Under the RAM tier on a GPU: "copy" (each GPU miss copied into a GPU slot and computed there)
+  // or "cpu" (hybrid experts: the GPU's misses computed on the CPU from the host's slots with
+  // `threads` threads, at most gpu_expert_copies of them per layer and step also copied into GPU
+  // slots; runtime/expert_store.h, docs/gpu.md). Ignored without the RAM tier.
+  std::string gpu_misses = defaults::kGpuMisses;
+  int gpu_expert_copies = defaults::kGpuExpertCopies;
   int64_t context = defaults::kContext;           // the context size the memory budget plans for
   int64_t prefix_slack = defaults::kPrefixSlack;  // the session's ring slack, for the plan
   // BENCHMARK ONLY (runtime/routing_trace.h): replace the router's choice of experts with a
@@ -85,6 +91,9 @@ class Engine {
   // A GPU backend's expert slots per layer (the plan's gpu_slots): 0 on the CPU or with every
   // expert resident; fewer than expert_cache_slots() under the RAM tier.
   int gpu_expert_slots() const { return plan_.gpu_slots; }
+  // Whether a GPU's expert misses are computed on the CPU (hybrid experts: gpu_misses "cpu"
+  // under the RAM tier).
+  bool hybrid_experts() const { return host_backend_ != nullptr; }
   bool direct_io() const { return store_ && store_->direct_io(); }
   // The expected memory at options().context, computed before loading (the engine refuses to
   // start when a memory budget cannot hold it).
@@ -112,6 +121,7 @@ class Engine {
   std::unique_ptr<ExpertSource> experts_;
   ExpertStore* store_ = nullptr;  // experts_ when streaming
   MemoryPlan plan_;
+  std::unique_ptr<Backend> host_backend_;  // the CPU backend of hybrid experts, else null
   std::unique_ptr<Model> model_;
   std::unique_ptr<RoutingTrace> routing_trace_;  // benchmark only
 };

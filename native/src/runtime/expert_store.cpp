@@ -38,6 +38,9 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     throw std::invalid_argument("backend expert slots must be in [0, " +
                                 std::to_string(options_.slots) + "] (the host's slots), not " +
                                 std::to_string(options_.device_slots));
+  if (options_.device_copies < -1)
+    throw std::invalid_argument("copies into backend slots per layer must be >= 0, not " +
+                                std::to_string(options_.device_copies));
   if (options_.io_threads < 1) throw std::invalid_argument("I/O threads must be >= 1");
   if (options_.read_attempts < 1) options_.read_attempts = 1;
   if (!(options_.lrfu_half_life > 0))
@@ -180,6 +183,7 @@ void ExpertStore::begin(Layer& l, int layer, std::span<const int32_t> experts, b
   l.active.assign(experts.begin(), experts.end());
   l.active_slot.assign(experts.size(), -1);
   l.active_device.assign(experts.size(), -1);
+  l.active_copy.assign(experts.size(), false);
   l.waiting.clear();
   ++l.requests;
   for (size_t k = 0; k < experts.size(); ++k) {
@@ -210,7 +214,22 @@ void ExpertStore::begin(Layer& l, int layer, std::span<const int32_t> experts, b
       l.waiting.push_back(k);
     }
   }
+  if (tiered && options_.device_copies >= 0) choose_copies(l);
   assign_slots(l, layer);
+}
+
+void ExpertStore::choose_copies(Layer& l) {
+  std::vector<size_t> candidates;
+  for (size_t k = 0; k < l.active.size(); ++k)
+    if (l.active_device[k] < 0) candidates.push_back(k);
+  // Highest rank first: a before b when the policy would evict b first. Every candidate was
+  // just used by this request, so recency does not tell them apart (ties keep request order).
+  std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+    return evict_first(l, l.active[b], 0, l.active[a], 0);
+  });
+  const size_t copies =
+      std::min({candidates.size(), static_cast<size_t>(options_.device_copies), l.device.size()});
+  for (size_t i = 0; i < copies; ++i) l.active_copy[candidates[i]] = true;
 }
 
 void ExpertStore::assign_slots(Layer& l, int layer) {
@@ -423,14 +442,26 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
       } else if (tier) {
         const int d = pick_device_slot(l);
         DeviceSlot& ds = l.device[static_cast<size_t>(d)];
-        if (ds.expert >= 0) l.on_device.erase(ds.expert);
-        ds.expert = -1;  // until the backend has the copy
-        stats_.device_bytes += l.info.stride;
-        call(pick, d, mats);
-        ds.expert = experts[pick];
-        ds.request = l.requests;
-        ds.last_use = ++tick_;
-        l.on_device[ds.expert] = d;
+        // Hybrid experts: the host computes it; it also goes to the backend's slot d when it is
+        // one of the request's copies and the policy would evict d's expert before it.
+        const bool hybrid_experts = options_.device_copies >= 0;
+        const bool copy =
+            !hybrid_experts ||
+            (l.active_copy[pick] &&
+             (ds.expert < 0 || evict_first(l, ds.expert, ds.last_use, experts[pick], tick_ + 1)));
+        if (hybrid_experts) ++stats_.host_computed;
+        if (copy) {
+          if (ds.expert >= 0) l.on_device.erase(ds.expert);
+          ds.expert = -1;  // until the backend has the copy
+          stats_.device_bytes += l.info.stride;
+          call(pick, d, mats);
+          ds.expert = experts[pick];
+          ds.request = l.requests;
+          ds.last_use = ++tick_;
+          l.on_device[ds.expert] = d;
+        } else {
+          call(pick, -1, mats);
+        }
       } else {
         call(pick, slot_index, mats);
       }

@@ -23,6 +23,14 @@
 // (misses) and are delivered with the backend slot to copy them into, one the request does not
 // use when there is one. A GPU hit touches no host slot, so the two tiers together hold up to
 // slots + device_slots experts per layer.
+//
+// Hybrid experts (device_copies >= 0, the RAM tier only): the GPU's misses are computed by the
+// host where they are, so a RAM hit or a miss is delivered with its data and backend slot -1
+// (nothing to copy); only the device_copies of them that the policy ranks highest (evict_first:
+// the ones it would evict last) may also be given a backend slot to copy them into, after the
+// host has used them, so the backend's slots still learn the hot experts: each such copy goes to
+// the slot pick_device_slot names, and only where the slot is empty or the policy would evict
+// its expert before the newcomer (the one policy decides both which experts and whether).
 #pragma once
 
 #include <condition_variable>
@@ -56,6 +64,10 @@ struct ExpertStoreOptions {
   int io_threads = defaults::kExpertIoThreads;  // reads in flight at most
   bool direct_io = true;  // bypass the page cache where the filesystem allows it
   int read_attempts = 3;  // a failed read is retried this many times in all before reporting
+  // Under the RAM tier: -1 copies every expert that is not a GPU hit into a backend slot (the
+  // backend computes every expert); N >= 0 makes the host compute them (hybrid experts) and
+  // copies at most N of them per layer request into backend slots (0: none).
+  int device_copies = -1;
   // An expert is read in pieces of at most this many bytes (multiples of 16 KiB), so a layer
   // with few misses still keeps the I/O threads busy; 0: one read per expert.
   uint64_t read_piece_bytes = defaults::kExpertReadPieceBytes;
@@ -89,6 +101,9 @@ class ExpertStore final : public ExpertSource {
   bool tiered() const {
     return options_.device_slots > 0 && options_.device_slots < options_.slots;
   }
+  // Whether the GPU's misses are computed by the host (hybrid experts: the RAM tier with
+  // device_copies >= 0).
+  bool hybrid() const { return tiered() && options_.device_copies >= 0; }
 
  private:
   enum class SlotState { empty, loading, ready, failed };
@@ -132,6 +147,9 @@ class ExpertStore final : public ExpertSource {
     std::vector<DeviceSlot> device;
     std::map<int, int> on_device;
     std::vector<int> active_device;
+    // Hybrid experts: per index of `active`, whether it goes to a backend slot after the host
+    // computed it (the request's device_copies highest-ranked non-GPU hits).
+    std::vector<bool> active_copy;
   };
   struct ReadJob {
     int layer;
@@ -156,8 +174,11 @@ class ExpertStore final : public ExpertSource {
   bool announced(const Layer& l, std::span<const int32_t> experts, bool tiered) const;
   // The policy: whether expert a (last used at tick a_use) goes before expert b.
   bool evict_first(const Layer& l, int a, uint64_t a_use, int b, uint64_t b_use) const;
-  int pick_victim(const Layer& l) const;             // a host slot, or -1 when all are pinned
-  int pick_device_slot(const Layer& l) const;        // a backend slot to refill (RAM tier)
+  int pick_victim(const Layer& l) const;       // a host slot, or -1 when all are pinned
+  int pick_device_slot(const Layer& l) const;  // a backend slot to refill (RAM tier)
+  // Hybrid experts: marks in active_copy the request's non-GPU hits to copy (at most
+  // device_copies, and never more than the backend has slots), ranked by evict_first.
+  void choose_copies(Layer& l);
   double crf_now(const Layer& l, int expert) const;  // LRFU value at the current request
   ExpertMatrices matrices(const Layer& l, const Slot& s) const;
   void deliver(int layer, std::span<const int32_t> experts, Taker taker,

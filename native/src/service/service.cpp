@@ -214,6 +214,13 @@ LoadRequest parse_load(const json& req) {
   // fewer than the host's slots make those a RAM tier (docs/gpu.md).
   o.gpu_expert_slots =
       static_cast<int>(integer_field(req, "gpu_expert_slots", o.gpu_expert_slots, 0, INT32_MAX));
+  // Under the RAM tier: "copy" each GPU miss into a GPU slot, or compute it on the "cpu"
+  // (hybrid experts) with at most gpu_expert_copies copies per layer and step (docs/gpu.md).
+  o.gpu_misses = string_field(req, "gpu_misses", o.gpu_misses);
+  if (o.gpu_misses != "copy" && o.gpu_misses != "cpu")
+    throw ProtocolError("bad_request", "field \"gpu_misses\" must be \"copy\" or \"cpu\"");
+  o.gpu_expert_copies =
+      static_cast<int>(integer_field(req, "gpu_expert_copies", o.gpu_expert_copies, 0, INT32_MAX));
   o.context = l.context;
   l.prefix_slack = integer_field(req, "prefix_slack", o.prefix_slack, 0, INT32_MAX);
   o.prefix_slack = l.prefix_slack;
@@ -322,6 +329,9 @@ json Service::stats_event(const json& id) {
         {"gpu_hit_rate", of_uses(stats_.expert_gpu_hits)},
         {"ram_hit_rate", of_uses(stats_.expert_hits - stats_.expert_gpu_hits)},
         {"gpu_copy_bytes_per_token", per_token(static_cast<double>(stats_.expert_gpu_bytes))},
+        // Hybrid experts (gpu_misses "cpu"): the GPU's misses computed on the CPU.
+        {"cpu_experts_per_token", per_token(static_cast<double>(stats_.expert_cpu_uses))},
+        {"cpu_expert_ms_per_token", per_token(stats_.expert_cpu_ms)},
         {"read_bytes_per_token", measured && stats_.expert_tokens > 0
                                      ? json(static_cast<double>(stats_.expert_bytes_read) /
                                             static_cast<double>(stats_.expert_tokens))
@@ -545,6 +555,7 @@ void Service::do_load(const Job& job) {
       {"backend", l.engine->backend().describe()},
       {"expert_cache_slots", l.engine->expert_cache_slots()},
       {"gpu_expert_slots", l.engine->gpu_expert_slots()},
+      {"gpu_misses", l.engine->hybrid_experts() ? "cpu" : "copy"},
       {"memory",
        {{"model_bytes", model_bytes},
         {"kv_bytes", kv},
@@ -590,8 +601,10 @@ void Service::do_generate(const Job& job) {
   Session& session = *loaded_->session;
   Engine& engine = *loaded_->engine;
   const ExpertStats experts_at_start = engine.expert_stats();
+  const double cpu_ms_at_start = engine.model().forward_parts().host_experts_ms;
   const auto update_expert_stats = [&](int64_t tokens) {
     const ExpertStats now = engine.expert_stats();
+    const double cpu_ms = engine.model().forward_parts().host_experts_ms - cpu_ms_at_start;
     std::lock_guard lock(stats_mutex_);
     stats_.expert_slots = engine.expert_cache_slots();
     stats_.expert_requests = now.requests - experts_at_start.requests;
@@ -599,6 +612,8 @@ void Service::do_generate(const Job& job) {
     stats_.expert_gpu_slots = engine.gpu_expert_slots();
     stats_.expert_gpu_hits = now.device_hits - experts_at_start.device_hits;
     stats_.expert_gpu_bytes = now.device_bytes - experts_at_start.device_bytes;
+    stats_.expert_cpu_uses = now.host_computed - experts_at_start.host_computed;
+    stats_.expert_cpu_ms = cpu_ms;
     stats_.expert_bytes_read = now.bytes_read - experts_at_start.bytes_read;
     stats_.expert_tokens = tokens;
     stats_.expert_io_wait_seconds = now.io_wait_seconds - experts_at_start.io_wait_seconds;

@@ -102,6 +102,9 @@ class Service {
     uint64_t expert_requests = 0, expert_hits = 0, expert_bytes_read = 0;
     int expert_gpu_slots = 0;  // a GPU backend's slots per layer (the RAM tier: fewer)
     uint64_t expert_gpu_hits = 0, expert_gpu_bytes = 0;  // in GPU slots already; copied there
+    // Hybrid experts: uses computed on the CPU instead of the GPU, and the CPU's time on them.
+    uint64_t expert_cpu_uses = 0;
+    double expert_cpu_ms = 0;
     int64_t expert_tokens = 0;
     double expert_io_wait_seconds = 0;
   };

@@ -112,6 +112,9 @@ class Device {
   virtual void barrier() = 0;
   // Submits everything recorded and waits for it to finish.
   virtual void flush() = 0;
+  // Starts what is recorded so far without waiting for it (flush() still waits for it); the
+  // default leaves it for the next flush.
+  virtual void submit() {}
   // Submissions since the device was created (for tests and benchmarks).
   virtual uint64_t submissions() const = 0;
 

@@ -250,6 +250,8 @@ class GpuBackend final : public Backend {
     dev_->write(const_cast<DeviceBuffer&>(d), off, src, bytes);
   }
 
+  void submit() override { dev_->submit(); }
+
   void download(const Buffer& src, size_t off, void* dst, size_t bytes) override {
     if (off + bytes > src.size_bytes()) throw std::logic_error("download outside the buffer");
     dev_->read(dev_of(src), off, dst, bytes);
@@ -834,6 +836,44 @@ class GpuBackend final : public Backend {
       }
       r0 += n;
     }
+  }
+
+  void host_expert_products(const ExpertBank& base, Mat x, std::span<const int32_t> ids,
+                            std::span<const int32_t> entries, std::span<const float> products,
+                            int top_k) override {
+    const GpuExpertSlots& bank = slots_of(base);
+    if (x.cols != bank.hidden) throw std::logic_error("host_expert_products: shape mismatch");
+    if (top_k <= 0 || top_k > kMaxTopK) throw std::logic_error("host_expert_products: bad top_k");
+    const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
+    const size_t row_floats = static_cast<size_t>(bank.hidden);
+    if (ids.size() != count || products.size() != entries.size() * row_floats)
+      throw std::logic_error("host_expert_products: routes or products of another size");
+    for (int32_t j : entries)
+      if (j < 0 || static_cast<size_t>(j) >= count)
+        throw std::logic_error("host_expert_products: no entry " + std::to_string(j));
+    if (entries.empty()) return;
+    // Where slot_expert_products keeps each entry's product: row j on the decode path, else the
+    // rows of its expert's group (experts ascending, each group's entries in order).
+    slot_decode_path_ =
+        x.rows <= kMatvecMaxTokens && fits_one_binding(bank.gate_up) && fits_one_binding(bank.down);
+    std::vector<int64_t> row_of(count);
+    if (slot_decode_path_) {
+      for (size_t j = 0; j < count; ++j) row_of[j] = static_cast<int64_t>(j);
+    } else {
+      std::map<int32_t, std::vector<size_t>> by_expert;
+      for (size_t j = 0; j < count; ++j) by_expert[ids[j]].push_back(j);
+      int64_t r = 0;
+      for (const auto& [e, group] : by_expert)
+        for (size_t j : group) row_of[j] = r++;
+    }
+    Mat y = scratch(moe_out_, static_cast<int64_t>(count), bank.hidden);
+    const DeviceBuffer& yb = dev_of(*y.buf);
+    touch({}, {&yb});
+    for (size_t i = 0; i < entries.size(); ++i)
+      dev_->write(
+          const_cast<DeviceBuffer&>(yb),
+          static_cast<size_t>(row_of[static_cast<size_t>(entries[i])]) * row_floats * sizeof(float),
+          products.data() + i * row_floats, row_floats * sizeof(float));
   }
 
   void combine_slot_products(const Buffer& routes, std::span<const int32_t> ids,

@@ -121,6 +121,9 @@ class VulkanDevice final : public Device {
                 size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) override;
   void barrier() override;
   void flush() override;
+  void submit() override {
+    if (recording_) submit_without_wait();
+  }
   uint64_t submissions() const override { return submissions_; }
   void enable_timestamps(bool on) override { timestamps_ = on && timestamp_period_ns_ > 0; }
   std::vector<KernelTime> kernel_times() const override { return times_; }
