@@ -34,7 +34,7 @@ const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const kernelDir = join(root, "gpu-kernels");
 const outDir = join(root, "metal-kernels");
 // MSL 3.0: macOS 13 on Apple silicon. The newest this SPIRV-Cross accepts; for these kernels
-// (no subgroup operations, no 16- or 64-bit types) its output is the same from 2.1 on.
+// (no 16- or 64-bit types; subgroupAdd, as simd_sum, needs 2.1) its output is the same from 2.1 on.
 const MSL_VERSION = "30000";
 // Metal buffer index of Vulkan binding b is b + BINDING_SHIFT; the push constants take 0.
 const BINDING_SHIFT = 1;

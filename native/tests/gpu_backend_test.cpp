@@ -4,10 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend_select.h"
@@ -144,7 +146,7 @@ TEST_CASE("gpu: quantized products and embedding match the CPU for every variant
         HostQuant q(rows, cols, bits, group, st, static_cast<uint64_t>(seed++));
         auto wc = cpu->import_qweight(q.m);
         auto wg = gpu->import_qweight(q.m);
-        for (int64_t tokens : {1, 3, 9, 40}) {  // 40: two token tiles
+        for (int64_t tokens : {1, 3, 9, 40, 129}) {  // 40, 129: several token tiles
           CAPTURE(bits);
           CAPTURE(group);
           CAPTURE(static_cast<int>(st));
@@ -174,6 +176,94 @@ TEST_CASE("gpu: quantized products and embedding match the CPU for every variant
   auto out = gpu->alloc(64 * 4);
   const std::vector<int32_t> bad = {8};
   CHECK_THROWS_AS(gpu->embed(*w, bad, 1.0f, Mat{out.get(), 0, 1, 64, 64}), std::out_of_range);
+}
+
+// The prefill products (more than 4 tokens) in each kernel and tile the device layer can give
+// them (REDWING_GPU_QMATMUL: the narrow qmatmul.comp, the register-tiled qmatmul_tiled.comp with
+// 32, 64 and 128 rows per tile), in 64- and 256-thread workgroups, on random shapes: rows and
+// tokens that are not multiples of a tile (edge tiles in both directions), 4 and 8 bits, groups
+// 32/64/128, bf16/f16/f32 scales, x with a stride wider than its columns, y at an offset.
+TEST_CASE("gpu: prefill products match the CPU in every kernel and tile") {
+  const char* modes[] = {"narrow", "tiled:32", "tiled:64", "tiled:128", "tiled"};
+  auto cpu = make_cpu_backend(2);
+  for (const uint32_t threads : {64u, 256u})
+    for (const char* mode_name : modes) {
+      const std::string mode = mode_name;
+      CAPTURE(threads);
+      CAPTURE(mode);
+      setenv("REDWING_GPU_QMATMUL", mode_name, 1);
+      auto gpu = gpu_backend(threads);
+      unsetenv("REDWING_GPU_QMATMUL");
+      std::mt19937_64 rng(threads * 7919 + mode.size());
+      const int64_t token_counts[] = {5, 7, 8, 17, 33, 64, 65, 129};
+      for (int trial = 0; trial < 6; ++trial) {
+        const int bits = rng() % 2 ? 8 : 4;
+        const int group = 32 << (rng() % 3);
+        const DType st = std::array{DType::bf16, DType::f16, DType::f32}[rng() % 3];
+        const int64_t rows = 1 + static_cast<int64_t>(rng() % 200);
+        // Up to 640 columns: the narrow kernel's 512-column slabs, many of the tiled one's 32.
+        const int64_t cols = group * (1 + static_cast<int64_t>(rng() % (640 / group)));
+        const int64_t tokens = token_counts[rng() % std::size(token_counts)];
+        CAPTURE(bits);
+        CAPTURE(group);
+        CAPTURE(static_cast<int>(st));
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(tokens);
+        HostQuant q(rows, cols, bits, group, st, rng());
+        auto wc = cpu->import_qweight(q.m);
+        auto wg = gpu->import_qweight(q.m);
+        const int64_t xs = cols + 3;
+        auto x = randn(static_cast<size_t>(tokens * xs), rng());
+        std::vector<float> y(static_cast<size_t>(tokens * (rows + 2) + 1), 0.0f);
+        const double d = compare(*cpu, *gpu, {x, y}, [&](Backend& b, auto& bufs) {
+          b.qmatmul(&b == cpu.get() ? *wc : *wg, Mat{bufs[0].get(), 0, tokens, cols, xs},
+                    Mat{bufs[1].get(), 1, tokens, rows, rows + 2});
+        });
+        CHECK(d < 1e-4);  // summation order differs; a wrong kernel is off by O(1)
+      }
+    }
+  // A malformed REDWING_GPU_QMATMUL is an error naming the variable (the Metal device reads
+  // none: it runs the automatic choice).
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;
+  for (const char* bad : {"tiled:48", "wide", "tiled:"}) {
+    const std::string value = bad;
+    CAPTURE(value);
+    setenv("REDWING_GPU_QMATMUL", bad, 1);
+    CHECK_THROWS_AS(gpu_backend(64), std::invalid_argument);
+    unsetenv("REDWING_GPU_QMATMUL");
+  }
+}
+
+// Which prefill kernel and tile a device takes (device.h's choose_matmul_tile).
+TEST_CASE("gpu: the prefill product's tile fits the tokens and the device") {
+  gpu::DeviceInfo gpu_info;  // a GPU: 256 threads
+  gpu_info.workgroup_threads = 256;
+  gpu::MatmulTile t = gpu::choose_matmul_tile(gpu_info, 2816, 512);
+  CHECK((t.tiled && t.rows == 64 && t.tokens == 64));
+  t = gpu::choose_matmul_tile(gpu_info, 262144, 20);  // few tokens: the taller tile
+  CHECK((t.tiled && t.rows == 128 && t.tokens == 32));
+  // An expert's product over a few tokens: 11 tiles, too few for a GPU; the narrow kernel.
+  t = gpu::choose_matmul_tile(gpu_info, 1408, 8);
+  CHECK((!t.tiled && t.rows == 16 && t.tokens == 8));
+  gpu_info.matmul.mode = gpu::MatmulPolicy::tiled;
+  t = gpu::choose_matmul_tile(gpu_info, 1408, 8);
+  CHECK((t.tiled && t.rows == 128));
+  gpu_info.matmul.tile_rows = 32;
+  t = gpu::choose_matmul_tile(gpu_info, 1408, 8);
+  CHECK((t.tiled && t.rows == 32 && t.tokens == 128));
+  gpu::DeviceInfo cpu_device;  // lavapipe: 64 threads, always tiled
+  cpu_device.workgroup_threads = 64;
+  cpu_device.software = true;
+  t = gpu::choose_matmul_tile(cpu_device, 40, 5);
+  CHECK((t.tiled && t.rows == 128 && t.tokens == 8));
+  t = gpu::choose_matmul_tile(cpu_device, 40, 16);
+  CHECK((t.tiled && t.rows == 64 && t.tokens == 16));
+  t = gpu::choose_matmul_tile(cpu_device, 40, 128);
+  CHECK((t.tiled && t.rows == 32 && t.tokens == 32));
+  cpu_device.matmul.mode = gpu::MatmulPolicy::narrow;
+  CHECK(!gpu::choose_matmul_tile(cpu_device, 40, 128).tiled);
 }
 
 // qmatmul_normed: the CPU runs the norm op then the products; the GPU (REDWING_GPU_FOLD_NORMS=1)
@@ -262,8 +352,8 @@ TEST_CASE("gpu: gate and up in one buffer and the GeGLU inside the down product 
 }
 
 // Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096
-// columns (matvec.glsl), qmatmul in slabs of 512, rms_norm holds 4,096 columns in registers and
-// reads the rest again.
+// columns (matvec.glsl), qmatmul in slabs of 512 (qmatmul_tiled, which lavapipe takes, in slabs
+// of 32), rms_norm holds 4,096 columns in registers and reads the rest again.
 TEST_CASE("gpu: products and norms over rows wider than one staging chunk match the CPU") {
   FOR_EACH_WORKGROUP_SHAPE(threads);
   auto cpu = make_cpu_backend(2);
@@ -520,6 +610,98 @@ TEST_CASE("gpu: routing kept on the device and the routed experts match the CPU"
                                           Mat{xo.get(), 0, 1, hidden, hidden}),
                       std::logic_error);
     }
+}
+
+// The routed experts' down product (moe_matvec_down.comp, matvec_teams.glsl) in every shape the
+// device layer can give it: teams of 1 to all threads, 1 to 4 rows per team (row counts that are
+// not a multiple of a workgroup's rows), 1 to 4 words in flight per thread, the team's sums by
+// subgroupAdd (lavapipe has 8-wide arithmetic subgroups; a team of one or of several subgroups)
+// and by the shared-memory tree, in 64- and 256-thread workgroups, 4- and 8-bit, against the
+// CPU's routed experts (1 and 3 tokens: the device path, whose down product reads the GeGLU of
+// the gate/up product's output).
+TEST_CASE("gpu: the experts' down product matches the CPU in every shape and reduction") {
+  struct Shape {
+    uint32_t threads;
+    const char* down;  // REDWING_GPU_MATVEC_DOWN: rows per team, lanes, unroll
+    bool subgroups;
+  };
+  const Shape shapes[] = {
+      {64, "1,1,1", true},     {64, "4,8,4", true},    {64, "4,8,4", false},
+      {64, "3,16,1", true},    {64, "3,16,1", false},  {64, "2,64,2", true},
+      {256, "4,32,2", true},   {256, "4,32,2", false}, {256, "3,128,4", true},
+      {256, "1,256,1", false},
+  };
+  auto cpu = make_cpu_backend(2);
+  // hidden (the down product's rows) 160: not a multiple of 24 or 96 rows per workgroup;
+  // inter (its columns) 224: 28 4-bit or 56 8-bit words, a partial last round for most teams.
+  const int64_t hidden = 160, inter = 224;
+  const int experts = 5, top_k = 2;
+  for (int bits : {4, 8}) {
+    std::vector<HostQuant> host;  // gate, up, down per expert
+    for (int e = 0; e < experts; ++e) {
+      const auto seed = static_cast<uint64_t>(960 + 3 * e + 100 * bits);
+      host.emplace_back(inter, hidden, 4, 32, DType::bf16, seed);
+      host.emplace_back(inter, hidden, 4, 32, DType::bf16, seed + 1);
+      host.emplace_back(hidden, inter, bits, 32, bits == 4 ? DType::f32 : DType::f16, seed + 2);
+    }
+    std::vector<HostQuantMatrix> gate, up, down;
+    for (int e = 0; e < experts; ++e) {
+      gate.push_back(host[static_cast<size_t>(3 * e)].m);
+      up.push_back(host[static_cast<size_t>(3 * e + 1)].m);
+      down.push_back(host[static_cast<size_t>(3 * e + 2)].m);
+    }
+    auto bank_cpu = cpu->import_experts(gate, up, down);
+    const auto pes = randn(static_cast<size_t>(experts), 920);
+    auto pes_cpu = put(*cpu, pes);
+    for (const Shape& shape : shapes) {
+      const std::string down_shape = shape.down;
+      const uint32_t threads = shape.threads;
+      const bool subgroups = shape.subgroups;
+      CAPTURE(bits);
+      CAPTURE(threads);
+      CAPTURE(down_shape);
+      CAPTURE(subgroups);
+      setenv("REDWING_GPU_MATVEC_DOWN", shape.down, 1);
+      setenv("REDWING_GPU_SUBGROUP", shape.subgroups ? "1" : "0", 1);
+      auto gpu = gpu_backend(shape.threads);
+      unsetenv("REDWING_GPU_MATVEC_DOWN");
+      unsetenv("REDWING_GPU_SUBGROUP");
+      auto bank_gpu = gpu->import_experts(gate, up, down);
+      auto pes_gpu = put(*gpu, pes);
+      for (int64_t tokens : {1, 3}) {
+        CAPTURE(tokens);
+        const auto logits = randn(static_cast<size_t>(tokens * experts), 950);
+        const auto xe = randn(static_cast<size_t>(tokens * hidden), 951);
+        const size_t count = static_cast<size_t>(tokens * top_k);
+        auto lc = put(*cpu, logits), lg = put(*gpu, logits);
+        auto rc = cpu->alloc(route_buffer_bytes(count)), rg = gpu->alloc(route_buffer_bytes(count));
+        auto xc = put(*cpu, xe), xg = put(*gpu, xe);
+        auto oc = cpu->alloc(static_cast<size_t>(tokens * hidden) * 4);
+        auto og = gpu->alloc(static_cast<size_t>(tokens * hidden) * 4);
+        cpu->route_to(Mat{lc.get(), 0, tokens, experts, experts}, top_k, *pes_cpu, *rc);
+        gpu->route_to(Mat{lg.get(), 0, tokens, experts, experts}, top_k, *pes_gpu, *rg);
+        cpu->routed_experts(*bank_cpu, Mat{xc.get(), 0, tokens, hidden, hidden}, *rc, top_k,
+                            Mat{oc.get(), 0, tokens, hidden, hidden});
+        gpu->routed_experts(*bank_gpu, Mat{xg.get(), 0, tokens, hidden, hidden}, *rg, top_k,
+                            Mat{og.get(), 0, tokens, hidden, hidden});
+        CHECK(max_rel(get(*gpu, *og), get(*cpu, *oc)) < 1e-4);
+      }
+    }
+  }
+}
+
+// A malformed REDWING_GPU_MATVEC_DOWN is an error naming the variable, not a silent default.
+TEST_CASE("gpu: a malformed down product shape is refused") {
+  // (The Metal device runs the MSL's defaults and reads no shape.)
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;
+  for (const char* bad : {"2,48,2", "5,64,2", "2,64,3", "2,64", "two"}) {
+    const std::string value = bad;
+    CAPTURE(value);
+    setenv("REDWING_GPU_MATVEC_DOWN", bad, 1);
+    CHECK_THROWS_AS(gpu_backend(64), std::invalid_argument);
+    unsetenv("REDWING_GPU_MATVEC_DOWN");
+  }
 }
 
 TEST_CASE("gpu: sampling in place gives the CPU sampler's seeded choices") {

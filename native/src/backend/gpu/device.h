@@ -40,10 +40,13 @@ enum class Kernel : int {
   topk_partial,
   topk_merge,
   norm_rope,
-  // moe_matvec's down product: the same kernel (moe_matvec.comp), a name of its own so that the
-  // per-kernel times show the experts' two products apart.
+  // The routed experts' down product (moe_matvec_down.comp: moe_matvec's bank and push
+  // constants, x read from memory in teams of lanes; its shape is DeviceInfo::matvec_down).
   moe_matvec_down,
   ffn_tail,
+  // The register-tiled prefill product (qmatmul_tiled.comp): BM x BN tiles, 4 x 4 per thread;
+  // qmatmul is the narrow one (16 rows x 8 tokens), for products with few tiles.
+  qmatmul_tiled,
   count,
 };
 // The name a profile shows.
@@ -52,6 +55,26 @@ const char* kernel_name(Kernel k);
 const char* kernel_source_name(Kernel k);
 constexpr int kMaxBindings = 6;
 constexpr size_t kMaxPushBytes = 128;
+
+// The shape of the experts' down product (gpu-kernels/matvec_teams.glsl's specialization
+// constants 1 to 4): a workgroup is threads / lanes teams of `lanes` threads, each team computing
+// rows_per_team rows with its lanes splitting the columns. The defaults are the GLSL's (what
+// Metal runs: its device sets no function constants): the shape measured best on the H200.
+struct MatvecShape {
+  uint32_t rows_per_team = 4;    // MV_RPT, 1 to 4
+  uint32_t lanes = 32;           // MV_LANES, a power of two up to the workgroup's threads
+  bool subgroup_reduce = false;  // MV_SUBGROUP: the team's sums by subgroupAdd
+  uint32_t unroll = 2;           // MV_UNROLL: words per thread whose loads go out together
+  uint32_t rows_per_group(uint32_t threads) const { return threads / lanes * rows_per_team; }
+};
+
+// How the prefill products (more than 4 tokens) pick their kernel: REDWING_GPU_QMATMUL =
+// "narrow" (qmatmul.comp always), "tiled" (qmatmul_tiled.comp always, its tile fitted to the
+// tokens) or "tiled:32|64|128" (that many rows per tile); unset: automatic (choose_matmul_tile).
+struct MatmulPolicy {
+  enum Mode { automatic, narrow, tiled } mode = automatic;
+  uint32_t tile_rows = 0;  // with tiled: the forced BM, 0 to fit it to the tokens
+};
 
 struct DeviceInfo {
   std::string api;            // "vulkan"
@@ -66,7 +89,43 @@ struct DeviceInfo {
   // from it). Real GPUs take kGpuWorkgroupThreads; a CPU device (lavapipe) runs every idle lane
   // and every barrier of a workgroup on one core, so it takes kCpuWorkgroupThreads.
   uint32_t workgroup_threads = 256;
+  // Subgroups (0 and false where the API does not report them): the size the device runs
+  // compute shaders with, and whether it has arithmetic subgroup operations there.
+  uint32_t subgroup_size = 0;
+  bool subgroup_arithmetic = false;
+  // The experts' down product's shape (Kernel::moe_matvec_down; choose_matvec_down_shape).
+  MatvecShape matvec_down;
+  // Which kernel the prefill products take (choose_matmul_tile).
+  MatmulPolicy matmul;
 };
+// Fills info.matvec_down from info's workgroup_threads and subgroup fields: 4 rows x 32 lanes x
+// 2 words on a GPU (the H200's best, docs/gpu.md's seventh round), 2 x 8 x 2 on a CPU device
+// (one lavapipe subgroup per team); subgroupAdd where the subgroup size divides the lanes and the
+// workgroup. REDWING_GPU_MATVEC_DOWN = "rows,lanes,unroll" forces a shape (A/B runs, tests; lanes
+// is capped at the workgroup's threads), REDWING_GPU_SUBGROUP=0 the shared-memory reduction.
+// Throws std::invalid_argument on a malformed value.
+void choose_matvec_down_shape(DeviceInfo& info);
+// Reads REDWING_GPU_QMATMUL into info.matmul; throws std::invalid_argument on a malformed value.
+void choose_matmul_policy(DeviceInfo& info);
+
+// A prefill product's kernel and tile: tiled, qmatmul_tiled with `rows` x `tokens` tiles (its
+// push constant tile_rows = rows); else qmatmul's 16 x 8.
+struct MatmulTile {
+  bool tiled = false;
+  uint32_t rows = 16, tokens = 8;
+};
+constexpr uint32_t kNarrowTileRows = 16;   // qmatmul.comp's TILE_ROWS
+constexpr uint32_t kNarrowTileTokens = 8;  // qmatmul.comp's TILE_TOKENS
+// On a GPU, the fewest tiled workgroups for which the tiled kernel is taken in automatic mode:
+// below it (an expert's product over a few tokens) the narrow kernel's many small workgroups
+// keep more of the GPU busy (docs/gpu.md: a 64 x 32 tile of the first round ran 2.7x slower on
+// the H200 for ~32-token expert products). A CPU device (lavapipe) always takes the tiled one.
+constexpr uint64_t kMinTiledWorkgroups = 64;
+// The kernel and tile for a product of `rows` weight rows over `tokens` tokens (> 4) on this
+// device: the tile is the square one (64 x 64 at 256 threads, 32 x 32 at 64), made taller and
+// narrower while the tokens still fill it (up to 128 rows: 128 x 32 for 32 tokens at 256
+// threads); every tile has 16 * workgroup_threads elements, 4 x 4 per thread.
+MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens);
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;
 // The workgroup_threads a device of this kind uses: REDWING_GPU_WORKGROUP (64, 128 or 256)

@@ -100,6 +100,7 @@ struct QuantParams {
   uint32_t norm_mode = 0;  // qmatvec.comp: an RMSNorm of x folded into the product
   float norm_offset = 0, norm_eps = 0, col_scale = 1;
   uint32_t geglu_half = 0;  // qmatvec.comp: x is GeGLU(x[c], x[c + geglu_half])
+  uint32_t tile_rows = 0;   // qmatmul_tiled.comp: rows per tile
 };
 enum NormMode : uint32_t { kNoNorm = 0, kNormWeighted, kNormMulCols, kNormPlain };
 struct EmbedParams {
@@ -174,8 +175,6 @@ constexpr int kMaxHeadDim = 512;               // attention_partial.comp's MAX_H
 constexpr int kMaxTopK = 32;                   // route.comp's MAX_TOP_K
 constexpr int kMaxExperts = 512;               // route.comp's MAX_EXPERTS
 constexpr int64_t kMatvecMaxTokens = 4;        // more tokens: the tiled qmatmul kernel
-constexpr int64_t kMatmulTileRows = 16;        // qmatmul.comp's TILE_ROWS
-constexpr int64_t kMatmulTileTokens = 8;       // qmatmul.comp's TILE_TOKENS
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
@@ -503,9 +502,13 @@ class GpuBackend final : public Backend {
         const auto [gx, gy] = grid(groups);
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
-        dispatch(Kernel::qmatmul, binds, &p, sizeof p,
-                 u32((n + kMatmulTileRows - 1) / kMatmulTileRows),
-                 u32((x.rows + kMatmulTileTokens - 1) / kMatmulTileTokens), 1);
+        // The register-tiled product where its tiles fill the device, else the narrow one
+        // (device.h's choose_matmul_tile).
+        const gpu::MatmulTile tile = gpu::choose_matmul_tile(dev_->info(), n, x.rows);
+        p.tile_rows = tile.tiled ? tile.rows : 0;
+        dispatch(tile.tiled ? Kernel::qmatmul_tiled : Kernel::qmatmul, binds, &p, sizeof p,
+                 u32((n + tile.rows - 1) / tile.rows),
+                 u32((x.rows + tile.tokens - 1) / tile.tokens), 1);
       }
     });
   }
@@ -1053,11 +1056,15 @@ class GpuBackend final : public Backend {
         Binding{s.buf.get(), 0, s.scales_offset},
         Binding{s.buf.get(), s.scales_offset, s.buf->size_bytes() - s.scales_offset}, vx.b, vy.b,
         ids};
-    const auto [gx, gy] =
-        grid(static_cast<uint64_t>((s.rows + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup));
-    // The down product (the one that computes the GeGLU) under its own name in the profile.
-    dispatch(geglu_half != 0 ? Kernel::moe_matvec_down : Kernel::moe_matvec, binds, &p, sizeof p,
-             gx, gy, slots);
+    // The down product (the one that computes the GeGLU) is a kernel of its own with its own
+    // shape (moe_matvec_down.comp, device.h's matvec_down).
+    const Kernel kernel = geglu_half != 0 ? Kernel::moe_matvec_down : Kernel::moe_matvec;
+    const gpu::DeviceInfo& info = dev_->info();
+    const int64_t per_group = kernel == Kernel::moe_matvec_down
+                                  ? info.matvec_down.rows_per_group(info.workgroup_threads)
+                                  : kMatvecRowsPerGroup;
+    const auto [gx, gy] = grid(static_cast<uint64_t>((s.rows + per_group - 1) / per_group));
+    dispatch(kernel, binds, &p, sizeof p, gx, gy, slots);
   }
 
   void experts_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
@@ -1355,6 +1362,13 @@ class GpuBackend final : public Backend {
     std::fprintf(stderr, "gpu profile (%s, %llu submissions): %.3f ms in kernels\n",
                  dev_->info().name.c_str(), static_cast<unsigned long long>(dev_->submissions()),
                  total);
+    // The experts' down product's shape (rows per team, lanes, words in flight; reduction).
+    const gpu::DeviceInfo& info = dev_->info();
+    const gpu::MatvecShape& m = info.matvec_down;
+    std::fprintf(stderr, "  matvec_down shape %u,%u,%u (%s), %u threads, subgroup size %u\n",
+                 m.rows_per_team, m.lanes, m.unroll,
+                 m.subgroup_reduce ? "subgroupAdd" : "shared memory", info.workgroup_threads,
+                 info.subgroup_size);
     for (size_t k = 0; k < times.size(); ++k)
       if (times[k].dispatches > 0)
         std::fprintf(stderr, "  %-18s %8llu dispatches %10.3f ms %5.1f%%\n",

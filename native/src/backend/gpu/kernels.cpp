@@ -1,5 +1,7 @@
 // The embedded SPIR-V of the kernels in gpu-kernels/ (compiled by glslangValidator at build
 // time into headers of uint32 arrays, see native/CMakeLists.txt).
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <stdexcept>
@@ -15,9 +17,11 @@
 #include "gpu_kernels/kv_store.h"
 #include "gpu_kernels/moe_combine.h"
 #include "gpu_kernels/moe_matvec.h"
+#include "gpu_kernels/moe_matvec_down.h"
 #include "gpu_kernels/norm_rope.h"
 #include "gpu_kernels/penalize.h"
 #include "gpu_kernels/qmatmul.h"
+#include "gpu_kernels/qmatmul_tiled.h"
 #include "gpu_kernels/qmatvec.h"
 #include "gpu_kernels/rms_norm.h"
 #include "gpu_kernels/rope.h"
@@ -55,8 +59,9 @@ const KernelCode kKernels[] = {
     {"topk_partial", spirv_topk_partial},
     {"topk_merge", spirv_topk_merge},
     {"norm_rope", spirv_norm_rope},
-    {"moe_matvec_down", spirv_moe_matvec, "moe_matvec"},
+    {"moe_matvec_down", spirv_moe_matvec_down},
     {"ffn_tail", spirv_ffn_tail},
+    {"qmatmul_tiled", spirv_qmatmul_tiled},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
@@ -73,6 +78,83 @@ uint32_t choose_workgroup_threads(bool software) {
     return n;
   }
   return software ? kCpuWorkgroupThreads : kGpuWorkgroupThreads;
+}
+
+namespace {
+
+// "rows,lanes,unroll" (REDWING_GPU_MATVEC_DOWN), or the fallback when unset.
+MatvecShape parse_matvec_shape(const char* variable, MatvecShape fallback) {
+  const char* value = std::getenv(variable);
+  if (!value || !*value) return fallback;
+  unsigned rows = 0, lanes = 0, unroll = 0;
+  char rest = 0;
+  const auto is_pow2 = [](unsigned n) { return n != 0 && (n & (n - 1)) == 0; };
+  if (std::sscanf(value, "%u,%u,%u%c", &rows, &lanes, &unroll, &rest) != 3 || rows < 1 ||
+      rows > 4 || !is_pow2(lanes) || lanes > 256 || (unroll != 1 && unroll != 2 && unroll != 4))
+    throw std::invalid_argument(std::string(variable) + "=" + value +
+                                ": expected rows,lanes,unroll (rows 1-4, lanes a power of two up "
+                                "to 256, unroll 1, 2 or 4)");
+  fallback.rows_per_team = rows;
+  fallback.lanes = lanes;
+  fallback.unroll = unroll;
+  return fallback;
+}
+
+}  // namespace
+
+void choose_matvec_down_shape(DeviceInfo& info) {
+  const uint32_t threads = info.workgroup_threads;
+  // A CPU device (lavapipe: 8-wide subgroups, one core per workgroup) wants teams of one
+  // subgroup (no barrier at all) and few idle lanes; a GPU the H200's best (docs/gpu.md, seventh
+  // round: 48.4 ms per 65 tokens against 73.0 for the staged product).
+  MatvecShape down = threads <= 64 ? MatvecShape{2, 8, false, 2} : MatvecShape{4, 32, false, 2};
+  down = parse_matvec_shape("REDWING_GPU_MATVEC_DOWN", down);
+  const char* sub = std::getenv("REDWING_GPU_SUBGROUP");
+  const bool subgroups_allowed = !(sub && std::string(sub) == "0");
+  down.lanes = std::min(down.lanes, threads);
+  // subgroupAdd sums whole subgroups: a team must be whole subgroups (both are powers of two).
+  down.subgroup_reduce = subgroups_allowed && info.subgroup_arithmetic && info.subgroup_size > 0 &&
+                         down.lanes % info.subgroup_size == 0 && threads % info.subgroup_size == 0;
+  info.matvec_down = down;
+}
+
+void choose_matmul_policy(DeviceInfo& info) {
+  const char* value = std::getenv("REDWING_GPU_QMATMUL");
+  MatmulPolicy policy;
+  if (value && *value) {
+    const std::string v = value;
+    if (v == "narrow") {
+      policy.mode = MatmulPolicy::narrow;
+    } else if (v == "tiled") {
+      policy.mode = MatmulPolicy::tiled;
+    } else if (v == "tiled:32" || v == "tiled:64" || v == "tiled:128") {
+      policy.mode = MatmulPolicy::tiled;
+      policy.tile_rows = static_cast<uint32_t>(std::stoul(v.substr(6)));
+    } else {
+      throw std::invalid_argument("REDWING_GPU_QMATMUL=" + v +
+                                  ": expected narrow, tiled, tiled:32, tiled:64 or tiled:128");
+    }
+  }
+  info.matmul = policy;
+}
+
+MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens) {
+  const MatmulTile narrow{false, kNarrowTileRows, kNarrowTileTokens};
+  if (info.matmul.mode == MatmulPolicy::narrow) return narrow;
+  const uint32_t threads = info.workgroup_threads;  // 64, 128 or 256
+  // 16 * threads outputs per tile; every BM of 32, 64 and 128 keeps BM + BN <= 160 (the kernel's
+  // shared memory) and at least 2 threads along the tokens for these thread counts.
+  const auto tokens_of = [&](uint32_t bm) { return 16 * threads / bm; };
+  uint32_t bm = info.matmul.tile_rows;
+  if (bm == 0) {
+    bm = threads <= 64 ? 32 : 64;  // square: 32 x 32, 64 x 32 (128 threads), 64 x 64
+    while (bm * 2 <= 128 && tokens <= static_cast<int64_t>(tokens_of(bm * 2))) bm *= 2;
+  }
+  const MatmulTile tiled{true, bm, tokens_of(bm)};
+  if (info.matmul.mode == MatmulPolicy::tiled || info.software) return tiled;
+  const uint64_t groups = static_cast<uint64_t>((rows + bm - 1) / bm) *
+                          static_cast<uint64_t>((tokens + tiled.tokens - 1) / tiled.tokens);
+  return groups >= kMinTiledWorkgroups ? tiled : narrow;
 }
 
 const char* kernel_name(Kernel k) {

@@ -102,6 +102,17 @@ DeviceInfo describe(VkPhysicalDevice pd) {
   info.max_binding_bytes = props.limits.maxStorageBufferRange;
   info.binding_alignment = std::max<uint64_t>(props.limits.minStorageBufferOffsetAlignment, 4);
   info.workgroup_threads = info.software ? kCpuWorkgroupThreads : kGpuWorkgroupThreads;
+  // Subgroups (Vulkan 1.1 core): the experts' down product reduces with subgroupAdd where it can.
+  VkPhysicalDeviceSubgroupProperties subgroups{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props2.pNext = &subgroups;
+  vkGetPhysicalDeviceProperties2(pd, &props2);
+  info.subgroup_size = subgroups.subgroupSize;
+  info.subgroup_arithmetic =
+      (subgroups.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+      (subgroups.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) != 0 &&
+      (subgroups.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0;
   return info;
 }
 
@@ -228,6 +239,8 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads) {
                                 std::to_string(workgroup_threads));
   info_.workgroup_threads =
       workgroup_threads != 0 ? workgroup_threads : choose_workgroup_threads(info_.software);
+  choose_matvec_down_shape(info_);
+  choose_matmul_policy(info_);
   vkGetPhysicalDeviceMemoryProperties(physical_, &memory_props_);
   const int family = compute_queue_family(physical_);
   if (family < 0) throw std::runtime_error("vulkan: " + info_.name + " has no compute queue");
@@ -555,10 +568,17 @@ VkPipeline VulkanDevice::pipeline(Kernel k) {
   cpci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
   cpci.stage.module = module;
   cpci.stage.pName = "main";
-  // Specialization constant 0: the workgroup size (device.h). Kernels that do not declare it
-  // ignore the entry.
-  const VkSpecializationMapEntry threads_entry{0, 0, sizeof(uint32_t)};
-  VkSpecializationInfo spec{1, &threads_entry, sizeof(uint32_t), &info_.workgroup_threads};
+  // Specialization constant 0: the workgroup size (device.h); 1 to 4: the experts' down
+  // product's shape (matvec_teams.glsl). Kernels that do not declare a constant ignore its entry.
+  const MatvecShape& shape = info_.matvec_down;
+  const std::array<uint32_t, 5> constants = {info_.workgroup_threads, shape.rows_per_team,
+                                             shape.lanes, shape.subgroup_reduce ? 1u : 0u,
+                                             shape.unroll};
+  std::array<VkSpecializationMapEntry, 5> entries{};
+  for (uint32_t i = 0; i < entries.size(); ++i)
+    entries[i] = {i, static_cast<uint32_t>(i * sizeof(uint32_t)), sizeof(uint32_t)};
+  VkSpecializationInfo spec{static_cast<uint32_t>(entries.size()), entries.data(), sizeof constants,
+                            constants.data()};
   cpci.stage.pSpecializationInfo = &spec;
   cpci.layout = pipeline_layout_;
   VkResult r = vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &cpci, nullptr, &p);
