@@ -770,6 +770,16 @@ class GpuBackend final : public Backend {
     bank.holds[s] = expert;
   }
 
+  // The prefill layout of a layer's per-entry expert products (slot_expert_products,
+  // host_expert_products): the routed entries (t * top_k + k) grouped by expert, experts
+  // ascending and each group's entries in order, the order group_expert_rows gives the rows that
+  // combine_slot_products scatters back.
+  static std::map<int32_t, std::vector<int64_t>> entries_by_expert(std::span<const int32_t> ids) {
+    std::map<int32_t, std::vector<int64_t>> groups;
+    for (size_t j = 0; j < ids.size(); ++j) groups[ids[j]].push_back(static_cast<int64_t>(j));
+    return groups;
+  }
+
   void slot_expert_products(const ExpertBank& base, Mat x, std::span<const int32_t> ids,
                             std::span<const int32_t> entry_slot, int top_k) override {
     const GpuExpertSlots& bank = slots_of(base);
@@ -814,8 +824,7 @@ class GpuBackend final : public Backend {
     }
     // Prefill: each expert once over the rows that picked it, its rows where
     // experts_grouped_on_host puts them (experts in ascending id).
-    std::map<int32_t, std::vector<int64_t>> by_expert;
-    for (int64_t j = 0; j < entries; ++j) by_expert[ids[static_cast<size_t>(j)]].push_back(j);
+    const auto by_expert = entries_by_expert(ids);
     Mat in = scratch(moe_in_, entries, bank.hidden);
     Mat gu = scratch(moe_gate_up_, entries, 2 * inter);
     Mat h = scratch(moe_hidden_, entries, inter);
@@ -863,11 +872,9 @@ class GpuBackend final : public Backend {
     if (slot_decode_path_) {
       for (size_t j = 0; j < count; ++j) row_of[j] = static_cast<int64_t>(j);
     } else {
-      std::map<int32_t, std::vector<size_t>> by_expert;
-      for (size_t j = 0; j < count; ++j) by_expert[ids[j]].push_back(j);
       int64_t r = 0;
-      for (const auto& [e, group] : by_expert)
-        for (size_t j : group) row_of[j] = r++;
+      for (const auto& [e, group] : entries_by_expert(ids))
+        for (int64_t j : group) row_of[static_cast<size_t>(j)] = r++;
     }
     Mat y = scratch(moe_out_, static_cast<int64_t>(count), bank.hidden);
     const DeviceBuffer& yb = dev_of(*y.buf);
