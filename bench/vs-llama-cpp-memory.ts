@@ -17,9 +17,9 @@
  */
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdtemp } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { formatBytes } from "../core/units.ts";
@@ -176,7 +176,9 @@ export interface LimitedResult {
   threads: number;
   prompt_tokens: number;
   decode_tokens: number;
-  load_average: number[];
+  /** The machine's load averages (1, 5, 15 minutes) before the first run and after the last. */
+  load_average_before: number[];
+  load_average_after: number[];
   rows: LimitedRow[];
   /** Redwing's rates over llama.cpp's from the mapped file with repacking off (null: one did not run). */
   decode_ratio: number | null;
@@ -191,12 +193,14 @@ export function rateRatio(ours: number | null, theirs: number | null): number | 
   return ours === null || theirs === null || theirs <= 0 ? null : ours / theirs;
 }
 
+const load = (averages: number[]) => averages.map((l) => l.toFixed(1)).join(" ");
+
 /** The readable table (markdown) for a memory-limited run. */
 export function formatLimitedTable(r: LimitedResult): string[] {
   const lines = [
     `Under a memory limit of ${formatBytes(r.memory_limit_bytes)} (${r.memory_limit_how}), ${r.model}; ` +
       `${r.prompt_tokens}-token prompt, ${r.decode_tokens} decode tokens, ${r.threads} threads; ` +
-      `one run each (the runs are bound by the disk); ${r.date}, load average ${r.load_average.map((l) => l.toFixed(1)).join(" ")}`,
+      `one run each (the runs are bound by the disk); ${r.date}; load average ${load(r.load_average_before)} before, ${load(r.load_average_after)} after`,
     r.page_cache_dropped
       ? "Page cache dropped before each run."
       : "The page cache could NOT be dropped (not root): the runs may read from a warm cache.",
@@ -227,8 +231,8 @@ export function formatLimitedTable(r: LimitedResult): string[] {
 }
 
 /**
- * bench/peers/no-repack.c built into a temporary folder (with the system's C compiler); null with
- * the reason when there is none.
+ * bench/peers/no-repack.c built into a temporary folder (with the system's C compiler), or the
+ * reason it could not be.
  */
 export async function buildNoRepackShim(
   peers: string,
@@ -241,8 +245,12 @@ export async function buildNoRepackShim(
       encoding: "utf8",
     });
     if (r.status === 0 && existsSync(path)) return { path };
-    if (r.error === undefined) return { error: `${cc} failed: ${r.stderr.trim().slice(0, 300)}` };
+    if (r.error === undefined) {
+      await rm(dir, { recursive: true, force: true });
+      return { error: `${cc} failed: ${r.stderr.trim().slice(0, 300)}` };
+    }
   }
+  await rm(dir, { recursive: true, force: true });
   return { error: "no C compiler (cc, gcc or clang) to build bench/peers/no-repack.c" };
 }
 
@@ -263,6 +271,7 @@ export interface LimitedOptions {
 }
 
 export async function runMemoryLimitedCase(o: LimitedOptions): Promise<LimitedResult> {
+  const loadBefore = loadavg();
   const context = o.prompt + o.decode + 8;
   const binary = nativeBinary("redwing-engine");
   const plan = PlanReport.parse(
@@ -312,7 +321,16 @@ export async function runMemoryLimitedCase(o: LimitedOptions): Promise<LimitedRe
       engine: mappedName,
       argv: llamaArgv(["--mmap", "on"]),
       env: { ...process.env, LD_PRELOAD: shim.path },
-      row: (exit, kills, peak) => llamaRow(mappedName, exit, kills, peak),
+      row: (exit, kills, peak) => {
+        const row = llamaRow(mappedName, exit, kills, peak);
+        // llama.cpp's own log says whether the preload took: no repacked or AMX copies.
+        const copies = Object.keys(row.model_buffers_mib ?? {}).filter((t) =>
+          /REPACK|AMX/i.test(t),
+        );
+        if (copies.length > 0)
+          row.outcome += ` (but llama.cpp made ${copies.join(", ")} buffers: repacking was not off)`;
+        return row;
+      },
     });
   const redwingName = `Redwing, --memory-budget ${formatBytes(o.budgetBytes)}`;
   runs.push({
@@ -374,6 +392,7 @@ export async function runMemoryLimitedCase(o: LimitedOptions): Promise<LimitedRe
       slots: null,
       model_buffers_mib: null,
     });
+  if ("path" in shim) await rm(dirname(shim.path), { recursive: true, force: true });
   const mapped = rows.find((r) => r.engine === mappedName);
   const ours = rows.find((r) => r.engine === redwingName);
   return {
@@ -387,7 +406,8 @@ export async function runMemoryLimitedCase(o: LimitedOptions): Promise<LimitedRe
     threads: o.threads,
     prompt_tokens: o.prompt,
     decode_tokens: o.decode,
-    load_average: loadavg(),
+    load_average_before: loadBefore,
+    load_average_after: loadavg(),
     rows,
     decode_ratio: rateRatio(ours?.decode_tok_s ?? null, mapped?.decode_tok_s ?? null),
     prefill_ratio: rateRatio(ours?.prefill_tok_s ?? null, mapped?.prefill_tok_s ?? null),

@@ -299,7 +299,8 @@ describe("the memory-limited table", () => {
     threads: 2,
     prompt_tokens: 16,
     decode_tokens: 8,
-    load_average: [2.5, 2.1, 2],
+    load_average_before: [2.5, 2.1, 2],
+    load_average_after: [3.04, 2.5, 2.1],
     rows: [
       {
         engine: "llama.cpp, as it runs by default",
@@ -345,6 +346,7 @@ describe("the memory-limited table", () => {
       "Under a memory limit of 3.50 GiB (cgroup v1 memory.limit_in_bytes)",
     );
     expect(lines[0]).toContain("16-token prompt, 8 decode tokens, 2 threads");
+    expect(lines[0]).toContain("load average 2.5 2.1 2.0 before, 3.0 2.5 2.1 after");
     expect(lines[1]).toBe("Page cache dropped before each run.");
     expect(lines).toContain(
       "| llama.cpp, as it runs by default | killed by the memory limit while loading | - | - | - | 3.50 GiB | - |",
