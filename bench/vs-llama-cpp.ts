@@ -201,9 +201,9 @@ export async function runVsLlamaCppBench(): Promise<void> {
   const decode = flag("decode", 32);
   const prompt = flag("prompt", 512);
   const longContext = flag("context", 4096);
+  await ensurePeer();
   const onlyLimited = sizeFlag("memory-limit-only");
   const limit = onlyLimited ?? sizeFlag("memory-limit");
-  await ensurePeer();
   const { redwing, gguf } = await models(layers);
   if (onlyLimited === undefined)
     await runTable({ layers, runs, threads, decode, prompt, longContext, redwing, gguf });
