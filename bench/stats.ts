@@ -1,4 +1,5 @@
 // Small helpers every benchmark shares: command-line numbers and medians.
+import { parseByteSize } from "../core/units.ts";
 
 /**
  * `--name N` from the command line: an integer of at least `min` (1 unless a flag gives 0 a
@@ -10,6 +11,15 @@ export function flag(name: string, fallback: number, min = 1): number {
   if (!Number.isInteger(value) || value < min)
     throw new Error(`--${name} must be an integer of at least ${min}`);
   return value;
+}
+
+/** `--name SIZE` from the command line (`3.5G`, `512M`: powers of 1024), in bytes; undefined when absent. */
+export function sizeFlag(name: string): number | undefined {
+  const i = process.argv.indexOf(`--${name}`);
+  if (i < 0) return undefined;
+  const bytes = parseByteSize(process.argv[i + 1] ?? "");
+  if (bytes === undefined) throw new Error(`--${name} must be a size such as 3.5G or 512M`);
+  return bytes;
 }
 
 /** The median (mean of the middle two for an even count); what the benches report on noisy machines. */

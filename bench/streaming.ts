@@ -19,8 +19,7 @@
  *   node --import tsx bench/streaming.ts [--model DIR] [--prompt 512] [--new 16] [--slots 16]
  *                                        [--limit-mib N] [--skip-baseline]
  */
-import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, rmdirSync, writeFileSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -30,6 +29,7 @@ import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
 import { parseGenerateReport, type GenerateReport, type TokenStat } from "./generate-report.ts";
+import { dropCaches, memoryLimiter } from "./memory-limit.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
@@ -57,71 +57,6 @@ async function benchModel(): Promise<string> {
     await synthesizeModel({ preset: "gemma-4-26b-a4b", out: dir, force: true });
   }
   return dir;
-}
-
-/** Drops the page cache (root only); says whether it worked. */
-function dropCaches(): boolean {
-  try {
-    spawnSync("sync");
-    writeFileSync("/proc/sys/vm/drop_caches", "3\n");
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-interface Limiter {
-  how: string;
-  /** The command line that runs `argv` under the limit. */
-  wrap(argv: string[]): string[];
-  dispose(): void;
-}
-
-/** A memory limit for child processes: cgroup v2, cgroup v1, systemd-run, or none. */
-function memoryLimiter(bytes: number): Limiter {
-  const name = `redwing-stream-bench-${process.pid}`;
-  const tryGroup = (dir: string, limitFile: string, how: string): Limiter | null => {
-    try {
-      mkdirSync(dir);
-      writeFileSync(join(dir, limitFile), String(bytes));
-      if (existsSync(join(dir, "memory.swap.max")))
-        writeFileSync(join(dir, "memory.swap.max"), "0");
-      return {
-        how,
-        wrap: (argv) => ["sh", "-c", `echo $$ > ${dir}/cgroup.procs && exec "$@"`, "sh", ...argv],
-        dispose: () => {
-          try {
-            rmdirSync(dir);
-          } catch {
-            /* still busy: left for the system */
-          }
-        },
-      };
-    } catch {
-      return null;
-    }
-  };
-  const v2 = "/sys/fs/cgroup";
-  if (existsSync(join(v2, "cgroup.controllers"))) {
-    const g = tryGroup(join(v2, name), "memory.max", "cgroup v2 memory.max");
-    if (g) return g;
-  }
-  if (existsSync(join(v2, "memory", "memory.limit_in_bytes"))) {
-    const g = tryGroup(
-      join(v2, "memory", name),
-      "memory.limit_in_bytes",
-      "cgroup v1 memory.limit_in_bytes",
-    );
-    if (g) return g;
-  }
-  const probe = spawnSync("systemd-run", ["--scope", "-q", "-p", `MemoryMax=${bytes}`, "true"]);
-  if (probe.status === 0)
-    return {
-      how: "systemd-run --scope -p MemoryMax",
-      wrap: (argv) => ["systemd-run", "--scope", "-q", "-p", `MemoryMax=${bytes}`, ...argv],
-      dispose: () => {},
-    };
-  return { how: "none (no writable cgroup, no systemd)", wrap: (argv) => argv, dispose: () => {} };
 }
 
 /**

@@ -3,6 +3,9 @@
  *
  *   npm run bench -- vs-llama-cpp [--layers 30] [--runs 3] [--threads 2] [--decode 32]
  *                                 [--prompt 512] [--context 4096 | 0: no long case]
+ *                                 [--memory-limit SIZE | --memory-limit-only SIZE]
+ *                                 [--memory-budget SIZE] [--limited-prompt 16] [--limited-decode 8]
+ *                                 [--limited-timeout 1800]
  *
  * Both engines get a model with the shapes of Gemma 4 26B-A4B and random weights: Redwing the
  * synthetic model of `redwing synth --preset gemma-4-26b-a4b`, llama.cpp a GGUF with the same
@@ -18,6 +21,13 @@
  * prompt of --context tokens then --decode tokens (decode rate at long context). Rates are the
  * medians over rounds; the table prints Redwing / llama.cpp. Models are cached in
  * REDWING_BENCH_DIR (default: the temp dir); the 30-layer pair takes about 28 GB of disk.
+ *
+ * --memory-limit SIZE (e.g. 3.5G) adds, after the table, the case our users live in: each engine
+ * once under a memory group of SIZE with the page cache dropped first (as root), llama.cpp as it
+ * runs by default, llama.cpp from the mapped file with repacking off, and Redwing streaming
+ * experts with --memory-budget SIZE (or --memory-budget): bench/vs-llama-cpp-memory.ts.
+ * --memory-limit-only SIZE runs that case alone. It needs the 30-layer model to mean anything
+ * (fewer layers fit in 3.5 GiB).
  */
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
@@ -32,7 +42,8 @@ import { syntheticPrompt } from "./engine.ts";
 import { parseGenerateReport } from "./generate-report.ts";
 import { gemma4Gguf, writeGemma4Gguf } from "./gguf-gemma4.ts";
 import { tensorBytes } from "./gguf.ts";
-import { flag, median } from "./stats.ts";
+import { flag, median, sizeFlag } from "./stats.ts";
+import { formatLimitedTable, runMemoryLimitedCase } from "./vs-llama-cpp-memory.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const peers = join(root, "bench", "peers");
@@ -191,7 +202,45 @@ export async function runVsLlamaCppBench(): Promise<void> {
   const prompt = flag("prompt", 512);
   const longContext = flag("context", 4096, 0);
   await ensurePeer();
+  const onlyLimited = sizeFlag("memory-limit-only");
+  const limit = onlyLimited ?? sizeFlag("memory-limit");
   const { redwing, gguf } = await models(layers);
+  if (onlyLimited === undefined)
+    await runTable({ layers, runs, threads, decode, prompt, longContext, redwing, gguf });
+  if (limit !== undefined) {
+    const result = await runMemoryLimitedCase({
+      redwing,
+      gguf,
+      peers,
+      layers,
+      limitBytes: limit,
+      budgetBytes: sizeFlag("memory-budget") ?? limit,
+      threads,
+      prompt: flag("limited-prompt", 16),
+      decode: flag("limited-decode", 8),
+      timeoutMs: flag("limited-timeout", 1800) * 1000,
+    });
+    console.log(formatLimitedTable(result).join("\n"));
+    const dir = join(root, "bench", "results");
+    await mkdir(dir, { recursive: true });
+    await writeFile(
+      join(dir, "vs-llama-cpp-memory-limit.json"),
+      JSON.stringify(result, null, 2) + "\n",
+    );
+  }
+}
+
+async function runTable(o: {
+  layers: number;
+  runs: number;
+  threads: number;
+  decode: number;
+  prompt: number;
+  longContext: number;
+  redwing: string;
+  gguf: string;
+}): Promise<void> {
+  const { layers, runs, threads, decode, prompt, longContext, redwing, gguf } = o;
 
   // --context 0 leaves out the long case (the 30-layer model's 4096-token prefills take ~20 min
   // a round on 2 threads; attention per layer is the same at any depth).
