@@ -95,32 +95,55 @@ TEST_CASE("gpu expert slots: the same bits as every expert resident, at once and
   for (float& v : pes) v = d(rng);
   auto pes_buf = gpu->alloc(pes.size() * 4);
   gpu->upload(*pes_buf, 0, pes.data(), pes.size() * 4);
+  // One routed layer of t random tokens: x, its routes (on the GPU and on the host, with the
+  // distinct experts ascending) and the sum of every expert resident (want).
+  struct RoutedLayer {
+    std::vector<float> x;
+    std::unique_ptr<Buffer> xb, routes, want;
+    Mat xm;
+    std::vector<int32_t> ids, distinct;
+    std::vector<float> weights;
+  };
+  auto routed_layer = [&](int64_t t) {
+    RoutedLayer r;
+    const size_t count = static_cast<size_t>(t * top_k);
+    std::vector<float> logits(static_cast<size_t>(t * experts));
+    r.x.resize(static_cast<size_t>(t * hidden));
+    for (float& v : logits) v = d(rng);
+    for (float& v : r.x) v = d(rng);
+    auto lb = gpu->alloc(logits.size() * 4);
+    r.xb = gpu->alloc(r.x.size() * 4);
+    gpu->upload(*lb, 0, logits.data(), logits.size() * 4);
+    gpu->upload(*r.xb, 0, r.x.data(), r.x.size() * 4);
+    r.routes = gpu->alloc(route_buffer_bytes(count));
+    gpu->route_to(Mat{lb.get(), 0, t, experts, experts}, top_k, *pes_buf, *r.routes);
+    r.xm = Mat{r.xb.get(), 0, t, hidden, hidden};
+    r.want = gpu->alloc(r.x.size() * 4);
+    gpu->routed_experts(*bank, r.xm, *r.routes, top_k, Mat{r.want.get(), 0, t, hidden, hidden});
+    r.ids.resize(count);
+    r.weights.resize(count);
+    gpu->download(*r.routes, 0, r.ids.data(), count * 4);
+    gpu->download(*r.routes, route_weights_offset(count), r.weights.data(), count * 4);
+    r.distinct = r.ids;
+    std::sort(r.distinct.begin(), r.distinct.end());
+    r.distinct.erase(std::unique(r.distinct.begin(), r.distinct.end()), r.distinct.end());
+    return r;
+  };
 
   for (int64_t t : {1, 3, 9}) {       // decode path (<= 4 tokens), prefill path
     for (int slots : {1, 2, 4, 7}) {  // waves below the chosen experts' count
       CAPTURE(t);
       CAPTURE(slots);
       const size_t count = static_cast<size_t>(t * top_k);
-      std::vector<float> logits(static_cast<size_t>(t * experts)),
-          x(static_cast<size_t>(t * hidden));
-      for (float& v : logits) v = d(rng);
-      for (float& v : x) v = d(rng);
-      auto lb = gpu->alloc(logits.size() * 4), xb = gpu->alloc(x.size() * 4);
-      gpu->upload(*lb, 0, logits.data(), logits.size() * 4);
-      gpu->upload(*xb, 0, x.data(), x.size() * 4);
-      auto routes = gpu->alloc(route_buffer_bytes(count));
-      gpu->route_to(Mat{lb.get(), 0, t, experts, experts}, top_k, *pes_buf, *routes);
-      const Mat xm{xb.get(), 0, t, hidden, hidden};
-      auto want = gpu->alloc(x.size() * 4), got = gpu->alloc(x.size() * 4);
-      gpu->routed_experts(*bank, xm, *routes, top_k, Mat{want.get(), 0, t, hidden, hidden});
-
-      std::vector<int32_t> ids(count);
-      std::vector<float> weights(count);
-      gpu->download(*routes, 0, ids.data(), count * 4);
-      gpu->download(*routes, route_weights_offset(count), weights.data(), count * 4);
-      std::vector<int32_t> distinct = ids;
-      std::sort(distinct.begin(), distinct.end());
-      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+      const RoutedLayer layer = routed_layer(t);
+      const std::vector<float>& x = layer.x;
+      const std::vector<int32_t>& ids = layer.ids;
+      const std::vector<int32_t>& distinct = layer.distinct;
+      const std::vector<float>& weights = layer.weights;
+      const Buffer& routes = *layer.routes;
+      const Buffer& want = *layer.want;
+      const Mat xm = layer.xm;
+      auto got = gpu->alloc(x.size() * 4);
 
       // As the model does: the slots start holding experts that are not chosen (stale), each
       // chosen expert goes to slot k % slots, and a slot about to be refilled first has the
@@ -148,10 +171,9 @@ TEST_CASE("gpu expert slots: the same bits as every expert resident, at once and
           if (ids[j] == e) pending[j] = s;
       }
       gpu->slot_expert_products(*slot_bank, xm, ids, pending, top_k);
-      gpu->combine_slot_products(*routes, ids, weights, top_k,
-                                 Mat{got.get(), 0, t, hidden, hidden});
+      gpu->combine_slot_products(routes, ids, weights, top_k, Mat{got.get(), 0, t, hidden, hidden});
       CHECK(fills > 0);
-      CHECK(download_all(*gpu, *got, x.size()) == download_all(*gpu, *want, x.size()));
+      CHECK(download_all(*gpu, *got, x.size()) == download_all(*gpu, want, x.size()));
     }
   }
 
@@ -164,25 +186,15 @@ TEST_CASE("gpu expert slots: the same bits as every expert resident, at once and
       CAPTURE(t);
       CAPTURE(on_gpu);
       const size_t count = static_cast<size_t>(t * top_k);
-      std::vector<float> logits(static_cast<size_t>(t * experts)),
-          x(static_cast<size_t>(t * hidden));
-      for (float& v : logits) v = d(rng);
-      for (float& v : x) v = d(rng);
-      auto lb = gpu->alloc(logits.size() * 4), xb = gpu->alloc(x.size() * 4);
-      gpu->upload(*lb, 0, logits.data(), logits.size() * 4);
-      gpu->upload(*xb, 0, x.data(), x.size() * 4);
-      auto routes = gpu->alloc(route_buffer_bytes(count));
-      gpu->route_to(Mat{lb.get(), 0, t, experts, experts}, top_k, *pes_buf, *routes);
-      const Mat xm{xb.get(), 0, t, hidden, hidden};
-      auto want = gpu->alloc(x.size() * 4), got = gpu->alloc(x.size() * 4);
-      gpu->routed_experts(*bank, xm, *routes, top_k, Mat{want.get(), 0, t, hidden, hidden});
-      std::vector<int32_t> ids(count);
-      std::vector<float> weights(count);
-      gpu->download(*routes, 0, ids.data(), count * 4);
-      gpu->download(*routes, route_weights_offset(count), weights.data(), count * 4);
-      std::vector<int32_t> distinct = ids;
-      std::sort(distinct.begin(), distinct.end());
-      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+      const RoutedLayer layer = routed_layer(t);
+      const std::vector<float>& x = layer.x;
+      const std::vector<int32_t>& ids = layer.ids;
+      const std::vector<int32_t>& distinct = layer.distinct;
+      const std::vector<float>& weights = layer.weights;
+      const Buffer& routes = *layer.routes;
+      const Buffer& want = *layer.want;
+      const Mat xm = layer.xm;
+      auto got = gpu->alloc(x.size() * 4);
 
       auto slot_bank = gpu->create_expert_slots(mat(0, 0), mat(0, 1), mat(0, 2), 2);
       std::vector<int32_t> entry_slot(count, -1), host_entries;
@@ -224,10 +236,9 @@ TEST_CASE("gpu expert slots: the same bits as every expert resident, at once and
       if (on_gpu > 0) gpu->slot_expert_products(*slot_bank, xm, ids, entry_slot, top_k);
       REQUIRE(!host_entries.empty());
       gpu->host_expert_products(*slot_bank, xm, ids, host_entries, host_products, top_k);
-      gpu->combine_slot_products(*routes, ids, weights, top_k,
-                                 Mat{got.get(), 0, t, hidden, hidden});
+      gpu->combine_slot_products(routes, ids, weights, top_k, Mat{got.get(), 0, t, hidden, hidden});
       const auto g_all = download_all(*gpu, *got, x.size());
-      const auto w_all = download_all(*gpu, *want, x.size());
+      const auto w_all = download_all(*gpu, want, x.size());
       float scale = 0, diff = 0;
       for (size_t i = 0; i < x.size(); ++i) {
         scale = std::max(scale, std::abs(w_all[i]));
