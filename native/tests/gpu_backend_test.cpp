@@ -132,6 +132,18 @@ struct HostQuant {
   }
 };
 
+// Each of `values` in the environment variable `name` makes creating a backend fail with
+// std::invalid_argument (a malformed setting is an error, not a silent default).
+void check_setting_refused(const char* name, std::initializer_list<const char*> values) {
+  for (const char* bad : values) {
+    const std::string value = bad;
+    CAPTURE(value);
+    setenv(name, bad, 1);
+    CHECK_THROWS_AS(gpu_backend(64), std::invalid_argument);
+    unsetenv(name);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gpu: quantized products and embedding match the CPU for every variant") {
@@ -227,13 +239,7 @@ TEST_CASE("gpu: prefill products match the CPU in every kernel and tile") {
   // none: it runs the automatic choice).
   if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
     return;
-  for (const char* bad : {"tiled:48", "wide", "tiled:"}) {
-    const std::string value = bad;
-    CAPTURE(value);
-    setenv("REDWING_GPU_QMATMUL", bad, 1);
-    CHECK_THROWS_AS(gpu_backend(64), std::invalid_argument);
-    unsetenv("REDWING_GPU_QMATMUL");
-  }
+  check_setting_refused("REDWING_GPU_QMATMUL", {"tiled:48", "wide", "tiled:"});
 }
 
 // Which prefill kernel and tile a device takes (device.h's choose_matmul_tile).
@@ -695,13 +701,7 @@ TEST_CASE("gpu: a malformed down product shape is refused") {
   // (The Metal device runs the MSL's defaults and reads no shape.)
   if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
     return;
-  for (const char* bad : {"2,48,2", "5,64,2", "2,64,3", "2,64", "two"}) {
-    const std::string value = bad;
-    CAPTURE(value);
-    setenv("REDWING_GPU_MATVEC_DOWN", bad, 1);
-    CHECK_THROWS_AS(gpu_backend(64), std::invalid_argument);
-    unsetenv("REDWING_GPU_MATVEC_DOWN");
-  }
+  check_setting_refused("REDWING_GPU_MATVEC_DOWN", {"2,48,2", "5,64,2", "2,64,3", "2,64", "two"});
 }
 
 TEST_CASE("gpu: sampling in place gives the CPU sampler's seeded choices") {
