@@ -169,6 +169,26 @@ describe.skipIf(!haveEngine)("redwing complete / chat / models (real binary, dem
     const t = await redwing("complete", "--prompt", "x", "--top-p", "2");
     expect(t.code).not.toBe(0);
     expect(t.err).toMatch(/--top-p/);
+    const g = await redwing("complete", "--prompt", "x", "--gpu-misses", "gpu");
+    expect(g.code).not.toBe(0);
+    expect(g.err).toMatch(/--gpu-misses/);
+  });
+
+  it("runs with the RAM tier's misses on the CPU (--gpu-misses cpu) where there is no tier", async () => {
+    // The CPU backend has no GPU slots, so the option changes nothing: the same greedy text.
+    const args = ["complete", "--prompt", "Hello", "--max-new", "8", "--temperature", "0"];
+    const plain = await redwing(...args, "--quiet");
+    const hybrid = await redwing(
+      ...args,
+      "--quiet",
+      "--gpu-misses",
+      "cpu",
+      "--gpu-expert-copies",
+      "2",
+    );
+    expect(plain.code).toBe(0);
+    expect(hybrid.code).toBe(0);
+    expect(hybrid.out).toBe(plain.out);
   });
 });
 

@@ -34,6 +34,8 @@ export interface GenerationCliOptions {
   expertCacheSlots?: number;
   memoryBudget?: number;
   vramBudget?: number;
+  gpuMisses?: "copy" | "cpu";
+  gpuExpertCopies?: number;
   threads?: number;
   backend?: "cpu" | "metal" | "vulkan" | "auto";
   /** An activation plan (activationsOption). */
@@ -141,6 +143,17 @@ export function addEngineOptions(cmd: Command): Command {
     )
     .option("--memory-budget <size>", "memory limit for the engine, e.g. 8G", parseByteSize)
     .addOption(vramBudgetOption())
+    .addOption(
+      new Option(
+        "--gpu-misses <where>",
+        "with a GPU memory budget too small for the experts: copy a missed expert to the GPU, or compute it on the CPU (default: copy)",
+      ).choices(["copy", "cpu"]),
+    )
+    .option(
+      "--gpu-expert-copies <n>",
+      "with --gpu-misses cpu: experts copied to GPU slots per MoE layer and token at most (default: 1)",
+      intArg(0),
+    )
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))
     .addOption(backendOption())
     .addOption(activationsOption());

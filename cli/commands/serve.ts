@@ -22,6 +22,8 @@ interface ServeOptions {
   expertCacheSlots?: number;
   memoryBudget?: number;
   vramBudget?: number;
+  gpuMisses?: "copy" | "cpu";
+  gpuExpertCopies?: number;
   quiet?: boolean;
 }
 
@@ -95,6 +97,8 @@ export function registerServeCommand(program: Command): void {
         expertCacheSlots: opts.expertCacheSlots,
         memoryBudget: opts.memoryBudget,
         vramBudget: opts.vramBudget,
+        gpuMisses: opts.gpuMisses,
+        gpuExpertCopies: opts.gpuExpertCopies,
         log: opts.quiet ? undefined : log,
         engine: { onCrash: (e) => log(`engine crashed, restarting: ${e.message}`) },
       });

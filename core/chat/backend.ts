@@ -104,8 +104,10 @@ function oneShotArgs(load: LoadParams, params: GenerateParams, streaming: boolea
       ["--expert-cache-slots", load.expert_cache_slots],
       ["--memory-budget", load.memory_budget],
       ["--vram-budget", load.vram_budget],
+      ["--gpu-expert-copies", load.gpu_expert_copies],
     ];
     for (const [flag, value] of more) if (value !== undefined) args.push(flag, String(value));
+    if (load.gpu_misses !== undefined) args.push("--gpu-misses", load.gpu_misses);
   }
   return args;
 }

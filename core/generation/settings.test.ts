@@ -52,6 +52,21 @@ describe("toProtocolLoad", () => {
     expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
   });
 
+  it("passes where the RAM tier's misses run, in the protocol's names", () => {
+    const out = toProtocolLoad("m", {
+      context: 4096,
+      backend: "vulkan",
+      vramBudget: 2 ** 31,
+      gpuMisses: "cpu",
+      gpuExpertCopies: 0,
+    });
+    expect(out).toMatchObject({ vram_budget: 2 ** 31, gpu_misses: "cpu", gpu_expert_copies: 0 });
+    expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
+    const plain = toProtocolLoad("m", { context: 4096 });
+    expect(plain.gpu_misses).toBeUndefined();
+    expect(plain.gpu_expert_copies).toBeUndefined();
+  });
+
   it("loads the default slot count, or none when a memory budget picks it", () => {
     expect(toProtocolLoad("m", { context: 4096 }).expert_cache_slots).toBe(
       ENGINE_DEFAULTS.expertCacheSlots,

@@ -50,6 +50,14 @@ export interface EngineOptions {
    * resident when they fit, else streamed through the slots that fit.
    */
   vramBudget?: number;
+  /**
+   * Under the RAM tier (GPU memory for fewer experts than host memory): where the experts the
+   * GPU's slots miss are computed, "copy" (copied into a GPU slot; the default) or "cpu" (on the
+   * CPU from host memory, as llama.cpp's --n-cpu-moe), docs/gpu.md "Hybrid experts".
+   */
+  gpuMisses?: "copy" | "cpu";
+  /** With gpuMisses "cpu": experts copied into GPU slots per MoE layer and step at most. */
+  gpuExpertCopies?: number;
 }
 
 /** The protocol's load request for `model` (a directory) with these options. */
@@ -65,5 +73,7 @@ export function toProtocolLoad(model: string, o: EngineOptions): LoadParams {
     expert_cache_slots: expertCacheSlotsFor(o.expertCacheSlots, o.memoryBudget ?? o.vramBudget),
     memory_budget: o.memoryBudget,
     vram_budget: o.vramBudget,
+    gpu_misses: o.gpuMisses,
+    gpu_expert_copies: o.gpuExpertCopies,
   };
 }

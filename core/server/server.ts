@@ -80,6 +80,9 @@ export interface ServerOptions extends AccessOptions {
   memoryBudget?: number;
   /** GPU memory in bytes (GPU backends; settings.ts EngineOptions). */
   vramBudget?: number;
+  /** The RAM tier's misses (settings.ts EngineOptions). */
+  gpuMisses?: "copy" | "cpu";
+  gpuExpertCopies?: number;
   engine?: EngineClientOptions;
   /**
    * An engine that someone else owns (the desktop app's): the server neither starts, loads nor
