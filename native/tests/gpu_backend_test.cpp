@@ -132,6 +132,21 @@ struct HostQuant {
   }
 };
 
+// The gate, up and down matrices of each expert from `host`, which holds them in that order per
+// expert (what import_experts takes).
+struct ExpertParts {
+  std::vector<HostQuantMatrix> gate, up, down;
+};
+ExpertParts expert_parts(const std::vector<HostQuant>& host) {
+  ExpertParts p;
+  for (size_t i = 0; i + 2 < host.size(); i += 3) {
+    p.gate.push_back(host[i].m);
+    p.up.push_back(host[i + 1].m);
+    p.down.push_back(host[i + 2].m);
+  }
+  return p;
+}
+
 // Each of `values` in the environment variable `name` makes creating a backend fail with
 // std::invalid_argument (a malformed setting is an error, not a silent default).
 void check_setting_refused(const char* name, std::initializer_list<const char*> values) {
@@ -566,12 +581,7 @@ TEST_CASE("gpu: routing kept on the device and the routed experts match the CPU"
         host.emplace_back(inter, hidden, bits, group, st, static_cast<uint64_t>(seed++));
         host.emplace_back(hidden, inter, bits, group, st, static_cast<uint64_t>(seed++));
       }
-      std::vector<HostQuantMatrix> gate, up, down;
-      for (int e = 0; e < experts; ++e) {
-        gate.push_back(host[static_cast<size_t>(3 * e)].m);
-        up.push_back(host[static_cast<size_t>(3 * e + 1)].m);
-        down.push_back(host[static_cast<size_t>(3 * e + 2)].m);
-      }
+      const auto [gate, up, down] = expert_parts(host);
       auto bank_cpu = cpu->import_experts(gate, up, down);
       auto bank_gpu = gpu->import_experts(gate, up, down);
       const auto pes = randn(static_cast<size_t>(experts), 31);
@@ -650,12 +660,7 @@ TEST_CASE("gpu: the experts' down product matches the CPU in every shape and red
       host.emplace_back(inter, hidden, 4, 32, DType::bf16, seed + 1);
       host.emplace_back(hidden, inter, bits, 32, bits == 4 ? DType::f32 : DType::f16, seed + 2);
     }
-    std::vector<HostQuantMatrix> gate, up, down;
-    for (int e = 0; e < experts; ++e) {
-      gate.push_back(host[static_cast<size_t>(3 * e)].m);
-      up.push_back(host[static_cast<size_t>(3 * e + 1)].m);
-      down.push_back(host[static_cast<size_t>(3 * e + 2)].m);
-    }
+    const auto [gate, up, down] = expert_parts(host);
     auto bank_cpu = cpu->import_experts(gate, up, down);
     const auto pes = randn(static_cast<size_t>(experts), 920);
     auto pes_cpu = put(*cpu, pes);

@@ -136,13 +136,9 @@ TEST_CASE("gpu expert slots: the same bits as every expert resident, at once and
       CAPTURE(slots);
       const size_t count = static_cast<size_t>(t * top_k);
       const RoutedLayer layer = routed_layer(t);
-      const std::vector<float>& x = layer.x;
-      const std::vector<int32_t>& ids = layer.ids;
-      const std::vector<int32_t>& distinct = layer.distinct;
-      const std::vector<float>& weights = layer.weights;
-      const Buffer& routes = *layer.routes;
-      const Buffer& want = *layer.want;
-      const Mat xm = layer.xm;
+      const auto& [x, xb, route_buf, want_buf, xm, ids, distinct, weights] = layer;
+      const Buffer& routes = *route_buf;
+      const Buffer& want = *want_buf;
       auto got = gpu->alloc(x.size() * 4);
 
       // As the model does: the slots start holding experts that are not chosen (stale), each
@@ -187,13 +183,9 @@ TEST_CASE("gpu expert slots: the same bits as every expert resident, at once and
       CAPTURE(on_gpu);
       const size_t count = static_cast<size_t>(t * top_k);
       const RoutedLayer layer = routed_layer(t);
-      const std::vector<float>& x = layer.x;
-      const std::vector<int32_t>& ids = layer.ids;
-      const std::vector<int32_t>& distinct = layer.distinct;
-      const std::vector<float>& weights = layer.weights;
-      const Buffer& routes = *layer.routes;
-      const Buffer& want = *layer.want;
-      const Mat xm = layer.xm;
+      const auto& [x, xb, route_buf, want_buf, xm, ids, distinct, weights] = layer;
+      const Buffer& routes = *route_buf;
+      const Buffer& want = *want_buf;
       auto got = gpu->alloc(x.size() * 4);
 
       auto slot_bank = gpu->create_expert_slots(mat(0, 0), mat(0, 1), mat(0, 2), 2);
