@@ -30,6 +30,7 @@ import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
 import { parseGenerateReport, type GenerateReport, type TokenStat } from "./generate-report.ts";
 import { dropCaches, memoryLimiter } from "./memory-limit.ts";
+import { flag } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
@@ -38,13 +39,6 @@ const MemoryReport = z.object({ total_bytes: z.number(), expert_bytes_each: z.nu
 function option(name: string): string | undefined {
   const i = process.argv.indexOf(`--${name}`);
   return i >= 0 ? process.argv[i + 1] : undefined;
-}
-function intOption(name: string, fallback: number): number {
-  const raw = option(name);
-  const value = raw === undefined ? fallback : Number(raw);
-  if (!Number.isInteger(value) || value < 1)
-    throw new Error(`--${name} must be a positive integer`);
-  return value;
 }
 
 async function benchModel(): Promise<string> {
@@ -120,9 +114,9 @@ function summarize(name: string, r: GenerateReport, diskBytesPerS: number | null
 }
 
 export async function runStreamingBench(): Promise<void> {
-  const promptLength = intOption("prompt", 512);
-  const maxNew = intOption("new", 16);
-  const slots = intOption("slots", 16);
+  const promptLength = flag("prompt", 512);
+  const maxNew = flag("new", 16);
+  const slots = flag("slots", 16);
   const model = await benchModel();
   const binary = nativeBinary("redwing-engine");
   const context = 4096;
@@ -141,7 +135,7 @@ export async function runStreamingBench(): Promise<void> {
     ),
   );
   const limitBytes = option("limit-mib")
-    ? intOption("limit-mib", 1) * 2 ** 20
+    ? flag("limit-mib", 1) * 2 ** 20
     : Math.ceil((Math.max(plan.total_bytes, 2.5 * 2 ** 30) * 1.1) / 2 ** 20) * 2 ** 20;
   const limiter = memoryLimiter(limitBytes);
   const dropped = dropCaches();
