@@ -113,6 +113,8 @@ export type SamplingSettings = z.infer<typeof SamplingSettingsSchema>;
 export const ContextOverflowSchema = z.enum(["stop", "rolling_window", "truncate_middle"]);
 export type ContextOverflowPolicy = z.infer<typeof ContextOverflowSchema>;
 
+const ActivationsSchema = z.enum(["exact", "head", "int8"]);
+
 /** Settings the engine is loaded with: changing any of them needs a reload (but one, below). */
 export const EngineSettingsSchema = z.object({
   /** KV-cache positions (prompt plus reply). */
@@ -142,7 +144,7 @@ export const EngineSettingsSchema = z.object({
    * plan): exact float32 everywhere, int8 on the output head only, or int8 everywhere. A file
    * from before this field has the default.
    */
-  activations: z.enum(["exact", "head", "int8"]).default(ENGINE_DEFAULTS.activations),
+  activations: ActivationsSchema.default(ENGINE_DEFAULTS.activations),
 });
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;
 
@@ -160,12 +162,14 @@ export function effectiveVramBudget(
 }
 
 /**
- * Engine settings as a patch: any subset. Without the default: a patch that leaves
- * `contextOverflow` out keeps the saved choice.
+ * Engine settings as a patch: any subset. Without the defaults: a patch that leaves a field with
+ * a default out (`contextOverflow`, `activations`, ...) keeps the saved choice (zod fills the
+ * defaults of absent fields, in a partial object too).
  */
 const EngineSettingsPartialSchema = EngineSettingsSchema.extend({
   contextOverflow: ContextOverflowSchema,
   vramBudgetBytes: bytes.nullable(),
+  activations: ActivationsSchema,
 }).partial();
 
 export const SettingsSchema = z.object({

@@ -149,6 +149,18 @@ describe("settings store", () => {
     });
   });
 
+  it("keeps every saved engine setting across an engine patch that leaves it out", () => {
+    // The API parses each patch: a field with a default must not come back from the parse as
+    // that default, or the patch would reset it.
+    for (const [key, value] of Object.entries(DEFAULT_SETTINGS.engine)) {
+      const parsed = SettingsPatchSchema.parse({ engine: { [key]: value } });
+      expect(Object.keys(parsed.engine ?? {}), key).toEqual([key]);
+    }
+    const exact = applyPatch(DEFAULT_SETTINGS, { engine: { activations: "exact" } });
+    const patch = SettingsPatchSchema.parse({ engine: { context: 2048 } });
+    expect(applyPatch(exact, patch).engine).toMatchObject({ context: 2048, activations: "exact" });
+  });
+
   it("keeps a damaged file aside and starts from the defaults", async () => {
     for (const bad of ["{ not json", JSON.stringify({ sampling: { temperature: "hot" } })]) {
       await rm(dir, { recursive: true, force: true });
