@@ -94,10 +94,7 @@ export function gpuMissesDisabledReason(
 export function gpuExpertCopiesDisabledReason(
   e: Pick<EngineSettings, "backend" | "vramBudgetBytes" | "gpuMisses">,
 ): string | null {
-  return (
-    gpuMissesDisabledReason(e) ??
-    (e.gpuMisses === "copy"
-      ? "Only with Compute on CPU (hybrid): Copy to GPU copies every miss."
-      : null)
-  );
+  return gpuMissesDisabledReason(e) === null && e.gpuMisses === "cpu"
+    ? null
+    : "Only with Compute on CPU (hybrid), under GPU memory on a GPU backend.";
 }

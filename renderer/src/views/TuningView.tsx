@@ -52,11 +52,11 @@ const OVERFLOW_CHOICES: Record<EngineSettings["contextOverflow"], { label: strin
 const GPU_MISSES_CHOICES: Record<EngineSettings["gpuMisses"], { label: string; help: string }> = {
   copy: {
     label: "Copy to GPU",
-    help: "Each expert the GPU's slots miss is copied from system RAM to the GPU and computed there: the same output as with every expert on the GPU, but every miss crosses to the GPU.",
+    help: "Each expert the GPU's slots miss is copied from system RAM to the GPU and computed there: exact, but every miss crosses to the GPU.",
   },
   cpu: {
     label: "Compute on CPU (hybrid)",
-    help: "Experts the GPU's slots miss are computed on the CPU from system RAM and only their results go to the GPU, as llama.cpp's --n-cpu-moe does. Pays with plenty of system RAM and CPU cores and a small GPU, where copying experts is what a token waits on.",
+    help: "The GPU's misses are computed on the CPU from system RAM; only their results go to the GPU (like llama.cpp's --n-cpu-moe). Pays with plenty of system RAM and CPU cores and a small GPU.",
   },
 };
 
@@ -373,7 +373,7 @@ export function TuningView() {
             badge={gpuMissesReloadBadge}
             help={
               gpuMissesOff ??
-              `${GPU_MISSES_CHOICES[e.gpuMisses].help} Applies when the GPU memory holds fewer experts than system RAM.`
+              `${GPU_MISSES_CHOICES[e.gpuMisses].help} No effect when every expert fits in GPU memory.`
             }
           />
           <RangeField
@@ -386,7 +386,7 @@ export function TuningView() {
             badge={gpuCopiesReloadBadge}
             help={
               gpuCopiesOff ??
-              "Per MoE layer and step, at most this many of the experts the CPU computed are also copied into the GPU's slots, so the GPU keeps the often-used ones. 0: none, every miss stays on the CPU."
+              "Per MoE layer and step, at most this many of the experts the CPU computed are also copied to the GPU's slots, so it keeps the often-used ones. 0: none."
             }
           />
           <RangeField
