@@ -56,6 +56,14 @@ export const ENGINE_DEFAULTS = {
    * -0.07%).
    */
   activations: "head",
+  /**
+   * Under the RAM tier on a GPU (docs/gpu.md, "Hybrid experts"): where the experts the GPU's
+   * slots miss are computed, "copy" (copied into a GPU slot, computed there) or "cpu" (on the
+   * CPU from RAM); the engine's default.
+   */
+  gpuMisses: "copy",
+  /** With gpuMisses "cpu": experts copied into GPU slots per MoE layer and step at most. */
+  gpuExpertCopies: 1,
   /** Prefill chunk: prompt tokens per batched forward call. */
   prefillChunk: 128,
 } as const;

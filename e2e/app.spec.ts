@@ -163,20 +163,62 @@ test("sampling and context settings persist across a restart", async ({ app }) =
   // asks for a reload; back on the CPU (which ignores it) no reload is needed.
   const gpuMemory = numberInput(page, "GPU memory");
   const backend = page.getByLabel("Backend", { exact: true });
+  // Where the GPU's expert misses run (hybrid experts) and how many it copies: off on the CPU
+  // and on a GPU without GPU memory, each saying why.
+  const gpuMisses = page.getByLabel("Experts the GPU misses", { exact: true });
+  const copies = numberInput(page, "Experts copied to the GPU");
+  const engineSaved = async () => (await app.call("settings.get")).engine;
   await expect(gpuMemory).toBeDisabled();
   await expect(
     page.getByText("The CPU backend uses host memory only", { exact: false }),
   ).toBeVisible();
+  await expect(gpuMisses).toBeDisabled();
+  await expect(copies).toBeDisabled();
+  await expect(page.locator("#field-gpu-misses-help")).toContainText(
+    "The CPU backend computes every expert on the CPU",
+  );
   await backend.selectOption("vulkan");
   await expect(gpuMemory).toBeEnabled();
+  await expect(gpuMisses).toBeDisabled();
+  await expect(page.locator("#field-gpu-misses-help")).toContainText("Set GPU memory first");
   await setNumber(page, "GPU memory", "6 GiB");
   await expect
     .poll(async () => (await app.call("settings.get")).engine.vramBudgetBytes)
     .toBe(6 * 1024 ** 3);
   await expect(page.locator("#field-vram-budget-badge")).toHaveText("needs reload");
+  // Under GPU memory: the choice is on, the copies only once the CPU computes the misses.
+  await expect(gpuMisses).toBeEnabled();
+  await expect(copies).toBeDisabled();
+  await expect(page.locator("#field-gpu-expert-copies-help")).toContainText(
+    "Only with Compute on CPU",
+  );
+  await gpuMisses.selectOption({ label: "Compute on CPU (hybrid)" });
+  await expect.poll(async () => (await engineSaved()).gpuMisses).toBe("cpu");
+  await expect(page.locator("#field-gpu-misses-help")).toContainText("plenty of system RAM");
+  await expect(page.locator("#field-gpu-misses-badge")).toHaveText("needs reload");
+  await expect(copies).toBeEnabled();
+  await expect(copies).toHaveValue("1");
+  // A bad count is refused with the reason, by the field and by the API, and not saved.
+  await copies.fill("-1");
+  await copies.press("Tab");
+  await expect(page.locator("#field-gpu-expert-copies-error")).toHaveText(
+    "Enter a value from 0 to 128.",
+  );
+  await expect(app.call("settings.update", { engine: { gpuExpertCopies: 1.5 } })).rejects.toThrow(
+    "engine.gpuExpertCopies: experts copied to the GPU must be a whole number",
+  );
+  expect((await engineSaved()).gpuExpertCopies).toBe(1);
+  await setNumber(page, "Experts copied to the GPU", "0");
+  await expect.poll(async () => (await engineSaved()).gpuExpertCopies).toBe(0);
+  await expect(page.locator("#field-gpu-expert-copies-badge")).toHaveText("needs reload");
   await backend.selectOption("cpu");
   await expect(gpuMemory).toBeDisabled();
   await expect(page.locator("#field-vram-budget-badge")).toHaveCount(0);
+  // The CPU ignores the choice: off again, kept, and no reload asked for.
+  await expect(gpuMisses).toBeDisabled();
+  await expect(gpuMisses).toHaveValue("cpu");
+  await expect(page.locator("#field-gpu-misses-badge")).toHaveCount(0);
+  await expect(page.locator("#field-gpu-expert-copies-badge")).toHaveCount(0);
   await expect(apply).toBeDisabled();
 
   await app.restart();
@@ -196,9 +238,17 @@ test("sampling and context settings persist across a restart", async ({ app }) =
   });
   expect(settings.engine.context).toBe(2048);
   expect(settings.engine.vramBudgetBytes).toBe(6 * 1024 ** 3);
+  expect(settings.engine).toMatchObject({ gpuMisses: "cpu", gpuExpertCopies: 0 });
   await expect(numberInput(page, "GPU memory")).toHaveValue("6 GiB");
   await waitReady(page);
   expect((await app.call("engine.status")).loadedWith?.context).toBe(2048);
+  // Back on Vulkan after the restart, the hybrid choice and its count are there, on again.
+  await page.getByLabel("Backend", { exact: true }).selectOption("vulkan");
+  const restartedMisses = page.getByLabel("Experts the GPU misses", { exact: true });
+  await expect(restartedMisses).toBeEnabled();
+  await expect(restartedMisses).toHaveValue("cpu");
+  await expect(numberInput(page, "Experts copied to the GPU")).toBeEnabled();
+  await expect(numberInput(page, "Experts copied to the GPU")).toHaveValue("0");
 });
 
 test("download from the hub: progress, cancel, pause and resume, verified install, chat", async ({

@@ -113,6 +113,16 @@ export type SamplingSettings = z.infer<typeof SamplingSettingsSchema>;
 export const ContextOverflowSchema = z.enum(["stop", "rolling_window", "truncate_middle"]);
 export type ContextOverflowPolicy = z.infer<typeof ContextOverflowSchema>;
 
+const ActivationsSchema = z.enum(["exact", "head", "int8"]);
+const GpuMissesSchema = z.enum(["copy", "cpu"]);
+/** The most experts per layer and step `gpuExpertCopies` takes: Gemma 4 26B's experts per layer. */
+export const MAX_GPU_EXPERT_COPIES = 128;
+const GpuExpertCopiesSchema = z
+  .number()
+  .int("experts copied to the GPU must be a whole number")
+  .min(0, "experts copied to the GPU cannot be negative")
+  .max(MAX_GPU_EXPERT_COPIES, `experts copied to the GPU are at most ${MAX_GPU_EXPERT_COPIES}`);
+
 /** Settings the engine is loaded with: changing any of them needs a reload (but one, below). */
 export const EngineSettingsSchema = z.object({
   /** KV-cache positions (prompt plus reply). */
@@ -142,7 +152,18 @@ export const EngineSettingsSchema = z.object({
    * plan): exact float32 everywhere, int8 on the output head only, or int8 everywhere. A file
    * from before this field has the default.
    */
-  activations: z.enum(["exact", "head", "int8"]).default(ENGINE_DEFAULTS.activations),
+  activations: ActivationsSchema.default(ENGINE_DEFAULTS.activations),
+  /**
+   * Where the experts the GPU's slots miss are computed (docs/gpu.md, "Hybrid experts"): copied
+   * into a GPU slot ("copy") or on the CPU from RAM ("cpu"). Applies only under a GPU memory
+   * budget on a GPU backend (effectiveGpuMisses). A file from before this field has the default.
+   */
+  gpuMisses: GpuMissesSchema.default(ENGINE_DEFAULTS.gpuMisses),
+  /**
+   * With gpuMisses "cpu": at most this many of a MoE layer's CPU-computed experts per step are
+   * also copied into GPU slots. A file from before this field has the engine's default.
+   */
+  gpuExpertCopies: GpuExpertCopiesSchema.default(ENGINE_DEFAULTS.gpuExpertCopies),
 });
 export type EngineSettings = z.infer<typeof EngineSettingsSchema>;
 
@@ -160,12 +181,32 @@ export function effectiveVramBudget(
 }
 
 /**
- * Engine settings as a patch: any subset. Without the default: a patch that leaves
- * `contextOverflow` out keeps the saved choice.
+ * Where a load sends the GPU's expert misses (the load's `gpu_misses`, and `gpu_expert_copies`
+ * with "cpu"): only on a GPU backend with a GPU memory budget, the one way these settings give
+ * the GPU fewer expert slots than host memory (the RAM tier, where the choice exists; without a
+ * budget the GPU's slots mirror the host's). Elsewhere undefined: the engine would ignore them,
+ * and they must not ask for a reload.
+ */
+export function effectiveGpuMisses(
+  s: Pick<EngineSettings, "backend" | "vramBudgetBytes" | "gpuMisses" | "gpuExpertCopies">,
+): { gpuMisses: "copy" | "cpu"; gpuExpertCopies?: number } | undefined {
+  if (effectiveVramBudget(s) === undefined) return undefined;
+  return s.gpuMisses === "cpu"
+    ? { gpuMisses: "cpu", gpuExpertCopies: s.gpuExpertCopies }
+    : { gpuMisses: "copy" };
+}
+
+/**
+ * Engine settings as a patch: any subset. Without the defaults: a patch that leaves a field with
+ * a default out (`contextOverflow`, `activations`, ...) keeps the saved choice (zod fills the
+ * defaults of absent fields, in a partial object too).
  */
 const EngineSettingsPartialSchema = EngineSettingsSchema.extend({
   contextOverflow: ContextOverflowSchema,
   vramBudgetBytes: bytes.nullable(),
+  activations: ActivationsSchema,
+  gpuMisses: GpuMissesSchema,
+  gpuExpertCopies: GpuExpertCopiesSchema,
 }).partial();
 
 export const SettingsSchema = z.object({
@@ -215,6 +256,8 @@ export const DEFAULT_SETTINGS: Settings = {
     kvDtype: ENGINE_DEFAULTS.kvDtype,
     contextOverflow: CHAT_DEFAULTS.contextOverflow,
     activations: ENGINE_DEFAULTS.activations,
+    gpuMisses: ENGINE_DEFAULTS.gpuMisses,
+    gpuExpertCopies: ENGINE_DEFAULTS.gpuExpertCopies,
   },
   systemPrompt: "",
   activeModel: null,
@@ -384,6 +427,12 @@ export const EngineStatusSchema = z.object({
   loadedWith: EngineSettingsSchema.nullable(),
   /** Slots per MoE layer actually used (a memory budget picks them); 0: all resident. */
   expertCacheSlots: z.number().int().nullable(),
+  /**
+   * How the loaded engine runs the GPU's expert misses (its `ready` event): "cpu" only while
+   * hybrid experts are in effect (a GPU backend under the RAM tier), else "copy"; null without a
+   * model, absent from an older service.
+   */
+  gpuMisses: GpuMissesSchema.nullable().optional(),
   /** Saved engine settings differ from what is loaded: a reload applies them. */
   reloadNeeded: z.boolean(),
   /**
@@ -675,6 +724,14 @@ export const LiveSampleSchema = z.object({
       gpuSlots: z.number().int().nullable().optional(),
       gpuHitRate: z.number().nullable().optional(),
       ramHitRate: z.number().nullable().optional(),
+      /** Bytes copied from host memory to the GPU per generated token (GPU backends). */
+      gpuCopyBytesPerToken: z.number().nullable().optional(),
+      /**
+       * Hybrid experts (docs/gpu.md): expert uses the CPU computed per generated token and the
+       * CPU's ms on them; 0 without hybrid experts.
+       */
+      cpuExpertsPerToken: z.number().nullable().optional(),
+      cpuExpertMsPerToken: z.number().nullable().optional(),
     })
     .nullable(),
   /** Package power where the machine exposes it (RAPL, NVML); null otherwise. */

@@ -175,6 +175,8 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect(status.pid).toBeGreaterThan(0);
     expect(status.loadedWith).toEqual(DEFAULT_SETTINGS.engine);
     expect(status.reloadNeeded).toBe(false);
+    // The engine's own word (its ready event): the CPU has no hybrid experts.
+    expect(status.gpuMisses).toBe("copy");
 
     const models = await call("models.list");
     expect(models).toHaveLength(1);

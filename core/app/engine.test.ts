@@ -88,6 +88,32 @@ describe("loadParams", () => {
     });
     expect(both).toMatchObject({ memory_budget: 8 * 1024 ** 3, vram_budget: 2 * 1024 ** 3 });
   });
+  it("sends where the GPU's misses run under a GPU memory budget, the copies only with the CPU", () => {
+    const streamed = { ...base, backend: "vulkan" as const, vramBudgetBytes: 2 * 1024 ** 3 };
+    const hybrid = loadParams("/m", { ...streamed, gpuMisses: "cpu", gpuExpertCopies: 3 });
+    expect(hybrid).toMatchObject({ gpu_misses: "cpu", gpu_expert_copies: 3 });
+    expect(LoadParamsSchema.strict().parse(hybrid)).toEqual(hybrid);
+    const none = loadParams("/m", { ...streamed, gpuMisses: "cpu", gpuExpertCopies: 0 });
+    expect(none.gpu_expert_copies).toBe(0);
+    const copy = loadParams("/m", { ...streamed, gpuMisses: "copy", gpuExpertCopies: 3 });
+    expect(copy.gpu_misses).toBe("copy");
+    expect(copy.gpu_expert_copies).toBeUndefined();
+    expect(LoadParamsSchema.strict().parse(copy)).toEqual(copy);
+  });
+  it("never sends them on the CPU, nor on a GPU without a GPU memory budget", () => {
+    for (const s of [
+      { ...base, backend: "cpu" as const, vramBudgetBytes: 2 * 1024 ** 3 },
+      { ...base, backend: "cpu" as const },
+      { ...base, backend: "vulkan" as const },
+      { ...base, backend: "auto" as const, memoryBudgetBytes: 8 * 1024 ** 3 },
+    ]) {
+      const out = loadParams("/m", { ...s, gpuMisses: "cpu", gpuExpertCopies: 3 });
+      expect(out.gpu_misses, s.backend).toBeUndefined();
+      expect(out.gpu_expert_copies, s.backend).toBeUndefined();
+      expect(JSON.stringify(out)).not.toMatch(/gpu_/);
+      expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
+    }
+  });
   it("leaves it out on the CPU, which keeps the saved slot count", () => {
     const out = loadParams("/m", {
       ...base,

@@ -29,6 +29,7 @@ import type { Manifest } from "../format/manifest.ts";
 import { readModelDir } from "../format/read.ts";
 import { toProtocolLoad } from "../generation/settings.ts";
 import {
+  effectiveGpuMisses,
   effectiveVramBudget,
   type AppError,
   type EngineSettings,
@@ -78,11 +79,16 @@ export function loadParams(dir: string, s: EngineSettings): LoadParams {
   const vramBudget = effectiveVramBudget(s);
   // With a budget the engine picks the slot count that fits: the saved count is not sent.
   const budgetPicksSlots = budget !== undefined || vramBudget !== undefined;
+  const gpu = effectiveGpuMisses(s);
   return toProtocolLoad(dir, {
     ...s,
     expertCacheSlots: budgetPicksSlots ? undefined : s.expertCacheSlots,
     memoryBudget: budget,
     vramBudget,
+    // Only where the GPU can have fewer expert slots than the host (the RAM tier): never on the
+    // CPU, nor on a GPU without a GPU memory budget.
+    gpuMisses: gpu?.gpuMisses,
+    gpuExpertCopies: gpu?.gpuExpertCopies,
   });
 }
 
@@ -173,6 +179,7 @@ export class EngineManager {
       loadFraction: this.state === "loading" ? (this.loadFraction ?? 0) : null,
       loadedWith: loaded?.settings ?? null,
       expertCacheSlots: loaded ? loaded.ready.expert_cache_slots : null,
+      gpuMisses: loaded ? (loaded.ready.gpu_misses ?? null) : null,
       reloadNeeded: loaded
         ? engineSettingsDiffer(this.opts.settings().engine, loaded.settings)
         : false,

@@ -175,6 +175,9 @@ describe("LiveSampler: expert cache I/O wait", () => {
       gpuSlots: null,
       gpuHitRate: null,
       ramHitRate: null,
+      gpuCopyBytesPerToken: null,
+      cpuExpertsPerToken: null,
+      cpuExpertMsPerToken: null,
     });
     r.service.expert_cache.io_wait_ms_per_token = null;
     expect((await r.tick()).expertCache?.ioWaitMsPerToken).toBeNull();
@@ -191,6 +194,24 @@ describe("LiveSampler: expert cache I/O wait", () => {
       gpuSlots: 2,
       gpuHitRate: 0.25,
       ramHitRate: 0.6,
+    });
+  });
+
+  it("passes hybrid experts' figures through: bytes copied to the GPU, experts on the CPU and its time", async () => {
+    const r = rig();
+    Object.assign(r.service.expert_cache, {
+      gpu_slots: 4,
+      gpu_hit_rate: 0.298,
+      ram_hit_rate: 0.695,
+      gpu_copy_bytes_per_token: 188416,
+      cpu_experts_per_token: 16.8,
+      cpu_expert_ms_per_token: 0.9,
+    });
+    expect((await r.tick()).expertCache).toMatchObject({
+      gpuSlots: 4,
+      gpuCopyBytesPerToken: 188416,
+      cpuExpertsPerToken: 16.8,
+      cpuExpertMsPerToken: 0.9,
     });
   });
 });

@@ -150,6 +150,9 @@ export class LiveSampler {
               gpuSlots: stats.expert_cache.gpu_slots ?? null,
               gpuHitRate: stats.expert_cache.gpu_hit_rate ?? null,
               ramHitRate: stats.expert_cache.ram_hit_rate ?? null,
+              gpuCopyBytesPerToken: stats.expert_cache.gpu_copy_bytes_per_token ?? null,
+              cpuExpertsPerToken: stats.expert_cache.cpu_experts_per_token ?? null,
+              cpuExpertMsPerToken: stats.expert_cache.cpu_expert_ms_per_token ?? null,
             }
           : null,
       powerWatts: watts,

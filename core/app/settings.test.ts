@@ -126,6 +126,53 @@ describe("settings store", () => {
     );
   });
 
+  it("keeps where the GPU's misses run, reads a file without it as the engine's default, and refuses a bad count", async () => {
+    const before: Partial<typeof DEFAULT_SETTINGS.engine> = { ...DEFAULT_SETTINGS.engine };
+    delete before.gpuMisses;
+    delete before.gpuExpertCopies;
+    await writeFile(
+      join(dir, "settings.json"),
+      JSON.stringify({
+        engine: { ...before, backend: "vulkan", vramBudgetBytes: 2 * 1024 ** 3 },
+        models: { other: { engine: before, sampling: DEFAULT_SETTINGS.sampling } },
+        __internal__: { migrations: { version: "0.1.0" } },
+      }),
+    );
+    const opened = openSettingsStore(dir);
+    const { settings, repaired } = readSettings(opened.store);
+    expect(repaired).toEqual([]);
+    expect(settings.engine).toMatchObject({
+      backend: "vulkan",
+      vramBudgetBytes: 2 * 1024 ** 3,
+      gpuMisses: "copy",
+      gpuExpertCopies: 1,
+    });
+    // Another model's saved settings too (the store's defaults do not reach into them).
+    expect(settings.models.other?.engine).toMatchObject({ gpuMisses: "copy", gpuExpertCopies: 1 });
+    const next = applyPatch(settings, { engine: { gpuMisses: "cpu", gpuExpertCopies: 0 } });
+    saveChanged(opened.store, settings, next);
+    expect(readSettings(openSettingsStore(dir).store).settings.engine).toMatchObject({
+      gpuMisses: "cpu",
+      gpuExpertCopies: 0,
+    });
+    // A patch that leaves them out keeps them.
+    const patch = SettingsPatchSchema.parse({ engine: { context: 8192 } });
+    expect(applyPatch(next, patch).engine).toMatchObject({ gpuMisses: "cpu", gpuExpertCopies: 0 });
+    // A bad count or choice is refused, with a message that says what is wrong.
+    const refused = (engine: Record<string, unknown>): string => {
+      const r = SettingsPatchSchema.safeParse({ engine });
+      expect(r.success, JSON.stringify(engine)).toBe(false);
+      return r.error?.issues[0]?.message ?? "";
+    };
+    expect(refused({ gpuExpertCopies: -1 })).toBe("experts copied to the GPU cannot be negative");
+    expect(refused({ gpuExpertCopies: 1.5 })).toBe(
+      "experts copied to the GPU must be a whole number",
+    );
+    expect(refused({ gpuExpertCopies: 129 })).toBe("experts copied to the GPU are at most 128");
+    refused({ gpuMisses: "gpu" });
+    expect(() => applyPatch(next, { engine: { gpuExpertCopies: -1 } })).toThrow(/negative/);
+  });
+
   it("keeps the stop strings across a sampling patch that leaves them out; a file without them has none", async () => {
     await writeFile(
       join(dir, "settings.json"),
@@ -147,6 +194,18 @@ describe("settings store", () => {
       temperature: 0.9,
       stop: ["\n\n", "END"],
     });
+  });
+
+  it("keeps every saved engine setting across an engine patch that leaves it out", () => {
+    // The API parses each patch: a field with a default must not come back from the parse as
+    // that default, or the patch would reset it.
+    for (const [key, value] of Object.entries(DEFAULT_SETTINGS.engine)) {
+      const parsed = SettingsPatchSchema.parse({ engine: { [key]: value } });
+      expect(Object.keys(parsed.engine ?? {}), key).toEqual([key]);
+    }
+    const exact = applyPatch(DEFAULT_SETTINGS, { engine: { activations: "exact" } });
+    const patch = SettingsPatchSchema.parse({ engine: { context: 2048 } });
+    expect(applyPatch(exact, patch).engine).toMatchObject({ context: 2048, activations: "exact" });
   });
 
   it("keeps a damaged file aside and starts from the defaults", async () => {
@@ -247,6 +306,26 @@ describe("engineSettingsDiffer", () => {
     expect(engineSettingsDiffer({ ...cpu, expertCacheSlots: 32, vramBudgetBytes: 4e9 }, cpu)).toBe(
       true,
     );
+  });
+  it("reloads for where the GPU's misses run only where a load sends it: a GPU memory budget on a GPU", () => {
+    const streamed = { ...base, backend: "vulkan" as const, vramBudgetBytes: 2e9 };
+    const hybrid = { ...streamed, gpuMisses: "cpu" as const };
+    expect(engineSettingsDiffer(hybrid, streamed)).toBe(true);
+    expect(engineSettingsDiffer({ ...hybrid, gpuExpertCopies: 0 }, hybrid)).toBe(true);
+    expect(
+      engineSettingsDiffer({ ...hybrid, backend: "metal" }, { ...streamed, backend: "metal" }),
+    ).toBe(true);
+    // The copies count only with "cpu".
+    expect(engineSettingsDiffer({ ...streamed, gpuExpertCopies: 4 }, streamed)).toBe(false);
+    // The CPU and a GPU without a budget ignore both.
+    for (const other of [
+      { ...base, backend: "cpu" as const, vramBudgetBytes: 2e9 },
+      { ...base, backend: "vulkan" as const },
+    ]) {
+      expect(engineSettingsDiffer({ ...other, gpuMisses: "cpu", gpuExpertCopies: 3 }, other)).toBe(
+        false,
+      );
+    }
   });
 });
 

@@ -19,6 +19,7 @@ import { isDemoCreatedBy } from "../demo/demo.ts";
 import type { Manifest } from "../format/manifest.ts";
 import {
   DEFAULT_SETTINGS,
+  effectiveGpuMisses,
   effectiveVramBudget,
   type EngineSettings,
   type SamplingSettings,
@@ -212,12 +213,17 @@ export function engineSettingsDiffer(saved: EngineSettings, loaded: EngineSettin
   // The GPU memory budget matters only on a GPU backend (the CPU ignores it; a backend change is
   // a difference of its own).
   const vramBudgetChanged = effectiveVramBudget(saved) !== effectiveVramBudget(loaded);
+  // Where the GPU's misses run matters only where a load sends it (a GPU memory budget on a GPU);
+  // the number of copies only with "cpu".
+  const gpuMissesChanged =
+    JSON.stringify(effectiveGpuMisses(saved)) !== JSON.stringify(effectiveGpuMisses(loaded));
   // Slots do not matter while a budget picks them.
   const slotsMatter = saved.memoryBudgetBytes === null && effectiveVramBudget(saved) === undefined;
   return (
     saved.context !== loaded.context ||
     budgetChanged ||
     vramBudgetChanged ||
+    gpuMissesChanged ||
     (slotsMatter && saved.expertCacheSlots !== loaded.expertCacheSlots) ||
     saved.threads !== loaded.threads ||
     saved.backend !== loaded.backend ||

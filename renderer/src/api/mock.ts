@@ -7,6 +7,7 @@
 import {
   AppCallError,
   DEFAULT_SETTINGS,
+  effectiveGpuMisses,
   effectiveVramBudget,
   parseCall,
   SERVER_OFF,
@@ -337,6 +338,8 @@ export function createMockClient(): RendererClient {
     const base = engine.memory?.rssBytes ?? null;
     const rss =
       base == null ? null : base + (generating ? 12e6 * Math.random() + 8e6 : 2e6 * Math.random());
+    const gpuTier = effectiveGpuMisses(settings.engine);
+    const hybrid = gpuTier?.gpuMisses === "cpu";
     const sample: LiveSample = {
       t: Date.now(),
       generating: !!generating,
@@ -354,6 +357,17 @@ export function createMockClient(): RendererClient {
         hitRate: 0.91 + Math.random() * 0.02,
         readBytesPerToken: 3.4e6,
         ioWaitMsPerToken: 4.2 + Math.random() * 0.6,
+        // A GPU memory budget on a GPU backend: the RAM tier, 4 GPU slots under every expert.
+        ...(gpuTier
+          ? {
+              gpuSlots: 4,
+              gpuHitRate: 0.3,
+              ramHitRate: 0.62 + Math.random() * 0.02,
+              gpuCopyBytesPerToken: hybrid ? 101e6 : 610e6,
+              cpuExpertsPerToken: hybrid ? 168 : 0,
+              cpuExpertMsPerToken: hybrid ? 38 + Math.random() * 4 : 0,
+            }
+          : {}),
       },
       powerWatts: 11 + Math.random() * 3,
       joulesPerToken: 0.62,

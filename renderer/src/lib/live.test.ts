@@ -9,6 +9,7 @@ import type {
 import { DEFAULT_SETTINGS } from "../../../core/app/api.ts";
 import {
   deviceMemoryGauge,
+  expertTierStats,
   formatIoWait,
   memoryGauge,
   replyPoints,
@@ -207,5 +208,73 @@ describe("deviceMemoryGauge", () => {
     // A status from before the field, and no engine at all.
     expect(deviceMemoryGauge(loaded("vulkan", undefined, null))).toBeNull();
     expect(deviceMemoryGauge(null)).toBeNull();
+  });
+});
+
+describe("expertTierStats (the Live view's expert tiers)", () => {
+  type Cache = NonNullable<LiveSample["expertCache"]>;
+  // docs/gpu.md's lavapipe run on the demo model: 4 GPU slots under 32 in RAM, hybrid, 1 copy.
+  const hybrid: Cache = {
+    slots: 32,
+    hitRate: 0.993,
+    readBytesPerToken: 2048,
+    ioWaitMsPerToken: 0.1,
+    gpuSlots: 4,
+    gpuHitRate: 0.298,
+    ramHitRate: 0.695,
+    gpuCopyBytesPerToken: 184 * 1024,
+    cpuExpertsPerToken: 16.8,
+    cpuExpertMsPerToken: 0.9,
+  };
+  const shown = (cache: Cache, gpuMisses: EngineStatus["gpuMisses"]) =>
+    Object.fromEntries(expertTierStats(cache, gpuMisses).map((s) => [s.label, s.value]));
+
+  it("shows each tier, the bytes copied to the GPU and the CPU's experts under hybrid experts", () => {
+    expect(shown(hybrid, "cpu")).toEqual({
+      "GPU hit rate": "29.8%",
+      "RAM hit rate": "69.5%",
+      "SSD misses": "0.7%",
+      "Copied to GPU": "184.0 KiB/token",
+      "Experts on the CPU": "16.8/token (0.90 ms)",
+    });
+    expect(expertTierStats(hybrid, "cpu")[0]?.hint).toBe(
+      "4 expert slots per layer on the GPU, fed from 32 in system RAM",
+    );
+  });
+
+  it("leaves out the CPU's experts in copy mode, and the tiers where the GPU mirrors RAM", () => {
+    const copy = { ...hybrid, cpuExpertsPerToken: 0, cpuExpertMsPerToken: 0 };
+    expect(Object.keys(shown(copy, "copy"))).toEqual([
+      "GPU hit rate",
+      "RAM hit rate",
+      "SSD misses",
+      "Copied to GPU",
+    ]);
+    // A service that reports CPU experts without saying hybrid (older status): shown.
+    expect(shown(hybrid, undefined)["Experts on the CPU"]).toBe("16.8/token (0.90 ms)");
+    // Mirrored slots (as many on the GPU as in RAM): every hit is a GPU hit, no tiers to split.
+    expect(shown({ ...copy, gpuSlots: 32 }, "copy")).toEqual({
+      "Copied to GPU": "184.0 KiB/token",
+    });
+  });
+
+  it("shows nothing on the CPU, nor what an older service leaves out", () => {
+    const cpu: Cache = {
+      slots: 16,
+      hitRate: 0.9,
+      readBytesPerToken: 2048,
+      ioWaitMsPerToken: 1,
+      gpuSlots: 0,
+      gpuHitRate: 0,
+      ramHitRate: 0.9,
+      gpuCopyBytesPerToken: 0,
+      cpuExpertsPerToken: 0,
+      cpuExpertMsPerToken: 0,
+    };
+    expect(expertTierStats(cpu, "copy")).toEqual([]);
+    expect(expertTierStats({ slots: 16, hitRate: 0.9, readBytesPerToken: 2048 }, null)).toEqual([]);
+    expect(
+      shown({ slots: 32, hitRate: 0.5, readBytesPerToken: 1, gpuSlots: 4, gpuHitRate: 0.2 }, null),
+    ).toEqual({ "GPU hit rate": "20.0%", "RAM hit rate": "—", "SSD misses": "50.0%" });
   });
 });

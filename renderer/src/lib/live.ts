@@ -5,7 +5,7 @@ import {
   type EngineStatus,
   type LiveSample,
 } from "../../../core/app/api.ts";
-import { formatBytes } from "./format.ts";
+import { formatBytes, formatPercent } from "./format.ts";
 import { deviceMemoryText } from "./plan.ts";
 
 export interface MemoryGauge {
@@ -118,4 +118,57 @@ export function replyPoints(conversation: Conversation | null | undefined): Repl
 export function formatIoWait(ms: number | null | undefined): string {
   if (ms == null || !Number.isFinite(ms)) return "—";
   return `${ms < 10 ? ms.toFixed(2) : ms.toFixed(1)} ms`;
+}
+
+/** One figure of the Live view's expert cache panel. */
+export interface LiveStat {
+  label: string;
+  value: string;
+  hint?: string;
+}
+
+/**
+ * The expert tiers of a GPU backend, as far as the engine reports them (docs/protocol.md,
+ * `stats`): under the RAM tier (fewer GPU slots than host slots) the share of expert uses found
+ * on the GPU, in RAM and read from the SSD; on any GPU that streams, the bytes copied to the GPU
+ * per token; with hybrid experts (`gpuMisses`, the engine's own word, else uses it reports), the
+ * experts the CPU computed per token and its time on them. Empty on the CPU (no GPU slots) and
+ * for figures an older service leaves out.
+ */
+export function expertTierStats(
+  cache: NonNullable<LiveSample["expertCache"]>,
+  gpuMisses: EngineStatus["gpuMisses"],
+): LiveStat[] {
+  const out: LiveStat[] = [];
+  const gpuSlots = cache.gpuSlots ?? 0;
+  if (gpuSlots <= 0) return out;
+  if (gpuSlots < cache.slots) {
+    const tiers = `${gpuSlots} expert slots per layer on the GPU, fed from ${cache.slots} in system RAM`;
+    out.push(
+      { label: "GPU hit rate", value: formatPercent(cache.gpuHitRate, 1), hint: tiers },
+      { label: "RAM hit rate", value: formatPercent(cache.ramHitRate, 1), hint: tiers },
+      {
+        label: "SSD misses",
+        value: cache.hitRate == null ? "—" : formatPercent(1 - cache.hitRate, 1),
+        hint: "Expert uses read from the model's files",
+      },
+    );
+  }
+  if (cache.gpuCopyBytesPerToken != null) {
+    out.push({
+      label: "Copied to GPU",
+      value: `${formatBytes(cache.gpuCopyBytesPerToken)}/token`,
+      hint: "Expert bytes copied from system RAM to the GPU per token",
+    });
+  }
+  const cpu = cache.cpuExpertsPerToken;
+  if (cpu != null && (gpuMisses === "cpu" || cpu > 0)) {
+    const ms = cache.cpuExpertMsPerToken;
+    out.push({
+      label: "Experts on the CPU",
+      value: `${cpu.toFixed(1)}/token${ms == null ? "" : ` (${formatIoWait(ms)})`}`,
+      hint: "Hybrid experts: expert uses the CPU computed from system RAM per token, and its time on them",
+    });
+  }
+  return out;
 }

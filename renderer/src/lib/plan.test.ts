@@ -1,5 +1,11 @@
 import { describe, expect, it } from "vitest";
-import { deviceMemoryText, gpuMemoryDisabledReason, planVerdict } from "./plan.ts";
+import {
+  deviceMemoryText,
+  gpuExpertCopiesDisabledReason,
+  gpuMemoryDisabledReason,
+  gpuMissesDisabledReason,
+  planVerdict,
+} from "./plan.ts";
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
@@ -85,5 +91,30 @@ describe("GPU memory in the plan", () => {
     for (const backend of ["vulkan", "metal", "auto"]) {
       expect(gpuMemoryDisabledReason(backend)).toBeNull();
     }
+  });
+});
+
+describe("where the GPU's misses run, in Tuning", () => {
+  it("is off on the CPU and without a GPU memory budget, saying why; on under one on a GPU", () => {
+    expect(gpuMissesDisabledReason({ backend: "cpu", vramBudgetBytes: 4 * GiB })).toMatch(
+      /^The CPU backend computes every expert on the CPU/,
+    );
+    expect(gpuMissesDisabledReason({ backend: "vulkan", vramBudgetBytes: null })).toMatch(
+      /^Set GPU memory first/,
+    );
+    for (const backend of ["vulkan", "metal", "auto"] as const) {
+      expect(gpuMissesDisabledReason({ backend, vramBudgetBytes: 4 * GiB })).toBeNull();
+    }
+  });
+
+  it("takes the number of copies only when the CPU computes the misses", () => {
+    const gpu = { backend: "vulkan" as const, vramBudgetBytes: 4 * GiB };
+    expect(gpuExpertCopiesDisabledReason({ ...gpu, gpuMisses: "cpu" })).toBeNull();
+    const off = "Only with Compute on CPU (hybrid), under GPU memory on a GPU backend.";
+    expect(gpuExpertCopiesDisabledReason({ ...gpu, gpuMisses: "copy" })).toBe(off);
+    expect(gpuExpertCopiesDisabledReason({ ...gpu, backend: "cpu", gpuMisses: "cpu" })).toBe(off);
+    expect(gpuExpertCopiesDisabledReason({ ...gpu, vramBudgetBytes: null, gpuMisses: "cpu" })).toBe(
+      off,
+    );
   });
 });

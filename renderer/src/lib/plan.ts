@@ -3,7 +3,7 @@
  * different limits: a 114 MiB plan over a 1 MiB budget is over the budget, not "more than the
  * free memory" with 23.9 GiB free, so each is named on its own.
  */
-import type { MemoryPlan } from "../../../core/app/api.ts";
+import type { EngineSettings, MemoryPlan } from "../../../core/app/api.ts";
 import { formatBytes } from "./format.ts";
 
 export interface PlanVerdict {
@@ -71,4 +71,30 @@ export function gpuMemoryDisabledReason(backend: string): string | null {
   return backend === "cpu"
     ? "The CPU backend uses host memory only: choose a GPU backend to set GPU memory."
     : null;
+}
+
+/**
+ * Why the choice of where the GPU's expert misses run is off; null: on. It exists only under the
+ * RAM tier (the GPU holding fewer experts than host memory), which the app's settings reach only
+ * with a GPU memory budget on a GPU backend (effectiveGpuMisses); elsewhere the engine ignores it.
+ */
+export function gpuMissesDisabledReason(
+  e: Pick<EngineSettings, "backend" | "vramBudgetBytes">,
+): string | null {
+  if (e.backend === "cpu") {
+    return "The CPU backend computes every expert on the CPU: choose a GPU backend and set GPU memory to choose where the GPU's misses run.";
+  }
+  if (e.vramBudgetBytes == null) {
+    return "Set GPU memory first: this applies when the GPU holds fewer experts than system RAM, which a GPU memory budget sets up.";
+  }
+  return null;
+}
+
+/** Why the number of expert copies is off (it counts only when the CPU computes misses); null: on. */
+export function gpuExpertCopiesDisabledReason(
+  e: Pick<EngineSettings, "backend" | "vramBudgetBytes" | "gpuMisses">,
+): string | null {
+  return gpuMissesDisabledReason(e) === null && e.gpuMisses === "cpu"
+    ? null
+    : "Only with Compute on CPU (hybrid), under GPU memory on a GPU backend.";
 }

@@ -10,6 +10,7 @@ import { Stat } from "../components/ui.tsx";
 import { formatBytes, formatMs, formatPercent, formatTokensPerSecond } from "../lib/format.ts";
 import {
   deviceMemoryGauge,
+  expertTierStats,
   formatIoWait,
   memoryGauge,
   replyPoints,
@@ -149,13 +150,6 @@ export function LiveView() {
             <>
               <Stat label="Slots per layer" value={cache.slots} />
               <Stat label="Hit rate" value={formatPercent(cache.hitRate, 1)} />
-              {cache.gpuSlots != null && cache.gpuSlots > 0 && cache.gpuSlots < cache.slots && (
-                <Stat
-                  label="GPU / RAM hits"
-                  value={`${formatPercent(cache.gpuHitRate ?? null, 1)} / ${formatPercent(cache.ramHitRate ?? null, 1)}`}
-                  hint={`${cache.gpuSlots} expert slots per layer on the GPU, fed from ${cache.slots} in host memory`}
-                />
-              )}
               <Stat
                 label="I/O per token"
                 value={
@@ -171,6 +165,10 @@ export function LiveView() {
                   hint="Time the engine waited for expert weights to be read, per token"
                 />
               )}
+              {/* A GPU backend's tiers and hybrid experts; nothing on the CPU. */}
+              {expertTierStats(cache, engine?.gpuMisses).map((s) => (
+                <Stat key={s.label} label={s.label} value={s.value} hint={s.hint} />
+              ))}
             </>
           ) : (
             <p className="col-span-full text-sm text-muted">

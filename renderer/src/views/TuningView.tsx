@@ -5,7 +5,9 @@
  */
 import { useEffect, useRef, useState, type ComponentProps, type ReactNode } from "react";
 import {
+  effectiveGpuMisses,
   effectiveVramBudget,
+  MAX_GPU_EXPERT_COPIES,
   type EngineSettings,
   type MemoryPlan,
   type SamplingSettings,
@@ -15,7 +17,13 @@ import { ConfirmDialog } from "../components/ConfirmDialog.tsx";
 import { NumberField, numberParser, type Parsed } from "../components/NumberField.tsx";
 import { Badge, Button } from "../components/ui.tsx";
 import { budgetText, formatBytes, formatPercent, parseBudgetText } from "../lib/format.ts";
-import { deviceMemoryText, gpuMemoryDisabledReason, planVerdict } from "../lib/plan.ts";
+import {
+  deviceMemoryText,
+  gpuExpertCopiesDisabledReason,
+  gpuMemoryDisabledReason,
+  gpuMissesDisabledReason,
+  planVerdict,
+} from "../lib/plan.ts";
 import { MAX_STOP_STRINGS, parseStopStrings, stopStringsText } from "../lib/stop.ts";
 import { useActions, useAppState } from "../state/context.tsx";
 
@@ -39,6 +47,18 @@ const OVERFLOW_CHOICES: Record<EngineSettings["contextOverflow"], { label: strin
       help: "Sends the whole conversation or nothing: a reply stops when the context is full.",
     },
   };
+
+/** Where the GPU's expert misses run (docs/gpu.md, "Hybrid experts"), each with what it does. */
+const GPU_MISSES_CHOICES: Record<EngineSettings["gpuMisses"], { label: string; help: string }> = {
+  copy: {
+    label: "Copy to GPU",
+    help: "Each expert the GPU's slots miss is copied from system RAM to the GPU and computed there: exact, but every miss crosses to the GPU.",
+  },
+  cpu: {
+    label: "Compute on CPU (hybrid)",
+    help: "The GPU's misses are computed on the CPU from system RAM; only their results go to the GPU (like llama.cpp's --n-cpu-moe). Pays with plenty of system RAM and CPU cores and a small GPU.",
+  },
+};
 
 function parseBudget(text: string): Parsed {
   const v = parseBudgetText(text);
@@ -142,6 +162,20 @@ export function TuningView() {
   // The CPU ignores the GPU memory budget: it needs a reload only where a load would send it.
   const vramReloadBadge =
     loaded && effectiveVramBudget(loaded) !== vramBudget ? (
+      <Badge tone="warn">needs reload</Badge>
+    ) : null;
+  // Likewise where the GPU's misses run: only under a GPU memory budget on a GPU backend, and the
+  // copies only with "cpu".
+  const gpuMisses = effectiveGpuMisses(e);
+  const gpuMissesOff = gpuMissesDisabledReason(e);
+  const gpuCopiesOff = gpuExpertCopiesDisabledReason(e);
+  const loadedGpuMisses = loaded ? effectiveGpuMisses(loaded) : undefined;
+  const gpuMissesReloadBadge =
+    loaded && loadedGpuMisses?.gpuMisses !== gpuMisses?.gpuMisses ? (
+      <Badge tone="warn">needs reload</Badge>
+    ) : null;
+  const gpuCopiesReloadBadge =
+    loaded && loadedGpuMisses?.gpuExpertCopies !== gpuMisses?.gpuExpertCopies ? (
       <Badge tone="warn">needs reload</Badge>
     ) : null;
 
@@ -327,6 +361,32 @@ export function TuningView() {
             help={
               gpuMemoryOff ??
               "GPU memory for the model, such as 6 GiB. Empty: no budget. Every expert stays on the GPU when they fit, else the engine streams them through the slots that fit."
+            }
+          />
+          <SelectField
+            id="field-gpu-misses"
+            label="Experts the GPU misses"
+            value={e.gpuMisses}
+            options={Object.entries(GPU_MISSES_CHOICES).map(([v, c]) => [v, c.label])}
+            onChange={(v) => engineSet({ gpuMisses: v as EngineSettings["gpuMisses"] })}
+            disabled={gpuMissesOff !== null}
+            badge={gpuMissesReloadBadge}
+            help={
+              gpuMissesOff ??
+              `${GPU_MISSES_CHOICES[e.gpuMisses].help} No effect when every expert fits in GPU memory.`
+            }
+          />
+          <RangeField
+            id="field-gpu-expert-copies"
+            label="Experts copied to the GPU"
+            value={e.gpuExpertCopies}
+            range={[0, MAX_GPU_EXPERT_COPIES, 1]}
+            onSave={(gpuExpertCopies) => engineSet({ gpuExpertCopies })}
+            disabled={gpuCopiesOff !== null}
+            badge={gpuCopiesReloadBadge}
+            help={
+              gpuCopiesOff ??
+              "Per MoE layer and step, at most this many of the experts the CPU computed are also copied to the GPU's slots, so it keeps the often-used ones. 0: none."
             }
           />
           <RangeField
@@ -525,6 +585,7 @@ function SelectField({
   onChange,
   badge,
   help,
+  disabled = false,
 }: {
   id: string;
   label: string;
@@ -533,6 +594,8 @@ function SelectField({
   onChange: (v: string) => void;
   badge?: ReactNode;
   help?: string;
+  /** Read-only, greyed (the help says why). */
+  disabled?: boolean;
 }) {
   return (
     <div className="flex flex-col gap-1">
@@ -543,11 +606,12 @@ function SelectField({
         id={id}
         value={value}
         onChange={(e) => onChange(e.target.value)}
+        disabled={disabled}
         aria-describedby={
           [badge ? `${id}-badge` : "", help ? `${id}-help` : ""].filter(Boolean).join(" ") ||
           undefined
         }
-        className="w-full rounded-md border border-line bg-bg px-3 py-1.5 text-sm"
+        className="w-full rounded-md border border-line bg-bg px-3 py-1.5 text-sm disabled:opacity-60"
       >
         {options.map(([v, text]) => (
           <option key={v} value={v}>
