@@ -19,6 +19,13 @@ void ExpertSource::for_each_slot(
   for_each(layer, experts, [&](size_t k, const ExpertMatrices& m) { fn(k, -1, m); });
 }
 
+void ExpertSource::for_each_slot_batched(int layer, std::span<const int32_t> experts,
+                                         const std::function<void(const SlotDelivery&)>& fn) {
+  for_each_slot(layer, experts, [&](size_t k, int slot, const ExpertMatrices& m) {
+    fn(SlotDelivery{k, slot, m, false});
+  });
+}
+
 const ExpertLayerInfo& checked_expert_layer(const ModelDir& dir, int i) {
   const Architecture& arch = dir.arch();
   const ExpertLayerInfo* info = dir.expert_layer(i);

@@ -76,6 +76,23 @@ class ExpertSource {
   virtual int slots_per_layer() const { return 0; }
   virtual void for_each_slot(int layer, std::span<const int32_t> experts,
                              const std::function<void(size_t, int, const ExpertMatrices&)>& fn);
+  // for_each_slot for a taker that computes several experts at once (hybrid experts: the host's
+  // share of a layer as grouped products). Each delivery also says whether the taker may hold on
+  // to it: `more` is true when its matrices stay valid until for_each_slot_batched returns (its
+  // host slot stays pinned: no later expert of the request needs it) and the next delivery is
+  // another expert that is ready now (no read to wait for), so computing this one with the next
+  // ones loses nothing. With `more` false the taker should compute what it holds before
+  // returning: the next expert waits for a read (compute overlaps it), or would reuse a host slot
+  // (fewer host slots than experts: waves), or there is none. The default delivers
+  // for_each_slot's experts with `more` false.
+  struct SlotDelivery {
+    size_t k = 0;   // index into `experts`
+    int slot = -1;  // the backend slot, as for_each_slot
+    ExpertMatrices matrices;
+    bool more = false;
+  };
+  virtual void for_each_slot_batched(int layer, std::span<const int32_t> experts,
+                                     const std::function<void(const SlotDelivery&)>& fn);
   virtual ExpertStats stats() const { return {}; }
   // Whether an expert's matrices stay at the same host addresses with the same contents for the
   // source's lifetime (every expert resident). A backend that copies weights to a device may

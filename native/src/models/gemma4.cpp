@@ -391,9 +391,14 @@ class Gemma4 final : public Model {
   // slotted_experts' sum under the RAM tier with hybrid experts: the GPU computes the experts
   // its slots hold (GPU hits, delivered first), the host (host_, the CPU backend) every other
   // one straight from the store's host slot (RAM hits, then misses as their reads land), and
-  // its products join the GPU's for the one combine. The store hands a few of the host's
-  // experts on to a GPU slot (ExpertStoreOptions::device_copies), copied after the host used
-  // them and after the recorded products that read the slot's old expert.
+  // its products join the GPU's for the one combine. The host holds the experts that are ready
+  // together and computes them as grouped products (host_experts: a decode step's RAM hits are
+  // one batch, two thread-pool rounds in all instead of two per expert); it computes what it
+  // holds before the store would wait for a read (compute overlaps it) or reuse a held expert's
+  // host slot (ExpertSource::for_each_slot_batched). The store hands a few of the host's experts
+  // on to a GPU slot (ExpertStoreOptions::device_copies), delivered after the other ready ones
+  // and copied after the host used them (the store counts the slot filled once the delivery
+  // returns) and after the recorded products that read the slot's old expert.
   Mat hybrid_experts(int layer, Mat e_in, const SlotRouting& r) {
     const int top_k = arch_.moe->top_k;
     std::unique_ptr<ExpertBank>& bank = slot_banks_[static_cast<size_t>(layer)];
@@ -407,9 +412,12 @@ class Gemma4 final : public Model {
       any_on_gpu = false;
     };
     HostProducts host;
+    std::vector<HeldExpert> held;  // delivered to the host, not computed yet
     bool gpu_started = false;
-    experts_->for_each_slot(layer, r.distinct, [&](size_t k, int slot, const ExpertMatrices& m) {
-      const int32_t expert = r.distinct[k];
+    experts_->for_each_slot_batched(layer, r.distinct, [&](const ExpertSource::SlotDelivery& d) {
+      const int32_t expert = r.distinct[d.k];
+      const int slot = d.slot;
+      const ExpertMatrices& m = d.matrices;
       if (!bank)
         bank = backend_.create_expert_slots(m.gate, m.up, m.down, experts_->slots_per_layer());
       if (m.gate.packed == nullptr) {  // a GPU hit
@@ -426,12 +434,18 @@ class Gemma4 final : public Model {
         backend_.submit();
         gpu_started = true;
       }
-      timed(parts_.host_experts_ms, [&] { host_expert(expert, m, r, host); });
+      held.push_back({expert, m});
+      if (d.more && slot < 0) return;  // computed with the next ones
+      timed(parts_.host_experts_ms, [&] { host_experts(held, r, host); });
+      held.clear();
       if (slot >= 0) {  // also into a GPU slot, for the tokens after this one
         if (std::find(on_gpu.begin(), on_gpu.end(), slot) != on_gpu.end()) record_gpu_products();
         backend_.fill_expert_slot(*bank, slot, expert, m.gate, m.up, m.down);
       }
     });
+    if (!held.empty())  // their host slots may be reused now
+      throw std::logic_error("the expert store ended layer " + std::to_string(layer) +
+                             "'s request with experts still held");
     record_gpu_products();
     if (!host.entries.empty())
       backend_.host_expert_products(*bank, e_in, r.ids, host.entries, host.products, top_k);
@@ -448,13 +462,16 @@ class Gemma4 final : public Model {
     std::vector<float> products;
   };
 
-  // One expert of a hybrid layer on the host backend, over the tokens that chose it: the CPU
-  // engine's products of a streamed expert (gate and up as one batch, GeGLU, down), appended to
-  // `out` for the GPU.
-  void host_expert(int32_t expert, const ExpertMatrices& m, const SlotRouting& r,
-                   HostProducts& out) {
-    const MoeConfig& moe = *arch_.moe;
-    const auto top_k = static_cast<size_t>(moe.top_k);
+  // An expert delivered to the host whose products are not computed yet.
+  struct HeldExpert {
+    int32_t expert;
+    ExpertMatrices matrices;
+  };
+
+  // Experts of a hybrid layer on the host backend, each over the tokens that chose it, as the
+  // CPU engine runs a layer's experts (grouped_products), appended to `out` for the GPU.
+  void host_experts(std::span<const HeldExpert> batch, const SlotRouting& r, HostProducts& out) {
+    const auto top_k = static_cast<size_t>(arch_.moe->top_k);
     const int64_t hidden = arch_.hidden_size;
     Backend& cpu = *host_;
     if (!out.input.buf) {
@@ -462,24 +479,25 @@ class Gemma4 final : public Model {
       out.input = host_scratch_->get(kExpertIn, T, hidden);
       cpu.upload(*out.input.buf, 0, r.input.data(), r.input.size() * sizeof(float));
     }
-    std::vector<int32_t> rows;
-    for (size_t j = 0; j < r.ids.size(); ++j)
-      if (r.ids[j] == expert) {
-        out.entries.push_back(static_cast<int32_t>(j));
-        rows.push_back(static_cast<int32_t>(j / top_k));
-      }
-    const int64_t n = static_cast<int64_t>(rows.size());
-    ImportedExpert e;
-    import_expert(cpu, m, e);
-    Mat in = host_scratch_->get(kExpertRows, n, hidden);
-    cpu.gather_rows(out.input, rows, in);
-    Mat g = host_scratch_->get(kExpertGate, n, moe.intermediate_size);
-    Mat u = host_scratch_->get(kExpertUp, n, moe.intermediate_size);
-    const Backend::QProduct gate_up[] = {{e.gate.get(), in, g}, {e.up.get(), in, u}};
-    cpu.qmatmul_batch(gate_up);
-    cpu.gelu_tanh_mul(g, u, g);
+    const size_t n_experts = batch.size();
+    std::vector<std::vector<int32_t>> rows(n_experts);
+    std::vector<int64_t> first_row(n_experts + 1, 0);
+    std::vector<ImportedExpert> imported(n_experts);
+    std::vector<const ImportedExpert*> experts;
+    for (size_t k = 0; k < n_experts; ++k) {
+      // Entries in order per expert, experts in batch order: the products' order below.
+      for (size_t j = 0; j < r.ids.size(); ++j)
+        if (r.ids[j] == batch[k].expert) {
+          out.entries.push_back(static_cast<int32_t>(j));
+          rows[k].push_back(static_cast<int32_t>(j / top_k));
+        }
+      first_row[k + 1] = first_row[k] + static_cast<int64_t>(rows[k].size());
+      import_expert(cpu, batch[k].matrices, imported[k]);
+      experts.push_back(&imported[k]);
+    }
+    const int64_t n = first_row[n_experts];
     Mat y = host_scratch_->get(kExpertOut, n, hidden);
-    cpu.qmatmul(*e.down, g, y);
+    grouped_products(cpu, *host_scratch_, out.input, experts, rows, first_row, y);
     const size_t at = out.products.size();
     out.products.resize(at + static_cast<size_t>(n * hidden));
     cpu.download(*y.buf, static_cast<size_t>(y.offset) * sizeof(float), out.products.data() + at,
@@ -581,38 +599,51 @@ class Gemma4 final : public Model {
     e.gate->kind = e.up->kind = e.down->kind = ProductKind::experts;
   }
 
-  // Every chosen expert of a layer at once, when the source has them all in memory: the gate
-  // and up products of all experts run as one batched product, then all the down products, so
-  // a decode step synchronizes its threads twice per MoE layer instead of three times per
-  // expert. Each expert's rows get the same kernels as in the one-at-a-time path (same bits).
+  // Every chosen expert of a layer at once, when the source has them all in memory
+  // (grouped_products).
   void grouped_experts(int layer, const Routing& routing, Mat e_in, Mat y_all,
                        const std::vector<int64_t>& first_row) {
-    const MoeConfig& moe = *arch_.moe;
     const size_t n_experts = routing.ids.size();
-    const int64_t rows = first_row[n_experts];
     std::vector<ExpertMatrices> mats = experts_->acquire(layer, routing.ids);
     struct Release {
       ExpertSource* source;
       int layer;
       ~Release() { source->release(layer); }
     } release{experts_, layer};
-    Mat in = scratch_.get(kExpertRows, rows, arch_.hidden_size);
-    Mat g = scratch_.get(kExpertGate, rows, moe.intermediate_size);
-    Mat u = scratch_.get(kExpertUp, rows, moe.intermediate_size);
     std::vector<ImportedExpert> once(n_experts);
+    std::vector<const ImportedExpert*> experts;
+    for (size_t k = 0; k < n_experts; ++k)
+      experts.push_back(&import_expert(layer, routing.ids[k], mats[k], once[k]));
+    grouped_products(backend_, scratch_, e_in, experts, routing.rows, first_row, y_all);
+  }
+
+  // Several experts, each over its rows of e_in, on `backend`: expert k's rows[k] are gathered
+  // into rows [first_row[k], first_row[k + 1]) and its output goes to the same rows of y. The
+  // gate and up products of all experts run as one batched product, then one GeGLU, then all
+  // the down products as one batch, so a decode step synchronizes its threads twice per batch
+  // instead of twice per expert. Each expert's rows get the same kernels as a product of their
+  // own (qmatmul_batch), so the bits do not depend on which experts share a batch.
+  void grouped_products(Backend& backend, Scratch& scratch, Mat e_in,
+                        std::span<const ImportedExpert* const> experts,
+                        std::span<const std::vector<int32_t>> rows,
+                        std::span<const int64_t> first_row, Mat y) {
+    const int64_t inter = arch_.moe->intermediate_size;
+    const int64_t total = first_row[experts.size()];
+    Mat in = scratch.get(kExpertRows, total, arch_.hidden_size);
+    Mat g = scratch.get(kExpertGate, total, inter);
+    Mat u = scratch.get(kExpertUp, total, inter);
     std::vector<Backend::QProduct> gate_up, down;
-    for (size_t k = 0; k < n_experts; ++k) {
+    for (size_t k = 0; k < experts.size(); ++k) {
       const int64_t r0 = first_row[k];
       const int64_t n = first_row[k + 1] - r0;
-      backend_.gather_rows(e_in, routing.rows[k], in.row_range(r0, n));
-      const ImportedExpert& e = import_expert(layer, routing.ids[k], mats[k], once[k]);
-      gate_up.push_back({e.gate.get(), in.row_range(r0, n), g.row_range(r0, n)});
-      gate_up.push_back({e.up.get(), in.row_range(r0, n), u.row_range(r0, n)});
-      down.push_back({e.down.get(), g.row_range(r0, n), y_all.row_range(r0, n)});
+      backend.gather_rows(e_in, rows[k], in.row_range(r0, n));
+      gate_up.push_back({experts[k]->gate.get(), in.row_range(r0, n), g.row_range(r0, n)});
+      gate_up.push_back({experts[k]->up.get(), in.row_range(r0, n), u.row_range(r0, n)});
+      down.push_back({experts[k]->down.get(), g.row_range(r0, n), y.row_range(r0, n)});
     }
-    backend_.qmatmul_batch(gate_up);
-    backend_.gelu_tanh_mul(g, u, g);
-    backend_.qmatmul_batch(down);
+    backend.qmatmul_batch(gate_up);
+    backend.gelu_tanh_mul(g, u, g);
+    backend.qmatmul_batch(down);
   }
 
   Architecture arch_;

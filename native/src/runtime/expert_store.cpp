@@ -352,16 +352,22 @@ void ExpertStore::prefetch(int layer, std::span<const int32_t> experts) {
 
 void ExpertStore::for_each(int layer, std::span<const int32_t> experts,
                            const std::function<void(size_t, const ExpertMatrices&)>& fn) {
-  deliver(layer, experts, Taker::host, [&](size_t k, int, const ExpertMatrices& m) { fn(k, m); });
+  deliver(layer, experts, Taker::host, [&](const SlotDelivery& d) { fn(d.k, d.matrices); });
 }
 
 void ExpertStore::for_each_slot(int layer, std::span<const int32_t> experts,
                                 const std::function<void(size_t, int, const ExpertMatrices&)>& fn) {
+  deliver(layer, experts, tiered() ? Taker::tiered : Taker::mirror,
+          [&](const SlotDelivery& d) { fn(d.k, d.slot, d.matrices); });
+}
+
+void ExpertStore::for_each_slot_batched(int layer, std::span<const int32_t> experts,
+                                        const std::function<void(const SlotDelivery&)>& fn) {
   deliver(layer, experts, tiered() ? Taker::tiered : Taker::mirror, fn);
 }
 
 void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker taker,
-                          const std::function<void(size_t, int, const ExpertMatrices&)>& fn) {
+                          const std::function<void(const SlotDelivery&)>& fn) {
   std::unique_lock lk(mu_);
   Layer& l = layer_at(layer);
   const bool tier = taker == Taker::tiered;
@@ -369,13 +375,15 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
   l.announced = false;
   const size_t n = experts.size();
   std::vector<bool> done(n, false);
+  // Delivered with `more`: the taker may still read the slot, which stays pinned until the end.
+  std::vector<bool> held(n, false);
   size_t remaining = n;
   // Unpins what this request still holds; the reads in flight finish into their slots (which
   // stay valid cache entries) on their own.
   auto finish = [&] {
     for (size_t k = 0; k < n; ++k) {
       const int s = l.active_slot[k];
-      if (s >= 0 && !done[k]) --l.slots[static_cast<size_t>(s)].pins;
+      if (s >= 0 && (!done[k] || held[k])) --l.slots[static_cast<size_t>(s)].pins;
     }
     l.active.clear();
     l.active_slot.clear();
@@ -383,10 +391,10 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
   };
   // fn without the lock (the I/O threads keep reading); the lock is held again when it returns
   // or throws.
-  auto call = [&](size_t k, int slot, const ExpertMatrices& m) {
+  auto call = [&](size_t k, int slot, const ExpertMatrices& m, bool more) {
     lk.unlock();
     try {
-      fn(k, slot, m);
+      fn(SlotDelivery{k, slot, m, more});
     } catch (...) {
       lk.lock();
       throw;
@@ -400,7 +408,7 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
       for (size_t k = 0; k < n; ++k) {
         const int d = l.active_device[k];
         if (d < 0) continue;
-        call(k, d, shapes_of(l.info));
+        call(k, d, shapes_of(l.info), false);
         DeviceSlot& ds = l.device[static_cast<size_t>(d)];
         ds.request = l.requests;
         ds.last_use = ++tick_;
@@ -412,16 +420,24 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
     while (remaining > 0) {
       // A slot may have come free (a read left over from an abandoned request landed).
       if (!l.waiting.empty()) assign_slots(l, layer);
-      // Compute whatever is ready (hits first, then reads as they land) before waiting.
+      // Compute whatever is ready (hits first, then reads as they land) before waiting; of the
+      // ready ones, hybrid experts to be copied to the backend last.
       size_t pick = n;
-      for (size_t k = 0; k < n && pick == n; ++k) {
+      size_t ready = 0;
+      for (size_t k = 0; k < n; ++k) {
         const int s = l.active_slot[k];
         if (done[k] || s < 0) continue;
         const Slot& slot = l.slots[static_cast<size_t>(s)];
-        if (slot.state == SlotState::ready) pick = k;
+        if (slot.state == SlotState::ready) {
+          ++ready;
+          if (pick == n || (l.active_copy[pick] && !l.active_copy[k])) pick = k;
+        }
         if (slot.state == SlotState::failed && !retry_stale_failure(l, layer, k))
           throw platform::FileError(slot.error);
       }
+      // The taker may hold this one for a batch with the next: another is ready, and no expert
+      // waits for a host slot (waiting only shrinks within a request), so none is reused.
+      const bool more = ready > 1 && l.waiting.empty();
       if (pick == n) {
         const auto t0 = std::chrono::steady_clock::now();
         done_cv_.wait(lk);
@@ -437,7 +453,7 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
           ++stats_.device_hits;
         else
           stats_.device_bytes += l.info.stride;
-        call(pick, slot_index, mats);
+        call(pick, slot_index, mats, more);
         slot.delivered = true;
       } else if (tier) {
         const int d = pick_device_slot(l);
@@ -454,20 +470,21 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
           if (ds.expert >= 0) l.on_device.erase(ds.expert);
           ds.expert = -1;  // until the backend has the copy
           stats_.device_bytes += l.info.stride;
-          call(pick, d, mats);
+          call(pick, d, mats, more);
           ds.expert = experts[pick];
           ds.request = l.requests;
           ds.last_use = ++tick_;
           l.on_device[ds.expert] = d;
         } else {
-          call(pick, -1, mats);
+          call(pick, -1, mats, more);
         }
       } else {
-        call(pick, slot_index, mats);
+        call(pick, slot_index, mats, more);
       }
       done[pick] = true;
+      held[pick] = more;
       --remaining;
-      --slot.pins;
+      if (!more) --slot.pins;
       slot.last_use = ++tick_;
       assign_slots(l, layer);  // a slot may have come free for the next wave
     }

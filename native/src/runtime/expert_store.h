@@ -31,6 +31,12 @@
 // host has used them, so the backend's slots still learn the hot experts: each such copy goes to
 // the slot pick_device_slot names, and only where the slot is empty or the policy would evict
 // its expert before the newcomer (the one policy decides both which experts and whether).
+// Among the experts ready at once, those chosen for a copy are delivered last, so a taker that
+// computes the ready ones together (for_each_slot_batched) computes them all before the copy.
+//
+// Every delivery of for_each_slot_batched says whether its taker may hold on to it (`more`):
+// only when no expert of the request still waits for a host slot (so none is reused before the
+// request ends; the slot stays pinned until then) and another expert is ready to follow.
 #pragma once
 
 #include <condition_variable>
@@ -92,6 +98,8 @@ class ExpertStore final : public ExpertSource {
   int slots_per_layer() const override { return tiered() ? options_.device_slots : options_.slots; }
   void for_each_slot(int layer, std::span<const int32_t> experts,
                      const std::function<void(size_t, int, const ExpertMatrices&)>& fn) override;
+  void for_each_slot_batched(int layer, std::span<const int32_t> experts,
+                             const std::function<void(const SlotDelivery&)>& fn) override;
 
   const ExpertStoreOptions& options() const { return options_; }
   // Whether reads bypass the page cache (false if asked not to or the filesystem refused).
@@ -182,7 +190,7 @@ class ExpertStore final : public ExpertSource {
   double crf_now(const Layer& l, int expert) const;  // LRFU value at the current request
   ExpertMatrices matrices(const Layer& l, const Slot& s) const;
   void deliver(int layer, std::span<const int32_t> experts, Taker taker,
-               const std::function<void(size_t, int, const ExpertMatrices&)>& fn);
+               const std::function<void(const SlotDelivery&)>& fn);
   void io_main();
   void read_slot(const ReadJob& job);
 
