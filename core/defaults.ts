@@ -61,7 +61,7 @@ export const ENGINE_DEFAULTS = {
    * slots miss are computed, "copy" (copied into a GPU slot, computed there) or "cpu" (on the
    * CPU from RAM); the engine's default.
    */
-  gpuMisses: "copy",
+  gpuMisses: "cpu",
   /** With gpuMisses "cpu": experts copied into GPU slots per MoE layer and step at most. */
   gpuExpertCopies: 1,
   /** Prefill chunk: prompt tokens per batched forward call. */

@@ -186,18 +186,25 @@ test("sampling and context settings persist across a restart", async ({ app }) =
     .poll(async () => (await app.call("settings.get")).engine.vramBudgetBytes)
     .toBe(6 * 1024 ** 3);
   await expect(page.locator("#field-vram-budget-badge")).toHaveText("needs reload");
-  // Under GPU memory: the choice is on, the copies only once the CPU computes the misses.
+  // Under GPU memory: the choice is on, hybrid by default with its one copy; copying every miss
+  // instead turns the copies off.
   await expect(gpuMisses).toBeEnabled();
+  await expect(gpuMisses).toHaveValue("cpu");
+  await expect(page.locator("#field-gpu-misses-help")).toContainText(
+    "only their results go to the GPU",
+  );
+  await expect(page.locator("#field-gpu-misses-badge")).toHaveText("needs reload");
+  await expect(copies).toBeEnabled();
+  await expect(copies).toHaveValue("1");
+  await gpuMisses.selectOption({ label: "Copy to GPU" });
+  await expect.poll(async () => (await engineSaved()).gpuMisses).toBe("copy");
   await expect(copies).toBeDisabled();
   await expect(page.locator("#field-gpu-expert-copies-help")).toContainText(
     "Only with Compute on CPU",
   );
   await gpuMisses.selectOption({ label: "Compute on CPU (hybrid)" });
   await expect.poll(async () => (await engineSaved()).gpuMisses).toBe("cpu");
-  await expect(page.locator("#field-gpu-misses-help")).toContainText("plenty of system RAM");
-  await expect(page.locator("#field-gpu-misses-badge")).toHaveText("needs reload");
   await expect(copies).toBeEnabled();
-  await expect(copies).toHaveValue("1");
   // A bad count is refused with the reason, by the field and by the API, and not saved.
   await copies.fill("-1");
   await copies.press("Tab");

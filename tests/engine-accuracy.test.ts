@@ -400,12 +400,16 @@ for (const fixture of FIXTURES) {
             [8, 2],
             [4, 2],
           ] as const) {
+            // Copying every miss into a GPU slot is what keeps the resident run's bits (the
+            // default, hybrid experts, computes them on the CPU: tested below).
             const got = engineLogits(model, tokens, [
               ...base,
               "--expert-cache-slots",
               String(host),
               "--gpu-expert-slots",
               String(gpuSlots),
+              "--gpu-misses",
+              "copy",
             ]);
             expect(got, `${gpuSlots} GPU slots under ${host} host slots`).toEqual(resident);
           }
@@ -423,6 +427,8 @@ for (const fixture of FIXTURES) {
           "4",
           "--gpu-expert-slots",
           "2",
+          "--gpu-misses",
+          "copy",
         ]);
         const r = JSON.parse(out) as {
           tokens: number[];

@@ -146,12 +146,12 @@ export function addEngineOptions(cmd: Command): Command {
     .addOption(
       new Option(
         "--gpu-misses <where>",
-        "with a GPU memory budget too small for the experts: copy a missed expert to the GPU, or compute it on the CPU (default: copy)",
+        `with a GPU memory budget too small for the experts: compute a missed expert on the CPU, or copy it to the GPU (default: ${ENGINE_DEFAULTS.gpuMisses})`,
       ).choices(["copy", "cpu"]),
     )
     .option(
       "--gpu-expert-copies <n>",
-      "with --gpu-misses cpu: experts copied to GPU slots per MoE layer and token at most (default: 1)",
+      `with --gpu-misses cpu: experts copied to GPU slots per MoE layer and token at most (default: ${ENGINE_DEFAULTS.gpuExpertCopies})`,
       intArg(0),
     )
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))

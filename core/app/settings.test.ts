@@ -141,23 +141,24 @@ describe("settings store", () => {
     const opened = openSettingsStore(dir);
     const { settings, repaired } = readSettings(opened.store);
     expect(repaired).toEqual([]);
+    // The engine's defaults: hybrid experts with one copy.
     expect(settings.engine).toMatchObject({
       backend: "vulkan",
       vramBudgetBytes: 2 * 1024 ** 3,
-      gpuMisses: "copy",
+      gpuMisses: "cpu",
       gpuExpertCopies: 1,
     });
     // Another model's saved settings too (the store's defaults do not reach into them).
-    expect(settings.models.other?.engine).toMatchObject({ gpuMisses: "copy", gpuExpertCopies: 1 });
-    const next = applyPatch(settings, { engine: { gpuMisses: "cpu", gpuExpertCopies: 0 } });
+    expect(settings.models.other?.engine).toMatchObject({ gpuMisses: "cpu", gpuExpertCopies: 1 });
+    const next = applyPatch(settings, { engine: { gpuMisses: "copy", gpuExpertCopies: 0 } });
     saveChanged(opened.store, settings, next);
     expect(readSettings(openSettingsStore(dir).store).settings.engine).toMatchObject({
-      gpuMisses: "cpu",
+      gpuMisses: "copy",
       gpuExpertCopies: 0,
     });
     // A patch that leaves them out keeps them.
     const patch = SettingsPatchSchema.parse({ engine: { context: 8192 } });
-    expect(applyPatch(next, patch).engine).toMatchObject({ gpuMisses: "cpu", gpuExpertCopies: 0 });
+    expect(applyPatch(next, patch).engine).toMatchObject({ gpuMisses: "copy", gpuExpertCopies: 0 });
     // A bad count or choice is refused, with a message that says what is wrong.
     const refused = (engine: Record<string, unknown>): string => {
       const r = SettingsPatchSchema.safeParse({ engine });
@@ -308,7 +309,12 @@ describe("engineSettingsDiffer", () => {
     );
   });
   it("reloads for where the GPU's misses run only where a load sends it: a GPU memory budget on a GPU", () => {
-    const streamed = { ...base, backend: "vulkan" as const, vramBudgetBytes: 2e9 };
+    const streamed = {
+      ...base,
+      backend: "vulkan" as const,
+      vramBudgetBytes: 2e9,
+      gpuMisses: "copy" as const,
+    };
     const hybrid = { ...streamed, gpuMisses: "cpu" as const };
     expect(engineSettingsDiffer(hybrid, streamed)).toBe(true);
     expect(engineSettingsDiffer({ ...hybrid, gpuExpertCopies: 0 }, hybrid)).toBe(true);
