@@ -47,6 +47,9 @@ enum class Kernel : int {
   // The register-tiled prefill product (qmatmul_tiled.comp): BM x BN tiles, 4 x 4 per thread;
   // qmatmul is the narrow one (16 rows x 8 tokens), for products with few tiles.
   qmatmul_tiled,
+  // The routed experts' grouped prefill product (moe_matmul.comp): qmatmul's 16 x 8 tiles over a
+  // table of (expert, first row, rows) tiles of the expert-grouped input, the bank in one binding.
+  moe_matmul,
   count,
 };
 // The name a profile shows.

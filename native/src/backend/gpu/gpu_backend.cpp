@@ -152,6 +152,10 @@ struct MoeMatvecParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, bias0, x_offset,
       x_stride, x_div, y_offset, y_stride, experts, geglu_half;
 };
+struct MoeMatmulParams {
+  uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, x_offset,
+      x_stride, y_offset, y_stride, tile0;
+};
 struct MoeCombineParams {
   uint32_t rows, cols, top_k, y_offset, y_stride, out_offset, out_stride;
 };
@@ -194,6 +198,16 @@ class GpuBackend final : public Backend {
       const std::string u = unfused;
       fold_geglu_ = u.find("geglu") == std::string::npos;
       fuse_tail_ = u.find("tail") == std::string::npos;
+    }
+    // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
+    // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
+    // default): every expert's tiles in one moe_matmul dispatch per product.
+    if (const char* moe = std::getenv("REDWING_GPU_MOE_PREFILL"); moe && *moe) {
+      const std::string m = moe;
+      if (m != "grouped" && m != "per-expert")
+        throw std::invalid_argument("REDWING_GPU_MOE_PREFILL=" + m +
+                                    ": expected grouped or per-expert");
+      grouped_experts_ = m == "grouped";
     }
     const char* fold = std::getenv("REDWING_GPU_FOLD_NORMS");
     fold_norms_ = fold != nullptr && std::string(fold) == "1";
@@ -829,6 +843,24 @@ class GpuBackend final : public Backend {
     Mat gu = scratch(moe_gate_up_, entries, 2 * inter);
     Mat h = scratch(moe_hidden_, entries, inter);
     Mat y = scratch(moe_out_, entries, bank.hidden);
+    if (grouped_products(bank)) {
+      // One gather of every entry's row (entries of experts in no slot too: a row nobody reads),
+      // and tiles only for the experts in a slot, naming their slots.
+      std::vector<int32_t> rows;
+      std::vector<uint32_t> tiles;
+      for (const auto& [e, group] : by_expert) {
+        const int32_t s = entry_slot[static_cast<size_t>(group[0])];
+        for (int64_t j : group)
+          if (entry_slot[static_cast<size_t>(j)] != s)
+            throw std::logic_error("slot_expert_products: one expert in two slots");
+        if (s >= 0)
+          add_moe_tiles(tiles, static_cast<uint32_t>(s), static_cast<int64_t>(rows.size()),
+                        static_cast<int64_t>(group.size()));
+        for (int64_t j : group) rows.push_back(static_cast<int32_t>(j / top_k));
+      }
+      grouped_expert_products(bank, x, rows, tiles, in, gu, h, y);
+      return;
+    }
     int64_t r0 = 0;
     for (const auto& [e, group] : by_expert) {
       const int64_t n = static_cast<int64_t>(group.size());
@@ -1105,6 +1137,71 @@ class GpuBackend final : public Backend {
                     (static_cast<uint64_t>(out.rows) * out.cols + 63) / 64);
   }
 
+  // Whether the prefill products of this bank take moe_matmul (every expert's tiles in one
+  // dispatch): each of its sections must fit one binding, as for moe_matvec.
+  bool grouped_products(const GpuExpertBank& bank) const {
+    return grouped_experts_ && fits_one_binding(bank.gate_up) && fits_one_binding(bank.down);
+  }
+
+  // Appends to moe_matmul.comp's tile table the tiles of expert (or slot) e computing the n
+  // grouped rows from `first`: one per kNarrowTileTokens rows, 3 words each (e, first, count).
+  static void add_moe_tiles(std::vector<uint32_t>& tiles, uint32_t e, int64_t first, int64_t n) {
+    for (int64_t r = 0; r < n; r += gpu::kNarrowTileTokens) {
+      tiles.push_back(e);
+      tiles.push_back(u32(first + r));
+      tiles.push_back(u32(std::min<int64_t>(gpu::kNarrowTileTokens, n - r)));
+    }
+  }
+
+  // The routed experts' prefill products, a few dispatches whatever the number of experts:
+  // in[i] = x[rows[i]] (the entries grouped by expert), gu = in W_gate_up of each row's expert,
+  // h = GeGLU(gu), y = h W_down, each product one moe_matmul dispatch over the tile table
+  // (add_moe_tiles; rows no tile names are left as they are).
+  void grouped_expert_products(const GpuExpertBank& bank, Mat x, std::span<const int32_t> rows,
+                               std::span<const uint32_t> tiles, Mat in, Mat gu, Mat h, Mat y) {
+    const int64_t inter = bank.intermediate;
+    if (tiles.empty()) return;
+    // The table before the gather: both uploads go into the ring ahead of any read of it.
+    const Binding table = upload_host(tiles.data(), tiles.size_bytes());
+    gather_rows(x, rows, in);
+    moe_matmul(bank.gate_up, in, gu, table, tiles.size() / 3);
+    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
+    moe_matmul(bank.down, h, y, table, tiles.size() / 3);
+  }
+
+  // y[i] = W_e x[i] for the rows of every tile (e, first, count) of the table (moe_matmul.comp).
+  void moe_matmul(const StackedExperts& s, Mat x, Mat y, const Binding& table, size_t tiles) {
+    if (x.cols != s.cols || y.cols != s.rows || x.rows != y.rows)
+      throw std::logic_error("moe_matmul: shape mismatch");
+    const View vx = view(x), vy = view(y);
+    MoeMatmulParams p{u32(s.rows),
+                      u32(s.cols),
+                      s.bits,
+                      s.group_size,
+                      s.scale_type,
+                      u32(static_cast<int64_t>(s.packed_stride / 16)),
+                      u32(static_cast<int64_t>(s.scale_stride / s.scale_bytes)),
+                      vx.offset,
+                      u32(x.stride),
+                      vy.offset,
+                      u32(y.stride),
+                      0};
+    touch({vx.b.buffer, table.buffer, s.buf.get()}, {vy.b.buffer});
+    const Binding binds[] = {
+        Binding{s.buf.get(), 0, s.scales_offset},
+        Binding{s.buf.get(), s.scales_offset, s.biases_offset - s.scales_offset},
+        Binding{s.buf.get(), s.biases_offset, s.buf->size_bytes() - s.biases_offset},
+        vx.b,
+        vy.b,
+        table};
+    const auto row_tiles = u32((s.rows + gpu::kNarrowTileRows - 1) / gpu::kNarrowTileRows);
+    const auto count = u32(static_cast<int64_t>(tiles));
+    for (uint32_t t0 = 0; t0 < count; t0 += 65535) {
+      p.tile0 = t0;
+      dispatch(Kernel::moe_matmul, binds, &p, sizeof p, row_tiles, std::min(count - t0, 65535u), 1);
+    }
+  }
+
   void experts_grouped_on_host(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
                                Mat out) {
     const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
@@ -1116,6 +1213,20 @@ class GpuBackend final : public Backend {
     Mat gu = scratch(moe_gate_up_, rows, 2 * inter);
     Mat h = scratch(moe_hidden_, rows, inter);
     Mat y = scratch(moe_out_, rows, bank.hidden);
+    if (grouped_products(bank)) {
+      std::vector<int32_t> order;
+      std::vector<uint32_t> tiles;
+      for (const auto& [e, group] : groups) {
+        add_moe_tiles(tiles, static_cast<uint32_t>(e), static_cast<int64_t>(order.size()),
+                      static_cast<int64_t>(group.first.size()));
+        order.insert(order.end(), group.first.begin(), group.first.end());
+      }
+      grouped_expert_products(bank, x, order, tiles, in, gu, h, y);
+      scatter_expert_rows(*this, groups, y, out);
+      return;
+    }
+    // The bank is too large for one binding per section (or REDWING_GPU_MOE_PREFILL=per-expert):
+    // each expert's products on its own.
     int64_t r0 = 0;
     for (const auto& [e, group] : groups) {
       const int64_t n = static_cast<int64_t>(group.first.size());
@@ -1386,6 +1497,7 @@ class GpuBackend final : public Backend {
 
   bool profile_ = false;
   bool fold_norms_ = false, fold_geglu_ = true, fuse_tail_ = true;
+  bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
   std::unique_ptr<gpu::Device> dev_;

@@ -16,6 +16,7 @@
 #include "gpu_kernels/gather_rows.h"
 #include "gpu_kernels/kv_store.h"
 #include "gpu_kernels/moe_combine.h"
+#include "gpu_kernels/moe_matmul.h"
 #include "gpu_kernels/moe_matvec.h"
 #include "gpu_kernels/moe_matvec_down.h"
 #include "gpu_kernels/norm_rope.h"
@@ -62,6 +63,7 @@ const KernelCode kKernels[] = {
     {"moe_matvec_down", spirv_moe_matvec_down},
     {"ffn_tail", spirv_ffn_tail},
     {"qmatmul_tiled", spirv_qmatmul_tiled},
+    {"moe_matmul", spirv_moe_matmul},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
