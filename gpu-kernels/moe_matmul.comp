@@ -4,8 +4,9 @@
 // expert's matrix (x) and one entry of the tile table (y + tile0): (e, first, count), up to 8
 // consecutive rows first.. of the grouped input that expert e (a slot index for streamed
 // experts) computes. The body is qmatmul.comp's (qmatmul_narrow.glsl); the bank is read through
-// one binding per section as moe_matvec.comp reads it: expert e's packed rows start at uvec4
+// one binding per section as moe_matvec.comp reads it: expert e's packed rows start at word
 // e * packed_stride, its scales and biases at element e * scale_stride of their sections.
+// moe_matmul_tiled.comp is the same product over qmatmul_tiled.comp's tiles (the host picks).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -25,13 +26,14 @@ layout(push_constant) uniform Params {
   uint bits;
   uint group_size;
   uint scale_type;
-  uint packed_stride;  // uvec4s from one expert's packed rows to the next
+  uint packed_stride;  // words from one expert's packed rows to the next (a multiple of 4)
   uint scale_stride;   // scales (and biases) from one expert's to the next
   uint x_offset;       // element of x for grouped row 0
   uint x_stride;
   uint y_offset;       // element of y for grouped row 0, weight row 0
   uint y_stride;
   uint tile0;          // the table entry of workgroup y = 0 (dispatches of 65535 tiles at most)
+  uint tile_rows;      // (moe_matmul_tiled's)
 } p;
 
 #include "qmatmul_narrow.glsl"
@@ -41,7 +43,7 @@ void main() {
   const uint e = tiles[t];
   const uint first = tiles[t + 1u];
   const uint count = tiles[t + 2u];  // 1 to TILE_TOKENS
-  narrow_product(p.rows, p.cols, p.bits, p.group_size, p.scale_type, e * p.packed_stride,
+  narrow_product(p.rows, p.cols, p.bits, p.group_size, p.scale_type, e * (p.packed_stride / 4u),
                  e * p.scale_stride, p.x_offset + first * p.x_stride, p.x_stride,
                  p.y_offset + first * p.y_stride, p.y_stride, count, 0u);
 }

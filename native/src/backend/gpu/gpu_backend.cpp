@@ -154,7 +154,7 @@ struct MoeMatvecParams {
 };
 struct MoeMatmulParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, x_offset,
-      x_stride, y_offset, y_stride, tile0;
+      x_stride, y_offset, y_stride, tile0, tile_rows;
 };
 struct MoeCombineParams {
   uint32_t rows, cols, top_k, y_offset, y_stride, out_offset, out_stride;
@@ -847,18 +847,21 @@ class GpuBackend final : public Backend {
       // One gather of every entry's row (entries of experts in no slot too: a row nobody reads),
       // and tiles only for the experts in a slot, naming their slots.
       std::vector<int32_t> rows;
-      std::vector<uint32_t> tiles;
+      std::vector<ExpertRun> runs;
       for (const auto& [e, group] : by_expert) {
         const int32_t s = entry_slot[static_cast<size_t>(group[0])];
         for (int64_t j : group)
           if (entry_slot[static_cast<size_t>(j)] != s)
             throw std::logic_error("slot_expert_products: one expert in two slots");
         if (s >= 0)
-          add_moe_tiles(tiles, static_cast<uint32_t>(s), static_cast<int64_t>(rows.size()),
-                        static_cast<int64_t>(group.size()));
+          runs.push_back({u32(s), u32(static_cast<int64_t>(rows.size())),
+                          u32(static_cast<int64_t>(group.size()))});
         for (int64_t j : group) rows.push_back(static_cast<int32_t>(j / top_k));
       }
-      grouped_expert_products(bank, x, rows, tiles, in, gu, h, y);
+      // The tile from every expert of the layer (those in no slot too), as the resident bank
+      // chooses it: the same tiles, the same bits.
+      grouped_expert_products(bank, x, rows, runs, entries / static_cast<int64_t>(by_expert.size()),
+                              in, gu, h, y);
       return;
     }
     int64_t r0 = 0;
@@ -1143,34 +1146,42 @@ class GpuBackend final : public Backend {
     return grouped_experts_ && fits_one_binding(bank.gate_up) && fits_one_binding(bank.down);
   }
 
-  // Appends to moe_matmul.comp's tile table the tiles of expert (or slot) e computing the n
-  // grouped rows from `first`: one per kNarrowTileTokens rows, 3 words each (e, first, count).
-  static void add_moe_tiles(std::vector<uint32_t>& tiles, uint32_t e, int64_t first, int64_t n) {
-    for (int64_t r = 0; r < n; r += gpu::kNarrowTileTokens) {
-      tiles.push_back(e);
-      tiles.push_back(u32(first + r));
-      tiles.push_back(u32(std::min<int64_t>(gpu::kNarrowTileTokens, n - r)));
-    }
-  }
+  // The grouped rows first..first + rows - 1 that expert (or slot) e computes.
+  struct ExpertRun {
+    uint32_t e, first, rows;
+  };
 
   // The routed experts' prefill products, a few dispatches whatever the number of experts:
   // in[i] = x[rows[i]] (the entries grouped by expert), gu = in W_gate_up of each row's expert,
-  // h = GeGLU(gu), y = h W_down, each product one moe_matmul dispatch over the tile table
-  // (add_moe_tiles; rows no tile names are left as they are).
+  // h = GeGLU(gu), y = h W_down, each product one moe_matmul (or moe_matmul_tiled) dispatch over
+  // a table of the runs' tiles (rows no run covers are left as they are). The tile comes from
+  // rows_per_expert (choose_grouped_matmul_tile).
   void grouped_expert_products(const GpuExpertBank& bank, Mat x, std::span<const int32_t> rows,
-                               std::span<const uint32_t> tiles, Mat in, Mat gu, Mat h, Mat y) {
+                               std::span<const ExpertRun> runs, int64_t rows_per_expert, Mat in,
+                               Mat gu, Mat h, Mat y) {
     const int64_t inter = bank.intermediate;
-    if (tiles.empty()) return;
+    if (runs.empty()) return;
+    const gpu::MatmulTile tile = gpu::choose_grouped_matmul_tile(dev_->info(), rows_per_expert);
+    // moe_matmul.comp's table: per tile of up to tile.tokens rows, (e, first row, rows).
+    std::vector<uint32_t> tiles;
+    for (const ExpertRun& run : runs)
+      for (uint32_t r = 0; r < run.rows; r += tile.tokens) {
+        tiles.push_back(run.e);
+        tiles.push_back(run.first + r);
+        tiles.push_back(std::min(tile.tokens, run.rows - r));
+      }
     // The table before the gather: both uploads go into the ring ahead of any read of it.
-    const Binding table = upload_host(tiles.data(), tiles.size_bytes());
+    const Binding table = upload_host(tiles.data(), tiles.size() * sizeof(uint32_t));
     gather_rows(x, rows, in);
-    moe_matmul(bank.gate_up, in, gu, table, tiles.size() / 3);
+    moe_matmul(bank.gate_up, in, gu, table, tiles.size() / 3, tile);
     gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
-    moe_matmul(bank.down, h, y, table, tiles.size() / 3);
+    moe_matmul(bank.down, h, y, table, tiles.size() / 3, tile);
   }
 
-  // y[i] = W_e x[i] for the rows of every tile (e, first, count) of the table (moe_matmul.comp).
-  void moe_matmul(const StackedExperts& s, Mat x, Mat y, const Binding& table, size_t tiles) {
+  // y[i] = W_e x[i] for the rows of every tile (e, first, count) of the table (moe_matmul.comp,
+  // or moe_matmul_tiled.comp for a register tile).
+  void moe_matmul(const StackedExperts& s, Mat x, Mat y, const Binding& table, size_t tiles,
+                  const gpu::MatmulTile& tile) {
     if (x.cols != s.cols || y.cols != s.rows || x.rows != y.rows)
       throw std::logic_error("moe_matmul: shape mismatch");
     const View vx = view(x), vy = view(y);
@@ -1179,13 +1190,14 @@ class GpuBackend final : public Backend {
                       s.bits,
                       s.group_size,
                       s.scale_type,
-                      u32(static_cast<int64_t>(s.packed_stride / 16)),
+                      u32(static_cast<int64_t>(s.packed_stride / 4)),
                       u32(static_cast<int64_t>(s.scale_stride / s.scale_bytes)),
                       vx.offset,
                       u32(x.stride),
                       vy.offset,
                       u32(y.stride),
-                      0};
+                      0,
+                      tile.tiled ? tile.rows : 0};
     touch({vx.b.buffer, table.buffer, s.buf.get()}, {vy.b.buffer});
     const Binding binds[] = {
         Binding{s.buf.get(), 0, s.scales_offset},
@@ -1194,11 +1206,12 @@ class GpuBackend final : public Backend {
         vx.b,
         vy.b,
         table};
-    const auto row_tiles = u32((s.rows + gpu::kNarrowTileRows - 1) / gpu::kNarrowTileRows);
+    const auto row_tiles = u32((s.rows + tile.rows - 1) / tile.rows);
     const auto count = u32(static_cast<int64_t>(tiles));
     for (uint32_t t0 = 0; t0 < count; t0 += 65535) {
       p.tile0 = t0;
-      dispatch(Kernel::moe_matmul, binds, &p, sizeof p, row_tiles, std::min(count - t0, 65535u), 1);
+      dispatch(tile.tiled ? Kernel::moe_matmul_tiled : Kernel::moe_matmul, binds, &p, sizeof p,
+               row_tiles, std::min(count - t0, 65535u), 1);
     }
   }
 
@@ -1215,13 +1228,14 @@ class GpuBackend final : public Backend {
     Mat y = scratch(moe_out_, rows, bank.hidden);
     if (grouped_products(bank)) {
       std::vector<int32_t> order;
-      std::vector<uint32_t> tiles;
+      std::vector<ExpertRun> runs;
       for (const auto& [e, group] : groups) {
-        add_moe_tiles(tiles, static_cast<uint32_t>(e), static_cast<int64_t>(order.size()),
-                      static_cast<int64_t>(group.first.size()));
+        runs.push_back({u32(e), u32(static_cast<int64_t>(order.size())),
+                        u32(static_cast<int64_t>(group.first.size()))});
         order.insert(order.end(), group.first.begin(), group.first.end());
       }
-      grouped_expert_products(bank, x, order, tiles, in, gu, h, y);
+      grouped_expert_products(bank, x, order, runs, rows / static_cast<int64_t>(groups.size()), in,
+                              gu, h, y);
       scatter_expert_rows(*this, groups, y, out);
       return;
     }
