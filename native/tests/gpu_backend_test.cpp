@@ -838,8 +838,10 @@ TEST_CASE(
       const auto got = run(grouped);
       const uint64_t grouped_dispatches = grouped.work_counters().dispatches - before;
       CHECK(off(got) < 1e-5);
-      // Grouped: one gather and one product each for gate/up and down, whatever the experts; per
-      // expert: those three for each of the 5 experts with rows (the GeGLU and scatter the same).
+      // Grouped: a gather, the gate/up product, the GeGLU, the down product, a gather into entry
+      // order and the combine, whatever the experts; per expert: the first gather and the two
+      // products for each of the 5 experts with rows.
+      CHECK(grouped_dispatches == 6);
       CHECK(per_expert_dispatches == grouped_dispatches + 3 * (5 - 1));
 
       // Slots: slot s holds expert holder[s] (not s); one call with every expert, then two waves

@@ -786,8 +786,8 @@ class GpuBackend final : public Backend {
 
   // The prefill layout of a layer's per-entry expert products (slot_expert_products,
   // host_expert_products): the routed entries (t * top_k + k) grouped by expert, experts
-  // ascending and each group's entries in order, the order group_expert_rows gives the rows that
-  // combine_slot_products scatters back.
+  // ascending and each group's entries in order, the order group_expert_rows gives the rows
+  // (combine_grouped gathers them back into entry order).
   static std::map<int32_t, std::vector<int64_t>> entries_by_expert(std::span<const int32_t> ids) {
     std::map<int32_t, std::vector<int64_t>> groups;
     for (size_t j = 0; j < ids.size(); ++j) groups[ids[j]].push_back(static_cast<int64_t>(j));
@@ -935,8 +935,7 @@ class GpuBackend final : public Backend {
       combine_on_device(y, dev_of(routes), top_k, out);
       return;
     }
-    scatter_expert_rows(*this, group_expert_rows(ids, weights, out.rows, top_k, kMaxExperts), y,
-                        out);
+    combine_grouped(y, ids, dev_of(routes), top_k, out);
   }
 
   // ---- sampling ----
@@ -1215,11 +1214,31 @@ class GpuBackend final : public Backend {
     }
   }
 
+  // out[t] = the weighted sum of token t's products, which y holds in the prefill layout
+  // (entries_by_expert's order): one gather of y's rows into entry order, then moe_combine (the
+  // decode path's combine: ascending expert id from zero, the scatter's order of accumulation),
+  // two dispatches where a scatter per expert took one each.
+  void combine_grouped(Mat y, std::span<const int32_t> ids, const DeviceBuffer& routes, int top_k,
+                       Mat out) {
+    std::vector<int32_t> row_of(ids.size());
+    int32_t r = 0;
+    for (const auto& [e, group] : entries_by_expert(ids))
+      for (int64_t j : group) row_of[static_cast<size_t>(j)] = r++;
+    // moe_in_: the products' input, done with by now (each expert call gathers it again).
+    Mat entry_order = scratch(moe_in_, static_cast<int64_t>(ids.size()), y.cols);
+    gather_rows(y, row_of, entry_order);
+    combine_on_device(entry_order, routes, top_k, out);
+  }
+
   void experts_grouped_on_host(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
                                Mat out) {
     const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
-    const ExpertRowGroups groups =
-        group_routes_by_expert(*this, routes, x.rows, top_k, bank.num_experts);
+    // The layer's one round trip (group_routes_by_expert's reads, the ids kept for the combine).
+    std::vector<int32_t> ids(count);
+    std::vector<float> weights(count);
+    download(routes, 0, ids.data(), count * sizeof(int32_t));
+    download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
+    const ExpertRowGroups groups = group_expert_rows(ids, weights, x.rows, top_k, bank.num_experts);
     const int64_t rows = static_cast<int64_t>(count);
     const int64_t inter = bank.intermediate;
     Mat in = scratch(moe_in_, rows, bank.hidden);
@@ -1236,7 +1255,7 @@ class GpuBackend final : public Backend {
       }
       grouped_expert_products(bank, x, order, runs, rows / static_cast<int64_t>(groups.size()), in,
                               gu, h, y);
-      scatter_expert_rows(*this, groups, y, out);
+      combine_grouped(y, ids, dev_of(routes), top_k, out);
       return;
     }
     // The bank is too large for one binding per section (or REDWING_GPU_MOE_PREFILL=per-expert):
@@ -1261,7 +1280,7 @@ class GpuBackend final : public Backend {
       qmatmul(*bank.down.views[static_cast<size_t>(e)], h.row_range(r0, n), y.row_range(r0, n));
       r0 += n;
     }
-    scatter_expert_rows(*this, groups, y, out);
+    combine_grouped(y, ids, dev_of(routes), top_k, out);
   }
 
   // A [rows, cols] view of a backend scratch buffer, grown when too small.
