@@ -285,6 +285,28 @@ TEST_CASE("gpu: the prefill product's tile fits the tokens and the device") {
   CHECK((t.tiled && t.rows == 32 && t.tokens == 32));
   cpu_device.matmul.mode = gpu::MatmulPolicy::narrow;
   CHECK(!gpu::choose_matmul_tile(cpu_device, 40, 128).tiled);
+
+  // The experts' grouped product: on a GPU the register tile only where the experts' rows fill
+  // it on average (chunk 128: ~8 rows per expert, the narrow kernel); lavapipe always fitted.
+  gpu::DeviceInfo gpu2;
+  gpu2.workgroup_threads = 256;
+  CHECK(!gpu::choose_grouped_matmul_tile(gpu2, 8).tiled);
+  CHECK(!gpu::choose_grouped_matmul_tile(gpu2, 31).tiled);
+  t = gpu::choose_grouped_matmul_tile(gpu2, 32);
+  CHECK((t.tiled && t.rows == 128 && t.tokens == 32));
+  t = gpu::choose_grouped_matmul_tile(gpu2, 100);
+  CHECK((t.tiled && t.rows == 64 && t.tokens == 64));
+  gpu2.matmul.mode = gpu::MatmulPolicy::tiled;
+  CHECK(gpu::choose_grouped_matmul_tile(gpu2, 8).tiled);
+  gpu::DeviceInfo lavapipe;
+  lavapipe.workgroup_threads = 64;
+  lavapipe.software = true;
+  t = gpu::choose_grouped_matmul_tile(lavapipe, 8);
+  CHECK((t.tiled && t.rows == 128 && t.tokens == 8));
+  t = gpu::choose_grouped_matmul_tile(lavapipe, 16);
+  CHECK((t.tiled && t.rows == 64 && t.tokens == 16));
+  lavapipe.matmul.mode = gpu::MatmulPolicy::narrow;
+  CHECK(!gpu::choose_grouped_matmul_tile(lavapipe, 16).tiled);
 }
 
 // qmatmul_normed: the CPU runs the norm op then the products; the GPU (REDWING_GPU_FOLD_NORMS=1)
@@ -707,6 +729,153 @@ TEST_CASE("gpu: a malformed down product shape is refused") {
   if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
     return;
   check_setting_refused("REDWING_GPU_MATVEC_DOWN", {"2,48,2", "5,64,2", "2,64,3", "2,64", "two"});
+}
+
+// A malformed REDWING_GPU_MOE_PREFILL is refused too.
+TEST_CASE("gpu: a malformed experts' prefill setting is refused") {
+  check_setting_refused("REDWING_GPU_MOE_PREFILL", {"grouped ", "per_expert", "1"});
+}
+
+// The routed experts' grouped prefill product (moe_matmul.comp: every expert's 16 x 8 tiles in
+// one dispatch, read from the stacked bank through one binding per section; moe_matmul_tiled.comp
+// over register tiles: the fitted one, which lavapipe takes, and a forced 32-row one) against the
+// CPU's routed experts, on a resident bank and on GPU slots holding the experts in another order
+// (the tile table names slots), next to the per-expert path (REDWING_GPU_MOE_PREFILL=per-expert:
+// what a bank too large for one binding takes). The routes are chosen so that the experts have 0,
+// 1, 7, 33 and 33 rows (tiles of 1 to 8 rows, several tiles per expert) plus one of 8, in 4 and 8
+// bits, groups 32, 64 and 128, bf16, f16 and f32 scales, rows past one staging slab (512).
+TEST_CASE(
+    "gpu: the routed experts' grouped prefill product matches the CPU, resident and in slots") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  // The grouped product's kernels: REDWING_GPU_QMATMUL unset (the fitted register tile on
+  // lavapipe), narrow (moe_matmul) and tiled:32.
+  std::vector<std::unique_ptr<Backend>> groupeds;
+  const char* const tile_settings[] = {"", "narrow", "tiled:32"};
+  for (const char* setting : tile_settings) {
+    setenv("REDWING_GPU_QMATMUL", setting, 1);
+    groupeds.push_back(gpu_backend(threads));
+  }
+  unsetenv("REDWING_GPU_QMATMUL");
+  setenv("REDWING_GPU_MOE_PREFILL", "per-expert", 1);
+  auto per_expert = gpu_backend(threads);
+  unsetenv("REDWING_GPU_MOE_PREFILL");
+  struct Variant {
+    int bits, group;
+    DType st;
+    int64_t hidden, inter;
+  };
+  const Variant variants[] = {
+      {4, 32, DType::bf16, 96, 160},
+      {8, 64, DType::f16, 640, 64},
+      {4, 128, DType::f32, 128, 384},
+      {8, 32, DType::bf16, 64, 96},
+  };
+  const int experts = 6, top_k = 2;
+  const int64_t t = 41;
+  // Token i's two experts: e1 for one token, e2 for 7, e3 for 33, e4 for 33, e5 for 8, e0 for
+  // none; the tokens shuffled so that an expert's rows are not consecutive tokens.
+  std::vector<std::array<int32_t, 2>> pick;
+  pick.push_back({1, 3});
+  for (int i = 0; i < 7; ++i) pick.push_back({2, 3});
+  for (int i = 0; i < 25; ++i) pick.push_back({3, 4});
+  for (int i = 0; i < 8; ++i) pick.push_back({4, 5});
+  REQUIRE(static_cast<int64_t>(pick.size()) == t);
+  std::shuffle(pick.begin(), pick.end(), std::mt19937_64(41));
+  std::vector<int32_t> ids;
+  for (const auto& p : pick) ids.insert(ids.end(), p.begin(), p.end());
+  const size_t count = ids.size();
+  std::vector<float> weights = randn(count, 42);
+  for (float& w : weights) w = std::abs(w) + 0.1f;
+  int seed = 4000;
+  for (const Variant& v : variants) {
+    CAPTURE(v.bits);
+    CAPTURE(v.group);
+    CAPTURE(static_cast<int>(v.st));
+    CAPTURE(v.hidden);
+    std::vector<HostQuant> host;  // gate, up, down per expert
+    for (int e = 0; e < experts; ++e) {
+      host.emplace_back(v.inter, v.hidden, v.bits, v.group, v.st, static_cast<uint64_t>(seed++));
+      host.emplace_back(v.inter, v.hidden, v.bits, v.group, v.st, static_cast<uint64_t>(seed++));
+      host.emplace_back(v.hidden, v.inter, v.bits, v.group, v.st, static_cast<uint64_t>(seed++));
+    }
+    // (Not a structured binding: clang 14 cannot capture one in the lambda below.)
+    const ExpertParts parts = expert_parts(host);
+    const std::vector<HostQuantMatrix>&gate = parts.gate, &up = parts.up, &down = parts.down;
+    const auto x = randn(static_cast<size_t>(t * v.hidden), static_cast<uint64_t>(seed++));
+    const size_t out_floats = x.size();
+    // out = routed_experts(x) on backend b with the routes above.
+    auto run = [&](Backend& b) {
+      auto bank = b.import_experts(gate, up, down);
+      auto routes = b.alloc(route_buffer_bytes(count));
+      b.upload(*routes, 0, ids.data(), count * 4);
+      b.upload(*routes, route_weights_offset(count), weights.data(), count * 4);
+      auto xb = put(b, x);
+      auto ob = b.alloc(out_floats * 4);
+      b.routed_experts(*bank, Mat{xb.get(), 0, t, v.hidden, v.hidden}, *routes, top_k,
+                       Mat{ob.get(), 0, t, v.hidden, v.hidden});
+      return get(b, *ob);
+    };
+    const auto want = run(*cpu);
+    // The error against the output's largest magnitude: the products' sums cancel (random
+    // biases), so an element can be far smaller than the terms whose rounding it carries.
+    auto off = [&](const std::vector<float>& a) {
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        diff = std::max(diff, std::abs(static_cast<double>(a[i]) - want[i]));
+        scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+      }
+      return scale > 0 ? diff / scale : INFINITY;
+    };
+    const uint64_t before_pe = per_expert->work_counters().dispatches;
+    CHECK(off(run(*per_expert)) < 1e-5);
+    const uint64_t per_expert_dispatches = per_expert->work_counters().dispatches - before_pe;
+    for (size_t g = 0; g < groupeds.size(); ++g) {
+      const std::string tile_setting = tile_settings[g];
+      CAPTURE(tile_setting);
+      Backend& grouped = *groupeds[g];
+      const uint64_t before = grouped.work_counters().dispatches;
+      const auto got = run(grouped);
+      const uint64_t grouped_dispatches = grouped.work_counters().dispatches - before;
+      CHECK(off(got) < 1e-5);
+      // Grouped: a gather, the gate/up product, the GeGLU, the down product, a gather into entry
+      // order and the combine, whatever the experts; per expert: the first gather and the two
+      // products for each of the 5 experts with rows.
+      CHECK(grouped_dispatches == 6);
+      CHECK(per_expert_dispatches == grouped_dispatches + 3 * (5 - 1));
+
+      // Slots: slot s holds expert holder[s] (not s); one call with every expert, then two waves
+      // of the slot products (entries of the other wave's experts -1).
+      const int32_t holder[] = {4, 0, 5, 2, 3, 1};
+      std::vector<int32_t> slot_of(experts);
+      for (int s = 0; s < experts; ++s) slot_of[static_cast<size_t>(holder[s])] = s;
+      auto slots = grouped.create_expert_slots(gate[0], up[0], down[0], experts);
+      for (int s = 0; s < experts; ++s) {
+        const size_t e = static_cast<size_t>(holder[s]);
+        grouped.fill_expert_slot(*slots, s, holder[s], gate[e], up[e], down[e]);
+      }
+      auto routes = grouped.alloc(route_buffer_bytes(count));
+      grouped.upload(*routes, 0, ids.data(), count * 4);
+      grouped.upload(*routes, route_weights_offset(count), weights.data(), count * 4);
+      auto xb = put(grouped, x);
+      const Mat xm{xb.get(), 0, t, v.hidden, v.hidden};
+      for (int waves : {1, 2}) {
+        CAPTURE(waves);
+        auto ob = grouped.alloc(out_floats * 4);
+        for (int w = 0; w < waves; ++w) {
+          std::vector<int32_t> entry_slot(count, -1);
+          for (size_t j = 0; j < count; ++j)
+            if (waves == 1 || (ids[j] % 2) == w)
+              entry_slot[j] = slot_of[static_cast<size_t>(ids[j])];
+          grouped.slot_expert_products(*slots, xm, ids, entry_slot, top_k);
+        }
+        grouped.combine_slot_products(*routes, ids, weights, top_k,
+                                      Mat{ob.get(), 0, t, v.hidden, v.hidden});
+        // The same tiles as the resident bank's: the same bits.
+        CHECK(get(grouped, *ob) == got);
+      }
+    }
+  }
 }
 
 TEST_CASE("gpu: sampling in place gives the CPU sampler's seeded choices") {

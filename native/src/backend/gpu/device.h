@@ -47,6 +47,11 @@ enum class Kernel : int {
   // The register-tiled prefill product (qmatmul_tiled.comp): BM x BN tiles, 4 x 4 per thread;
   // qmatmul is the narrow one (16 rows x 8 tokens), for products with few tiles.
   qmatmul_tiled,
+  // The routed experts' grouped prefill product (moe_matmul.comp): qmatmul's 16 x 8 tiles over a
+  // table of (expert, first row, rows) tiles of the expert-grouped input, the bank in one binding;
+  // moe_matmul_tiled the same over qmatmul_tiled's register tiles (choose_grouped_matmul_tile).
+  moe_matmul,
+  moe_matmul_tiled,
   count,
 };
 // The name a profile shows.
@@ -126,6 +131,13 @@ constexpr uint64_t kMinTiledWorkgroups = 64;
 // narrower while the tokens still fill it (up to 128 rows: 128 x 32 for 32 tokens at 256
 // threads); every tile has 16 * workgroup_threads elements, 4 x 4 per thread.
 MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens);
+// The tile of the routed experts' grouped prefill product (moe_matmul / moe_matmul_tiled), whose
+// experts have rows_per_expert grouped rows on average: the register tile fitted to that count
+// where its tiles are full on average (every expert's tiles are one dispatch, so there are
+// always enough workgroups) or on a CPU device, else the narrow 16 x 8 one (at chunk 128 an
+// expert has ~8 rows: a 128 x 32 tile would compute 3/4 zeros). REDWING_GPU_QMATMUL applies as
+// to choose_matmul_tile.
+MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_expert);
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;
 // The workgroup_threads a device of this kind uses: REDWING_GPU_WORKGROUP (64, 128 or 256)

@@ -152,6 +152,10 @@ struct MoeMatvecParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, bias0, x_offset,
       x_stride, x_div, y_offset, y_stride, experts, geglu_half;
 };
+struct MoeMatmulParams {
+  uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, x_offset,
+      x_stride, y_offset, y_stride, tile0, tile_rows;
+};
 struct MoeCombineParams {
   uint32_t rows, cols, top_k, y_offset, y_stride, out_offset, out_stride;
 };
@@ -194,6 +198,16 @@ class GpuBackend final : public Backend {
       const std::string u = unfused;
       fold_geglu_ = u.find("geglu") == std::string::npos;
       fuse_tail_ = u.find("tail") == std::string::npos;
+    }
+    // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
+    // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
+    // default): every expert's tiles in one moe_matmul dispatch per product.
+    if (const char* moe = std::getenv("REDWING_GPU_MOE_PREFILL"); moe && *moe) {
+      const std::string m = moe;
+      if (m != "grouped" && m != "per-expert")
+        throw std::invalid_argument("REDWING_GPU_MOE_PREFILL=" + m +
+                                    ": expected grouped or per-expert");
+      grouped_experts_ = m == "grouped";
     }
     const char* fold = std::getenv("REDWING_GPU_FOLD_NORMS");
     fold_norms_ = fold != nullptr && std::string(fold) == "1";
@@ -772,8 +786,8 @@ class GpuBackend final : public Backend {
 
   // The prefill layout of a layer's per-entry expert products (slot_expert_products,
   // host_expert_products): the routed entries (t * top_k + k) grouped by expert, experts
-  // ascending and each group's entries in order, the order group_expert_rows gives the rows that
-  // combine_slot_products scatters back.
+  // ascending and each group's entries in order, the order group_expert_rows gives the rows
+  // (combine_grouped gathers them back into entry order).
   static std::map<int32_t, std::vector<int64_t>> entries_by_expert(std::span<const int32_t> ids) {
     std::map<int32_t, std::vector<int64_t>> groups;
     for (size_t j = 0; j < ids.size(); ++j) groups[ids[j]].push_back(static_cast<int64_t>(j));
@@ -829,6 +843,27 @@ class GpuBackend final : public Backend {
     Mat gu = scratch(moe_gate_up_, entries, 2 * inter);
     Mat h = scratch(moe_hidden_, entries, inter);
     Mat y = scratch(moe_out_, entries, bank.hidden);
+    if (grouped_products(bank)) {
+      // One gather of every entry's row (entries of experts in no slot too: a row nobody reads),
+      // and tiles only for the experts in a slot, naming their slots.
+      std::vector<int32_t> rows;
+      std::vector<ExpertRun> runs;
+      for (const auto& [e, group] : by_expert) {
+        const int32_t s = entry_slot[static_cast<size_t>(group[0])];
+        for (int64_t j : group)
+          if (entry_slot[static_cast<size_t>(j)] != s)
+            throw std::logic_error("slot_expert_products: one expert in two slots");
+        if (s >= 0)
+          runs.push_back({u32(s), u32(static_cast<int64_t>(rows.size())),
+                          u32(static_cast<int64_t>(group.size()))});
+        for (int64_t j : group) rows.push_back(static_cast<int32_t>(j / top_k));
+      }
+      // The tile from every expert of the layer (those in no slot too), as the resident bank
+      // chooses it: the same tiles, the same bits.
+      grouped_expert_products(bank, x, rows, runs, entries / static_cast<int64_t>(by_expert.size()),
+                              in, gu, h, y);
+      return;
+    }
     int64_t r0 = 0;
     for (const auto& [e, group] : by_expert) {
       const int64_t n = static_cast<int64_t>(group.size());
@@ -900,8 +935,7 @@ class GpuBackend final : public Backend {
       combine_on_device(y, dev_of(routes), top_k, out);
       return;
     }
-    scatter_expert_rows(*this, group_expert_rows(ids, weights, out.rows, top_k, kMaxExperts), y,
-                        out);
+    combine_grouped(y, ids, dev_of(routes), top_k, out);
   }
 
   // ---- sampling ----
@@ -1105,17 +1139,127 @@ class GpuBackend final : public Backend {
                     (static_cast<uint64_t>(out.rows) * out.cols + 63) / 64);
   }
 
+  // Whether the prefill products of this bank take moe_matmul (every expert's tiles in one
+  // dispatch): each of its sections must fit one binding, as for moe_matvec.
+  bool grouped_products(const GpuExpertBank& bank) const {
+    return grouped_experts_ && fits_one_binding(bank.gate_up) && fits_one_binding(bank.down);
+  }
+
+  // The grouped rows first..first + rows - 1 that expert (or slot) e computes.
+  struct ExpertRun {
+    uint32_t e, first, rows;
+  };
+
+  // The routed experts' prefill products, a few dispatches whatever the number of experts:
+  // in[i] = x[rows[i]] (the entries grouped by expert), gu = in W_gate_up of each row's expert,
+  // h = GeGLU(gu), y = h W_down, each product one moe_matmul (or moe_matmul_tiled) dispatch over
+  // a table of the runs' tiles (rows no run covers are left as they are). The tile comes from
+  // rows_per_expert (choose_grouped_matmul_tile).
+  void grouped_expert_products(const GpuExpertBank& bank, Mat x, std::span<const int32_t> rows,
+                               std::span<const ExpertRun> runs, int64_t rows_per_expert, Mat in,
+                               Mat gu, Mat h, Mat y) {
+    const int64_t inter = bank.intermediate;
+    if (runs.empty()) return;
+    const gpu::MatmulTile tile = gpu::choose_grouped_matmul_tile(dev_->info(), rows_per_expert);
+    // moe_matmul.comp's table: per tile of up to tile.tokens rows, (e, first row, rows).
+    std::vector<uint32_t> tiles;
+    for (const ExpertRun& run : runs)
+      for (uint32_t r = 0; r < run.rows; r += tile.tokens) {
+        tiles.push_back(run.e);
+        tiles.push_back(run.first + r);
+        tiles.push_back(std::min(tile.tokens, run.rows - r));
+      }
+    // The table before the gather: both uploads go into the ring ahead of any read of it.
+    const Binding table = upload_host(tiles.data(), tiles.size() * sizeof(uint32_t));
+    gather_rows(x, rows, in);
+    moe_matmul(bank.gate_up, in, gu, table, tiles.size() / 3, tile);
+    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
+    moe_matmul(bank.down, h, y, table, tiles.size() / 3, tile);
+  }
+
+  // y[i] = W_e x[i] for the rows of every tile (e, first, count) of the table (moe_matmul.comp,
+  // or moe_matmul_tiled.comp for a register tile).
+  void moe_matmul(const StackedExperts& s, Mat x, Mat y, const Binding& table, size_t tiles,
+                  const gpu::MatmulTile& tile) {
+    if (x.cols != s.cols || y.cols != s.rows || x.rows != y.rows)
+      throw std::logic_error("moe_matmul: shape mismatch");
+    const View vx = view(x), vy = view(y);
+    MoeMatmulParams p{u32(s.rows),
+                      u32(s.cols),
+                      s.bits,
+                      s.group_size,
+                      s.scale_type,
+                      u32(static_cast<int64_t>(s.packed_stride / 4)),
+                      u32(static_cast<int64_t>(s.scale_stride / s.scale_bytes)),
+                      vx.offset,
+                      u32(x.stride),
+                      vy.offset,
+                      u32(y.stride),
+                      0,
+                      tile.tiled ? tile.rows : 0};
+    touch({vx.b.buffer, table.buffer, s.buf.get()}, {vy.b.buffer});
+    const Binding binds[] = {
+        Binding{s.buf.get(), 0, s.scales_offset},
+        Binding{s.buf.get(), s.scales_offset, s.biases_offset - s.scales_offset},
+        Binding{s.buf.get(), s.biases_offset, s.buf->size_bytes() - s.biases_offset},
+        vx.b,
+        vy.b,
+        table};
+    const auto row_tiles = u32((s.rows + tile.rows - 1) / tile.rows);
+    const auto count = u32(static_cast<int64_t>(tiles));
+    for (uint32_t t0 = 0; t0 < count; t0 += 65535) {
+      p.tile0 = t0;
+      dispatch(tile.tiled ? Kernel::moe_matmul_tiled : Kernel::moe_matmul, binds, &p, sizeof p,
+               row_tiles, std::min(count - t0, 65535u), 1);
+    }
+  }
+
+  // out[t] = the weighted sum of token t's products, which y holds in the prefill layout
+  // (entries_by_expert's order): one gather of y's rows into entry order, then moe_combine (the
+  // decode path's combine: ascending expert id from zero, the scatter's order of accumulation),
+  // two dispatches where a scatter per expert took one each.
+  void combine_grouped(Mat y, std::span<const int32_t> ids, const DeviceBuffer& routes, int top_k,
+                       Mat out) {
+    std::vector<int32_t> row_of(ids.size());
+    int32_t r = 0;
+    for (const auto& [e, group] : entries_by_expert(ids))
+      for (int64_t j : group) row_of[static_cast<size_t>(j)] = r++;
+    // moe_in_: the products' input, done with by now (each expert call gathers it again).
+    Mat entry_order = scratch(moe_in_, static_cast<int64_t>(ids.size()), y.cols);
+    gather_rows(y, row_of, entry_order);
+    combine_on_device(entry_order, routes, top_k, out);
+  }
+
   void experts_grouped_on_host(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
                                Mat out) {
     const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
-    const ExpertRowGroups groups =
-        group_routes_by_expert(*this, routes, x.rows, top_k, bank.num_experts);
+    // The layer's one round trip (group_routes_by_expert's reads, the ids kept for the combine).
+    std::vector<int32_t> ids(count);
+    std::vector<float> weights(count);
+    download(routes, 0, ids.data(), count * sizeof(int32_t));
+    download(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
+    const ExpertRowGroups groups = group_expert_rows(ids, weights, x.rows, top_k, bank.num_experts);
     const int64_t rows = static_cast<int64_t>(count);
     const int64_t inter = bank.intermediate;
     Mat in = scratch(moe_in_, rows, bank.hidden);
     Mat gu = scratch(moe_gate_up_, rows, 2 * inter);
     Mat h = scratch(moe_hidden_, rows, inter);
     Mat y = scratch(moe_out_, rows, bank.hidden);
+    if (grouped_products(bank)) {
+      std::vector<int32_t> order;
+      std::vector<ExpertRun> runs;
+      for (const auto& [e, group] : groups) {
+        runs.push_back({u32(e), u32(static_cast<int64_t>(order.size())),
+                        u32(static_cast<int64_t>(group.first.size()))});
+        order.insert(order.end(), group.first.begin(), group.first.end());
+      }
+      grouped_expert_products(bank, x, order, runs, rows / static_cast<int64_t>(groups.size()), in,
+                              gu, h, y);
+      combine_grouped(y, ids, dev_of(routes), top_k, out);
+      return;
+    }
+    // The bank is too large for one binding per section (or REDWING_GPU_MOE_PREFILL=per-expert):
+    // each expert's products on its own.
     int64_t r0 = 0;
     for (const auto& [e, group] : groups) {
       const int64_t n = static_cast<int64_t>(group.first.size());
@@ -1136,7 +1280,7 @@ class GpuBackend final : public Backend {
       qmatmul(*bank.down.views[static_cast<size_t>(e)], h.row_range(r0, n), y.row_range(r0, n));
       r0 += n;
     }
-    scatter_expert_rows(*this, groups, y, out);
+    combine_grouped(y, ids, dev_of(routes), top_k, out);
   }
 
   // A [rows, cols] view of a backend scratch buffer, grown when too small.
@@ -1386,6 +1530,7 @@ class GpuBackend final : public Backend {
 
   bool profile_ = false;
   bool fold_norms_ = false, fold_geglu_ = true, fuse_tail_ = true;
+  bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
   std::unique_ptr<gpu::Device> dev_;

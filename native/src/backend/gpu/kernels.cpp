@@ -16,6 +16,8 @@
 #include "gpu_kernels/gather_rows.h"
 #include "gpu_kernels/kv_store.h"
 #include "gpu_kernels/moe_combine.h"
+#include "gpu_kernels/moe_matmul.h"
+#include "gpu_kernels/moe_matmul_tiled.h"
 #include "gpu_kernels/moe_matvec.h"
 #include "gpu_kernels/moe_matvec_down.h"
 #include "gpu_kernels/norm_rope.h"
@@ -62,6 +64,8 @@ const KernelCode kKernels[] = {
     {"moe_matvec_down", spirv_moe_matvec_down},
     {"ffn_tail", spirv_ffn_tail},
     {"qmatmul_tiled", spirv_qmatmul_tiled},
+    {"moe_matmul", spirv_moe_matmul},
+    {"moe_matmul_tiled", spirv_moe_matmul_tiled},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
@@ -138,23 +142,42 @@ void choose_matmul_policy(DeviceInfo& info) {
   info.matmul = policy;
 }
 
-MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens) {
-  const MatmulTile narrow{false, kNarrowTileRows, kNarrowTileTokens};
-  if (info.matmul.mode == MatmulPolicy::narrow) return narrow;
+namespace {
+
+// The register tile fitted to `tokens` (REDWING_GPU_QMATMUL's rows where forced): the square one
+// (32 x 32 at 64 threads, 64 x 32 at 128, 64 x 64 at 256), made taller and narrower while the
+// tokens still fill it, up to 128 rows.
+MatmulTile fitted_tile(const DeviceInfo& info, int64_t tokens) {
   const uint32_t threads = info.workgroup_threads;  // 64, 128 or 256
   // 16 * threads outputs per tile; every BM of 32, 64 and 128 keeps BM + BN <= 160 (the kernel's
   // shared memory) and at least 2 threads along the tokens for these thread counts.
   const auto tokens_of = [&](uint32_t bm) { return 16 * threads / bm; };
   uint32_t bm = info.matmul.tile_rows;
   if (bm == 0) {
-    bm = threads <= 64 ? 32 : 64;  // square: 32 x 32, 64 x 32 (128 threads), 64 x 64
+    bm = threads <= 64 ? 32 : 64;
     while (bm * 2 <= 128 && tokens <= static_cast<int64_t>(tokens_of(bm * 2))) bm *= 2;
   }
-  const MatmulTile tiled{true, bm, tokens_of(bm)};
+  return MatmulTile{true, bm, tokens_of(bm)};
+}
+
+}  // namespace
+
+MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens) {
+  const MatmulTile narrow{false, kNarrowTileRows, kNarrowTileTokens};
+  if (info.matmul.mode == MatmulPolicy::narrow) return narrow;
+  const MatmulTile tiled = fitted_tile(info, tokens);
   if (info.matmul.mode == MatmulPolicy::tiled || info.software) return tiled;
-  const uint64_t groups = static_cast<uint64_t>((rows + bm - 1) / bm) *
+  const uint64_t groups = static_cast<uint64_t>((rows + tiled.rows - 1) / tiled.rows) *
                           static_cast<uint64_t>((tokens + tiled.tokens - 1) / tiled.tokens);
   return groups >= kMinTiledWorkgroups ? tiled : narrow;
+}
+
+MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_expert) {
+  const MatmulTile narrow{false, kNarrowTileRows, kNarrowTileTokens};
+  if (info.matmul.mode == MatmulPolicy::narrow) return narrow;
+  const MatmulTile tiled = fitted_tile(info, rows_per_expert);
+  if (info.matmul.mode == MatmulPolicy::tiled || info.software) return tiled;
+  return rows_per_expert >= static_cast<int64_t>(tiled.tokens) ? tiled : narrow;
 }
 
 const char* kernel_name(Kernel k) {
