@@ -218,8 +218,8 @@ void softmax(float* x, int64_t n);
 // (attention_combine: rescaled by exp(block max - overall max)), as flash attention does. So
 // one head's keys can be split over threads, and the query heads that share a KV head read each
 // key and value row once for all of them. The scores and the weighted sum of the values are
-// dispatched kernels (AVX-512: tiles over several heads and keys; elsewhere the dot and axpy
-// kernels above).
+// dispatched kernels (AVX2 and AVX-512: tiles over several heads and keys; scalar and NEON: the
+// dot and axpy kernels above).
 inline constexpr int64_t kAttentionBlock = 128;
 
 // One KV head's keys and values as attention reads them: position p sits in row p (or
