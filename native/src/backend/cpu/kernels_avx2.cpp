@@ -14,6 +14,7 @@
 // bias term b * sum(x) uses group sums of x computed once per call.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <math.h>
@@ -209,22 +210,42 @@ inline void block_dot(const uint32_t* const* rows, int64_t blk, const float* xtb
   }
 }
 
+// Lanes [0, n) of 8 set (n in 0..8).
+inline __m256i first_lanes8(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 template <int kBits, int kGroup, int kRows>
 void qmv_rows(const QuantMatrix& w, const float* x, const float* xt, const float* sx, int64_t r0,
               float* y, float* sbuf) {
   using L = Layout<kBits>;
   const int64_t wpr = w.cols / L::kPerWord;
   const int64_t gpr = w.cols / kGroup;
-  float bias_part[kRows];
+  float bias_part[kRows] = {};
   const uint32_t* rows[kRows];
   prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
-  for (int i = 0; i < kRows; ++i) {
-    scales_to_f32(w.scales, w.scale_type, (r0 + i) * gpr, gpr, sbuf + i * gpr);
-    bias_part[i] = bias_dot(w.biases, w.scale_type, (r0 + i) * gpr, gpr, sx);
-    rows[i] = w.packed + (r0 + i) * wpr;
-  }
+  // The rows' scales and biases are contiguous: both widened in one pass each (sbuf holds the
+  // kRows rows' scales, then their biases), instead of a call per row with its own short tail.
+  float* bbuf = sbuf + kRows * gpr;
+  scales_to_f32(w.scales, w.scale_type, r0 * gpr, kRows * gpr, sbuf);
+  scales_to_f32(w.biases, w.scale_type, r0 * gpr, kRows * gpr, bbuf);
+  // Each row's accumulator starts with its bias term, sum_g b[g] * sx[g] in 8 lanes (sx is
+  // zero-padded to whole vectors, the biases past the row are masked off), so one reduction at
+  // the end covers both.
+  const int64_t full = gpr & ~int64_t{7};
+  const __m256i tail = first_lanes8(gpr - full);
   __m256 acc[kRows];
-  for (int i = 0; i < kRows; ++i) acc[i] = _mm256_setzero_ps();
+  for (int i = 0; i < kRows; ++i) {
+    rows[i] = w.packed + (r0 + i) * wpr;
+    const float* b = bbuf + i * gpr;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; g += 8)
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(b + g), _mm256_loadu_ps(sx + g), a);
+    if (full < gpr)
+      a = _mm256_fmadd_ps(_mm256_maskload_ps(b + full, tail), _mm256_loadu_ps(sx + full), a);
+    acc[i] = a;
+  }
   const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
   if constexpr (kGroup >= L::kBlock) {
     constexpr int kBlocksPerGroup = kGroup / L::kBlock;
@@ -281,9 +302,11 @@ void qmatvec_shaped(const QuantMatrix& w, const float* x, float* y, int64_t rb, 
   thread_local Scratch xt_buf, sx_buf, s_buf;
   const int64_t gpr = groups_per_row(w);
   float* xt = xt_buf.floats(static_cast<size_t>(w.cols));
-  float* sx = sx_buf.floats(static_cast<size_t>(gpr));
-  float* sbuf = s_buf.floats(static_cast<size_t>(4 * gpr));
+  // sx padded with zeros to whole 8-lane vectors (qmv_rows reads it 8 at a time).
+  float* sx = sx_buf.floats(static_cast<size_t>(gpr + 8));
+  float* sbuf = s_buf.floats(static_cast<size_t>(8 * gpr));
   prepare_x<kBits>(x, w.cols, w.group_size, xt, sx);
+  std::fill_n(sx + gpr, 8, 0.0f);
   qmv_range<kBits, kGroup>(w, x, xt, sx, y, rb, re, sbuf);
 }
 
