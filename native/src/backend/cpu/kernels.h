@@ -232,6 +232,10 @@ struct AttentionKv {
   int64_t row_stride = 0;
   int64_t capacity = 0;
   bool ring = false;
+  // Whether each row is read by this call only (decode: one query row): the SIMD tiles then
+  // fetch rows ahead of use (prefetch_kv_keys). Prefill's calls for consecutive query rows share
+  // a block, which is in cache after the first.
+  bool fetch_ahead = false;
 };
 
 // The partial attention of `group` query heads (head i at q + i * q_stride, head_dim values)

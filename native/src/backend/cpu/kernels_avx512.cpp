@@ -415,17 +415,18 @@ void score_heads(const float* q, int64_t q_stride, int d, float scale, const Att
   }
 }
 
-// The first pass over the keys (the first heads of the group) fetches their rows ahead; later
-// passes find them in cache.
+// When the rows are read once (decode), the first pass over the keys (the first heads of the
+// group) fetches them ahead; later passes find them in cache.
 template <bool kF16>
 void attention_scores_t(const float* q, int64_t q_stride, int group, int d, float scale,
                         const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
   int h = 0;
   for (; h + 4 <= group; h += 4)
-    score_heads<kF16, 4>(q, q_stride, d, scale, kv, rows, n, h, s, h == 0);
+    score_heads<kF16, 4>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
   for (; h + 2 <= group; h += 2)
-    score_heads<kF16, 2>(q, q_stride, d, scale, kv, rows, n, h, s, h == 0);
-  for (; h < group; ++h) score_heads<kF16, 1>(q, q_stride, d, scale, kv, rows, n, h, s, h == 0);
+    score_heads<kF16, 2>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
+  for (; h < group; ++h)
+    score_heads<kF16, 1>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
 }
 
 void attention_scores_avx512(const float* q, int64_t q_stride, int group, int head_dim, float scale,
