@@ -476,6 +476,7 @@ class CpuBackend final : public Backend {
           rows_of.row_stride = width;
           rows_of.capacity = kv.capacity;
           rows_of.ring = kv.ring;
+          rows_of.fetch_ahead = q.rows == 1;  // decode: each key's row is read once
           const int64_t i0 = at(t, g, b);
           cpu::attention_partial(pq + (t0 + t) * q.stride + static_cast<int64_t>(g) * group * d, d,
                                  group, d, scale, rows_of, kb0, std::min(kb0 + B, last),

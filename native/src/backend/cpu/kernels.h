@@ -218,8 +218,8 @@ void softmax(float* x, int64_t n);
 // (attention_combine: rescaled by exp(block max - overall max)), as flash attention does. So
 // one head's keys can be split over threads, and the query heads that share a KV head read each
 // key and value row once for all of them. The scores and the weighted sum of the values are
-// dispatched kernels (AVX-512: tiles over several heads and keys; elsewhere the dot and axpy
-// kernels above).
+// dispatched kernels (AVX2 and AVX-512: tiles over several heads and keys; scalar and NEON: the
+// dot and axpy kernels above).
 inline constexpr int64_t kAttentionBlock = 128;
 
 // One KV head's keys and values as attention reads them: position p sits in row p (or
@@ -232,6 +232,10 @@ struct AttentionKv {
   int64_t row_stride = 0;
   int64_t capacity = 0;
   bool ring = false;
+  // Whether each row is read by this call only (decode: one query row): the SIMD tiles then
+  // fetch rows ahead of use (prefetch_kv_keys). Prefill's calls for consecutive query rows share
+  // a block, which is in cache after the first.
+  bool fetch_ahead = false;
 };
 
 // The partial attention of `group` query heads (head i at q + i * q_stride, head_dim values)

@@ -14,6 +14,7 @@
 // bias term b * sum(x) uses group sums of x computed once per call.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <math.h>
@@ -209,22 +210,42 @@ inline void block_dot(const uint32_t* const* rows, int64_t blk, const float* xtb
   }
 }
 
+// Lanes [0, n) of 8 set (n in 0..8).
+inline __m256i first_lanes8(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 template <int kBits, int kGroup, int kRows>
 void qmv_rows(const QuantMatrix& w, const float* x, const float* xt, const float* sx, int64_t r0,
               float* y, float* sbuf) {
   using L = Layout<kBits>;
   const int64_t wpr = w.cols / L::kPerWord;
   const int64_t gpr = w.cols / kGroup;
-  float bias_part[kRows];
+  float bias_part[kRows] = {};
   const uint32_t* rows[kRows];
   prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
-  for (int i = 0; i < kRows; ++i) {
-    scales_to_f32(w.scales, w.scale_type, (r0 + i) * gpr, gpr, sbuf + i * gpr);
-    bias_part[i] = bias_dot(w.biases, w.scale_type, (r0 + i) * gpr, gpr, sx);
-    rows[i] = w.packed + (r0 + i) * wpr;
-  }
+  // The rows' scales and biases are contiguous: both widened in one pass each (sbuf holds the
+  // kRows rows' scales, then their biases), instead of a call per row with its own short tail.
+  float* bbuf = sbuf + kRows * gpr;
+  scales_to_f32(w.scales, w.scale_type, r0 * gpr, kRows * gpr, sbuf);
+  scales_to_f32(w.biases, w.scale_type, r0 * gpr, kRows * gpr, bbuf);
+  // Each row's accumulator starts with its bias term, sum_g b[g] * sx[g] in 8 lanes (sx is
+  // zero-padded to whole vectors, the biases past the row are masked off), so one reduction at
+  // the end covers both.
+  const int64_t full = gpr & ~int64_t{7};
+  const __m256i tail = first_lanes8(gpr - full);
   __m256 acc[kRows];
-  for (int i = 0; i < kRows; ++i) acc[i] = _mm256_setzero_ps();
+  for (int i = 0; i < kRows; ++i) {
+    rows[i] = w.packed + (r0 + i) * wpr;
+    const float* b = bbuf + i * gpr;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; g += 8)
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(b + g), _mm256_loadu_ps(sx + g), a);
+    if (full < gpr)
+      a = _mm256_fmadd_ps(_mm256_maskload_ps(b + full, tail), _mm256_loadu_ps(sx + full), a);
+    acc[i] = a;
+  }
   const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
   if constexpr (kGroup >= L::kBlock) {
     constexpr int kBlocksPerGroup = kGroup / L::kBlock;
@@ -281,9 +302,11 @@ void qmatvec_shaped(const QuantMatrix& w, const float* x, float* y, int64_t rb, 
   thread_local Scratch xt_buf, sx_buf, s_buf;
   const int64_t gpr = groups_per_row(w);
   float* xt = xt_buf.floats(static_cast<size_t>(w.cols));
-  float* sx = sx_buf.floats(static_cast<size_t>(gpr));
-  float* sbuf = s_buf.floats(static_cast<size_t>(4 * gpr));
+  // sx padded with zeros to whole 8-lane vectors (qmv_rows reads it 8 at a time).
+  float* sx = sx_buf.floats(static_cast<size_t>(gpr + 8));
+  float* sbuf = s_buf.floats(static_cast<size_t>(8 * gpr));
   prepare_x<kBits>(x, w.cols, w.group_size, xt, sx);
+  std::fill_n(sx + gpr, 8, 0.0f);
   qmv_range<kBits, kGroup>(w, x, xt, sx, y, rb, re, sbuf);
 }
 
@@ -747,6 +770,149 @@ void bf16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = bf16_bits_to_f32(x[i]);
 }
 
+// ---- attention over one block of keys ---------------------------------------------------
+//
+// The tiles of kernels_avx512.cpp at 8 lanes: the generic attention_partial (dispatch.cpp)
+// widens each f16 row of K and V once per query head and reloads and stores each head's output
+// once per key; these widen a row once for several heads and keep 8 independent accumulators
+// in registers (of 16). Head sizes that are not a multiple of 8 end in a part-vector loaded
+// through a zero-filled copy.
+
+// Lanes [0, min(lanes, 8)) of row data at element `at`, the rest zero.
+template <bool kF16>
+inline __m256 load_kv8(const void* base, int64_t at, int lanes) {
+  if constexpr (kF16) {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + at;
+    if (lanes >= 8) return load_f16x8(p);
+    alignas(16) uint16_t part[8] = {};
+    std::memcpy(part, p, sizeof(uint16_t) * static_cast<size_t>(lanes));
+    return load_f16x8(part);
+  } else {
+    const float* p = static_cast<const float*>(base) + at;
+    if (lanes >= 8) return _mm256_loadu_ps(p);
+    alignas(32) float part[8] = {};
+    std::memcpy(part, p, sizeof(float) * static_cast<size_t>(lanes));
+    return _mm256_loadu_ps(part);
+  }
+}
+
+// Scores of keys [j0, j0 + kKeys) for query heads [h0, h0 + kHeads): one 8-lane accumulator
+// per pair, summed over the head dimension, then reduced.
+template <bool kF16, int kKeys, int kHeads>
+inline void score_tile(const float* q, int64_t q_stride, int d, float scale, const void* k,
+                       const int64_t* rows, int64_t n, int h0, int64_t j0, float* s) {
+  __m256 acc[kKeys][kHeads];
+  for (int a = 0; a < kKeys; ++a)
+    for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+    __m256 qv[kHeads];
+    for (int h = 0; h < kHeads; ++h) qv[h] = load_kv8<false>(q + (h0 + h) * q_stride, c, d - c);
+    for (int a = 0; a < kKeys; ++a) {
+      const __m256 kv = load_kv8<kF16>(k, rows[j0 + a] + c, d - c);
+      for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_fmadd_ps(qv[h], kv, acc[a][h]);
+    }
+  }
+  for (int a = 0; a < kKeys; ++a)
+    for (int h = 0; h < kHeads; ++h) s[(h0 + h) * n + j0 + a] = hsum(acc[a][h]) * scale;
+}
+
+template <bool kF16, int kHeads>
+void score_heads(const float* q, int64_t q_stride, int d, float scale, const AttentionKv& kv,
+                 const int64_t* rows, int64_t n, int h0, float* s, bool prefetch) {
+  constexpr int kKeys = 8 / kHeads;
+  int64_t j = 0;
+  for (; j + kKeys <= n; j += kKeys) {
+    if (prefetch) prefetch_kv_keys(kv, rows, n, j, kKeys, d);
+    score_tile<kF16, kKeys, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
+  }
+  for (; j < n; ++j) {
+    if (prefetch) prefetch_kv_keys(kv, rows, n, j, 1, d);
+    score_tile<kF16, 1, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
+  }
+}
+
+// When the rows are read once (decode), the first pass over the keys (the first heads of the
+// group) fetches them ahead; later passes find them in cache.
+template <bool kF16>
+void attention_scores_t(const float* q, int64_t q_stride, int group, int d, float scale,
+                        const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
+  int h = 0;
+  for (; h + 4 <= group; h += 4)
+    score_heads<kF16, 4>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
+  for (; h + 2 <= group; h += 2)
+    score_heads<kF16, 2>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
+  for (; h < group; ++h)
+    score_heads<kF16, 1>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
+}
+
+void attention_scores_avx2(const float* q, int64_t q_stride, int group, int head_dim, float scale,
+                           const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
+  if (kv.f16)
+    attention_scores_t<true>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
+  else
+    attention_scores_t<false>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
+}
+
+// Output columns [c0, c0 + 8 kChunks) of query heads [h0, h0 + kHeads): each value row's
+// columns are widened once and added, weighted, to every head's accumulators, key by key (the
+// order of the generic path's axpy calls).
+template <bool kF16, int kHeads, int kChunks>
+inline void value_tile(const float* p, int d, const void* v, const int64_t* rows, int64_t n, int h0,
+                       int c0, float* o) {
+  __m256 acc[kHeads][kChunks];
+  for (int h = 0; h < kHeads; ++h)
+    for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 vv[kChunks];
+    for (int c = 0; c < kChunks; ++c) {
+      const int col = c0 + 8 * c;
+      vv[c] = col < d ? load_kv8<kF16>(v, rows[j] + col, d - col) : _mm256_setzero_ps();
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      const __m256 w = _mm256_set1_ps(p[(h0 + h) * n + j]);
+      for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
+    }
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    for (int c = 0; c < kChunks; ++c) {
+      const int col = c0 + 8 * c;
+      float* out = o + (h0 + h) * d + col;
+      if (col + 8 <= d) {
+        _mm256_storeu_ps(out, acc[h][c]);
+      } else if (col < d) {
+        alignas(32) float part[8];
+        _mm256_store_ps(part, acc[h][c]);
+        std::memcpy(out, part, sizeof(float) * static_cast<size_t>(d - col));
+      }
+    }
+  }
+}
+
+template <bool kF16, int kHeads>
+void value_heads(const float* p, int d, const void* v, const int64_t* rows, int64_t n, int h0,
+                 float* o) {
+  constexpr int kChunks = 8 / kHeads;
+  for (int c0 = 0; c0 < d; c0 += 8 * kChunks)
+    value_tile<kF16, kHeads, kChunks>(p, d, v, rows, n, h0, c0, o);
+}
+
+template <bool kF16>
+void attention_values_t(const float* p, int group, int d, const void* v, const int64_t* rows,
+                        int64_t n, float* o) {
+  int h = 0;
+  for (; h + 4 <= group; h += 4) value_heads<kF16, 4>(p, d, v, rows, n, h, o);
+  for (; h + 2 <= group; h += 2) value_heads<kF16, 2>(p, d, v, rows, n, h, o);
+  for (; h < group; ++h) value_heads<kF16, 1>(p, d, v, rows, n, h, o);
+}
+
+void attention_values_avx2(const float* p, int group, int head_dim, const AttentionKv& kv,
+                           const int64_t* rows, int64_t n, float* o) {
+  if (kv.f16)
+    attention_values_t<true>(p, group, head_dim, kv.v, rows, n, o);
+  else
+    attention_values_t<false>(p, group, head_dim, kv.v, rows, n, o);
+}
+
 }  // namespace
 
 const KernelTable& avx2_kernels() {
@@ -768,6 +934,8 @@ const KernelTable& avx2_kernels() {
     t.f16_to_f32 = f16_to_f32_avx2;
     t.bf16_to_f32 = bf16_to_f32_avx2;
     t.softmax = softmax_avx2;
+    t.attention_scores = attention_scores_avx2;
+    t.attention_values = attention_values_avx2;
     return t;
   }();
   return table;

@@ -401,30 +401,40 @@ inline void score_tile(const float* q, int64_t q_stride, int d, float scale, con
 }
 
 template <bool kF16, int kHeads>
-void score_heads(const float* q, int64_t q_stride, int d, float scale, const void* k,
-                 const int64_t* rows, int64_t n, int h0, float* s) {
+void score_heads(const float* q, int64_t q_stride, int d, float scale, const AttentionKv& kv,
+                 const int64_t* rows, int64_t n, int h0, float* s, bool prefetch) {
   constexpr int kKeys = 8 / kHeads;
   int64_t j = 0;
-  for (; j + kKeys <= n; j += kKeys)
-    score_tile<kF16, kKeys, kHeads>(q, q_stride, d, scale, k, rows, n, h0, j, s);
-  for (; j < n; ++j) score_tile<kF16, 1, kHeads>(q, q_stride, d, scale, k, rows, n, h0, j, s);
+  for (; j + kKeys <= n; j += kKeys) {
+    if (prefetch) prefetch_kv_keys(kv, rows, n, j, kKeys, d);
+    score_tile<kF16, kKeys, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
+  }
+  for (; j < n; ++j) {
+    if (prefetch) prefetch_kv_keys(kv, rows, n, j, 1, d);
+    score_tile<kF16, 1, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
+  }
 }
 
+// When the rows are read once (decode), the first pass over the keys (the first heads of the
+// group) fetches them ahead; later passes find them in cache.
 template <bool kF16>
 void attention_scores_t(const float* q, int64_t q_stride, int group, int d, float scale,
-                        const void* k, const int64_t* rows, int64_t n, float* s) {
+                        const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
   int h = 0;
-  for (; h + 4 <= group; h += 4) score_heads<kF16, 4>(q, q_stride, d, scale, k, rows, n, h, s);
-  for (; h + 2 <= group; h += 2) score_heads<kF16, 2>(q, q_stride, d, scale, k, rows, n, h, s);
-  for (; h < group; ++h) score_heads<kF16, 1>(q, q_stride, d, scale, k, rows, n, h, s);
+  for (; h + 4 <= group; h += 4)
+    score_heads<kF16, 4>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
+  for (; h + 2 <= group; h += 2)
+    score_heads<kF16, 2>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
+  for (; h < group; ++h)
+    score_heads<kF16, 1>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
 }
 
 void attention_scores_avx512(const float* q, int64_t q_stride, int group, int head_dim, float scale,
                              const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
   if (kv.f16)
-    attention_scores_t<true>(q, q_stride, group, head_dim, scale, kv.k, rows, n, s);
+    attention_scores_t<true>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
   else
-    attention_scores_t<false>(q, q_stride, group, head_dim, scale, kv.k, rows, n, s);
+    attention_scores_t<false>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
 }
 
 // Output columns [c0, c0 + 16 kChunks) of query heads [h0, h0 + kHeads): each value row's
