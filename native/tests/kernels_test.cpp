@@ -934,7 +934,7 @@ TEST_CASE("qmatvec_q8 stays within the int8 rounding of the exact product") {
 
 TEST_CASE("qmatvec_q8 SIMD agrees with scalar at model shapes") {
   for (int bits : {4, 8}) {
-    for (int64_t cols : {2816, 704}) {
+    for (int64_t cols : {2816, 704, 256, 128}) {
       const TestMatrix m = make_matrix(bits, 64, 203, cols, ScaleType::bf16, 177 + bits);
       const std::vector<float> x = random_vector(m.cols, 19, -3.0f, 3.0f);
       Q8Buffer xa;
@@ -963,27 +963,35 @@ TEST_CASE("qmatvec_q8 SIMD agrees with scalar at model shapes") {
 }
 
 TEST_CASE("qmatmul_q8 gives every row of X the bits of qmatvec_q8") {
-  for (Isa isa : available_isas()) {
-    IsaScope scope(isa);
-    const TestMatrix m = make_matrix(4, 32, 50, 704, ScaleType::bf16, 5);
-    const int64_t n_x = 7, x_stride = 720, y_stride = 53;
-    const std::vector<float> x = random_vector(n_x * x_stride, 6);
-    Q8Buffer xa;
-    xa.quantize(x.data(), n_x, x_stride, m.cols, 4);
-    REQUIRE(xa.rows() == n_x);
-    std::vector<float> y(static_cast<size_t>(n_x * y_stride), -1.0f);
-    qmatmul_q8(m.view(), xa, y.data(), y_stride, 2, 47);
-    for (int64_t t = 0; t < n_x; ++t) {
-      std::vector<float> want(static_cast<size_t>(m.rows), -1.0f);
-      qmatvec_q8(m.view(), xa.row(t), want.data(), 2, 47);
-      for (int64_t r = 0; r < m.rows; ++r) {
-        CAPTURE(std::string(isa_name(isa)));
-        CAPTURE(t);
-        CAPTURE(r);
-        REQUIRE(y[t * y_stride + r] == want[r]);
-      }
-    }
-  }
+  for (Isa isa : available_isas())
+    for (int bits : {4, 8})
+      for (int gs : {32, 64})
+        for (int64_t n_x : {7, 130})
+          for (int64_t cols : {704, 256, 128}) {
+            IsaScope scope(isa);
+            CAPTURE(bits);
+            CAPTURE(gs);
+            CAPTURE(n_x);
+            CAPTURE(cols);
+            const TestMatrix m = make_matrix(bits, gs, 50, cols, ScaleType::bf16, 5);
+            const int64_t x_stride = 720, y_stride = 53;
+            const std::vector<float> x = random_vector(n_x * x_stride, 6);
+            Q8Buffer xa;
+            xa.quantize(x.data(), n_x, x_stride, m.cols, bits);
+            REQUIRE(xa.rows() == n_x);
+            std::vector<float> y(static_cast<size_t>(n_x * y_stride), -1.0f);
+            qmatmul_q8(m.view(), xa, y.data(), y_stride, 2, 47);
+            for (int64_t t = 0; t < n_x; ++t) {
+              std::vector<float> want(static_cast<size_t>(m.rows), -1.0f);
+              qmatvec_q8(m.view(), xa.row(t), want.data(), 2, 47);
+              for (int64_t r = 0; r < m.rows; ++r) {
+                CAPTURE(std::string(isa_name(isa)));
+                CAPTURE(t);
+                CAPTURE(r);
+                REQUIRE(y[t * y_stride + r] == want[r]);
+              }
+            }
+          }
 }
 
 TEST_CASE("q8 products refuse mismatched inputs") {
