@@ -12,9 +12,16 @@ import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { EngineClient, type GenerateParams } from "../engine/index.ts";
 import { nativeBuildDir } from "../native.ts";
-import { API, parseCall, type AppEvent, type Method, type Params, type Result } from "./api.ts";
+import {
+  API,
+  EXAMPLE_MAX_TOKENS,
+  parseCall,
+  type AppEvent,
+  type Method,
+  type Params,
+  type Result,
+} from "./api.ts";
 import { createAppController, type AppController } from "./controller.ts";
-import { EXAMPLE_MAX_TOKENS } from "./server.ts";
 
 const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 
