@@ -8,9 +8,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
-import type { GenerateEvent, GenerateParams } from "../engine/protocol.ts";
 import { gemma3TokenizerFiles } from "../models/gemma3.ts";
-import { EngineQueue } from "../server/queue.ts";
 import { ConversationSchema, DEFAULT_SETTINGS, type Conversation, type Message } from "./api.ts";
 import { ChatManager } from "./chat.ts";
 import {
@@ -22,6 +20,7 @@ import {
 } from "./conversations.ts";
 import type { EngineManager } from "./engine.ts";
 import { HitRateBook } from "./memory.ts";
+import { finishedEvent, scriptedEngineManager } from "../../testkit/scripted-engine.ts";
 
 const T = "2026-01-01T00:00:00.000Z";
 const user = (id: string, content: string): Message => ({
@@ -182,49 +181,13 @@ function conversation(messages: Message[]): Conversation {
 
 /** An engine that answers `R<n>` to the n-th prompt and records every prompt's text. */
 function recordingEngine(prompts: string[]): EngineManager {
-  const client = {
-    async *generate(params: GenerateParams): AsyncIterable<GenerateEvent> {
-      prompts.push(tok.decode(params.tokens));
-      const ids = tok.encode(`R${prompts.length}`);
-      yield { type: "tokens", id: 1, tokens: ids };
-      yield {
-        type: "finished",
-        id: 1,
-        reason: "length",
-        tokens: ids,
-        prompt_tokens: params.tokens.length,
-        cached_tokens: 0,
-        prefill_tokens: params.tokens.length,
-        timings: {
-          prefill_seconds: 0.1,
-          ttft_seconds: 0.1,
-          decode_seconds: 0.1,
-          prefill_tokens_per_second: 10,
-          decode_tokens_per_second: 10,
-        },
-      };
-    },
-  };
-  const fake = {
-    queue: new EngineQueue(4),
-    loaded: { name: "scripted" },
-    status: () => ({ model: "scripted" }),
-    settled: async () => undefined,
-    stats: async () => null,
-    requireLoaded: () => ({
-      client,
-      model: {
-        name: "scripted",
-        tokenizer: tok,
-        template: "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}",
-        stopIds: [1],
-        settings: DEFAULT_SETTINGS.engine,
-        manifest: { architecture: { max_position_embeddings: 8192 } },
-        ready: { expert_cache_slots: 0 },
-      },
-    }),
-  };
-  return fake as unknown as EngineManager;
+  const template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+  return scriptedEngineManager({ tokenizer: tok, template }, async function* (params) {
+    prompts.push(tok.decode(params.tokens));
+    const ids = tok.encode(`R${prompts.length}`);
+    yield { type: "tokens", id: 1, tokens: ids };
+    yield finishedEvent(params, ids, "length");
+  });
 }
 
 describe("what the model sees", () => {
