@@ -37,6 +37,12 @@ const reply = (id: string, content: string): Message => ({
   finishReason: "eos",
 });
 const texts = (ms: Message[]) => ms.map((m) => m.content);
+/** A reply as format 1 kept it: shown `content`, and one earlier version beside it. */
+const formatOneReply = (id: string, content: string, oldId: string, old: string): Message => ({
+  ...reply(id, content),
+  otherVersions: [{ id: oldId, content: old, createdAt: T }],
+  versionIndex: 1,
+});
 
 let tok: ChatTokenizer;
 let root: string;
@@ -91,17 +97,9 @@ describe("branches of a conversation", () => {
       format: undefined,
       messages: [
         user("u1", "Q1"),
-        {
-          ...reply("a1b", "A1b"),
-          otherVersions: [{ id: "a1", content: "A1", createdAt: T }],
-          versionIndex: 1,
-        },
+        formatOneReply("a1b", "A1b", "a1", "A1"),
         user("u2", "Q2"),
-        {
-          ...reply("a2b", "A2b"),
-          otherVersions: [{ id: "a2", content: "A2", createdAt: T }],
-          versionIndex: 1,
-        },
+        formatOneReply("a2b", "A2b", "a2", "A2"),
       ],
     };
     const migrated = migrateConversation(v1);
@@ -121,15 +119,7 @@ describe("branches of a conversation", () => {
       systemPrompt: "",
       createdAt: T,
       updatedAt: T,
-      messages: [
-        user("u1", "Q1"),
-        {
-          ...reply("a1b", "A1b"),
-          otherVersions: [{ id: "a1", content: "A1", createdAt: T }],
-          versionIndex: 1,
-        },
-        user("u2", "Q2"),
-      ],
+      messages: [user("u1", "Q1"), formatOneReply("a1b", "A1b", "a1", "A1"), user("u2", "Q2")],
     };
     const store = new ConversationStore(dir);
     await store.list(); // creates the directory
