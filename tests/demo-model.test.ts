@@ -51,6 +51,40 @@ afterAll(() => {
   rmSync(home, { recursive: true, force: true });
 });
 
+/**
+ * `redwing perplexity --json` on the held-out text, windowed as the reference was (2 threads);
+ * fails the test unless it runs cleanly.
+ */
+async function heldoutPerplexity(
+  kv: "f32" | "f16",
+  activations: string,
+): Promise<{ perplexity: number; nll_per_token: number; tokens: number; activations: string }> {
+  const { code, out, err } = await runCli(
+    "perplexity",
+    "--file",
+    HELDOUT,
+    "--context",
+    String(reference.perplexity.context),
+    "--stride",
+    String(reference.perplexity.stride),
+    "--kv-dtype",
+    kv,
+    "--activations",
+    activations,
+    "--threads",
+    "2",
+    "--json",
+  );
+  expect(err).toBe("");
+  expect(code).toBe(0);
+  return JSON.parse(out) as {
+    perplexity: number;
+    nll_per_token: number;
+    tokens: number;
+    activations: string;
+  };
+}
+
 describe("demo model against transformers", () => {
   it("has a reference that is worth checking against", () => {
     expect(reference.perplexity.tokens).toBe(reference.perplexity.ids.length - 1);
@@ -64,30 +98,7 @@ describe("demo model against transformers", () => {
     ["f32", "head"], // the default plan: 8-bit inputs on the output head (measured -0.07%)
   ] as const) {
     it(`redwing perplexity (${kv} KV, ${activations} activations) is within 0.5% of transformers`, async () => {
-      const { code, out, err } = await runCli(
-        "perplexity",
-        "--file",
-        HELDOUT,
-        "--context",
-        String(reference.perplexity.context),
-        "--stride",
-        String(reference.perplexity.stride),
-        "--kv-dtype",
-        kv,
-        "--activations",
-        activations,
-        "--threads",
-        "2",
-        "--json",
-      );
-      expect(err).toBe("");
-      expect(code).toBe(0);
-      const got = JSON.parse(out) as {
-        perplexity: number;
-        nll_per_token: number;
-        tokens: number;
-        activations: string;
-      };
+      const got = await heldoutPerplexity(kv, activations);
       expect(got.activations).toBe(activations);
       expect(got.tokens).toBe(reference.perplexity.tokens);
       const rel = Math.abs(got.perplexity / reference.perplexity.perplexity - 1);
@@ -99,25 +110,7 @@ describe("demo model against transformers", () => {
   it("int8 activations: perplexity within 1% of transformers, and not the exact path's", async () => {
     // Measured: 74.42 against 73.81 (+0.84%, f32 KV). The bound is the issue's bar for an
     // approximation that may become a default.
-    const { code, out, err } = await runCli(
-      "perplexity",
-      "--file",
-      HELDOUT,
-      "--context",
-      String(reference.perplexity.context),
-      "--stride",
-      String(reference.perplexity.stride),
-      "--kv-dtype",
-      "f32",
-      "--activations",
-      "int8",
-      "--threads",
-      "2",
-      "--json",
-    );
-    expect(err).toBe("");
-    expect(code).toBe(0);
-    const got = JSON.parse(out) as { perplexity: number; activations: string };
+    const got = await heldoutPerplexity("f32", "int8");
     expect(got.activations).toBe("int8");
     const rel = got.perplexity / reference.perplexity.perplexity - 1;
     expect(Math.abs(rel)).toBeLessThan(0.01);
