@@ -12,6 +12,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { greedyGenerateArgs } from "../bench/generate-report.ts";
 import { runCli } from "../testkit/run-cli.ts";
 import { demoRecipeFile, shippedDemoDir } from "../core/demo/demo.ts";
 import { nativeBinary } from "../core/native.ts";
@@ -141,19 +142,8 @@ describe("demo model against transformers", () => {
         const r = spawnSync(
           nativeBinary("redwing-engine"),
           [
-            "generate",
-            "--model",
-            shippedDemoDir(),
-            "--tokens",
-            p.prompt_ids.join(","),
-            "--max-new",
-            String(p.greedy.length),
-            "--temperature",
-            "0",
-            "--kv-dtype",
-            kv,
-            "--threads",
-            "2",
+            ...greedyGenerateArgs(shippedDemoDir(), p.prompt_ids, p.greedy.length),
+            ...["--kv-dtype", kv, "--threads", "2"],
           ],
           { encoding: "utf8" },
         );
