@@ -13,7 +13,7 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
-import { parseGenerateReport } from "./generate-report.ts";
+import { greedyGenerateArgs, parseGenerateReport } from "./generate-report.ts";
 import { flag, median } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
@@ -50,15 +50,7 @@ export async function runEngineBench(): Promise<void> {
       const out = await captureOutput(
         [
           nativeBinary("redwing-engine"),
-          "generate",
-          "--model",
-          model,
-          "--tokens",
-          prompt.join(","),
-          "--max-new",
-          String(maxNew),
-          "--temperature",
-          "0",
+          ...greedyGenerateArgs(model, prompt, maxNew),
           "--threads",
           String(threads),
         ],

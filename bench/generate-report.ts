@@ -68,3 +68,26 @@ export type GenerateReport = z.infer<typeof GenerateReport>;
 export function parseGenerateReport(stdout: string): GenerateReport {
   return GenerateReport.parse(JSON.parse(stdout));
 }
+
+/**
+ * `redwing-engine generate`'s arguments (after the binary) for a greedy run: `maxNew` tokens after
+ * the prompt `tokens`, on the model in `model`. Greedy so that repeated runs decode the same tokens
+ * and their times compare; callers add their own flags after these.
+ */
+export function greedyGenerateArgs(
+  model: string,
+  tokens: readonly number[],
+  maxNew: number,
+): string[] {
+  return [
+    "generate",
+    "--model",
+    model,
+    "--tokens",
+    tokens.join(","),
+    "--max-new",
+    String(maxNew),
+    "--temperature",
+    "0",
+  ];
+}

@@ -27,7 +27,7 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
-import { parseGenerateReport, type GenerateReport } from "./generate-report.ts";
+import { greedyGenerateArgs, parseGenerateReport, type GenerateReport } from "./generate-report.ts";
 import { flag, median } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
@@ -108,21 +108,13 @@ export async function runGpuBench(): Promise<void> {
   ): Promise<GenerateReport> => {
     const argv = [
       engine,
-      "generate",
-      "--model",
-      model,
+      ...greedyGenerateArgs(model, prompt(promptTokens, vocab), maxNew),
       "--backend",
       "vulkan",
       "--expert-cache-slots",
       "0",
       "--kv-dtype",
       kvDtype,
-      "--tokens",
-      prompt(promptTokens, vocab).join(","),
-      "--max-new",
-      String(maxNew),
-      "--temperature",
-      "0",
     ];
     const previous = process.env.REDWING_GPU_PROFILE;
     process.env.REDWING_GPU_PROFILE = profile ? "1" : "0";

@@ -12,6 +12,8 @@ import { open, mkdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { tinyConfig, type TinySpec } from "../testkit/checkpoints.ts";
+import { checkpointTensors } from "./install.ts";
 
 const args = process.argv.slice(2);
 const flag = (name: string, fallback: number): number => {
@@ -23,79 +25,27 @@ const experts = flag("--experts", 16);
 const layers = flag("--layers", 2);
 const root = fileURLToPath(new URL("..", import.meta.url));
 
-const H = 2816;
-const V = 262144;
-const I = 2112;
-const MI = 704;
-const heads = 16;
-const types = Array.from({ length: layers }, (_, i) =>
-  i === layers - 1 || (i + 1) % 6 === 0 ? "full_attention" : "sliding_attention",
-);
-
-const tensors: { name: string; shape: number[] }[] = [];
-const P = "model.language_model.";
-tensors.push({ name: `${P}embed_tokens.weight`, shape: [V, H] });
-tensors.push({ name: `${P}norm.weight`, shape: [H] });
-types.forEach((t, i) => {
-  const p = `${P}layers.${i}.`;
-  const full = t === "full_attention";
-  const hd = full ? 512 : 256;
-  const kv = full ? 2 : 8;
-  for (const n of [
-    "input_layernorm",
-    "post_attention_layernorm",
-    "pre_feedforward_layernorm",
-    "post_feedforward_layernorm",
-    "pre_feedforward_layernorm_2",
-    "post_feedforward_layernorm_1",
-    "post_feedforward_layernorm_2",
-  ]) {
-    tensors.push({ name: `${p}${n}.weight`, shape: [H] });
-  }
-  tensors.push({ name: `${p}self_attn.q_proj.weight`, shape: [heads * hd, H] });
-  tensors.push({ name: `${p}self_attn.k_proj.weight`, shape: [kv * hd, H] });
-  if (!full) tensors.push({ name: `${p}self_attn.v_proj.weight`, shape: [kv * hd, H] });
-  tensors.push({ name: `${p}self_attn.o_proj.weight`, shape: [H, heads * hd] });
-  tensors.push({ name: `${p}self_attn.q_norm.weight`, shape: [hd] });
-  tensors.push({ name: `${p}self_attn.k_norm.weight`, shape: [hd] });
-  tensors.push({ name: `${p}mlp.gate_proj.weight`, shape: [I, H] });
-  tensors.push({ name: `${p}mlp.up_proj.weight`, shape: [I, H] });
-  tensors.push({ name: `${p}mlp.down_proj.weight`, shape: [H, I] });
-  tensors.push({ name: `${p}router.proj.weight`, shape: [experts, H] });
-  tensors.push({ name: `${p}router.scale`, shape: [H] });
-  tensors.push({ name: `${p}router.per_expert_scale`, shape: [experts] });
-  tensors.push({ name: `${p}experts.gate_up_proj`, shape: [experts, 2 * MI, H] });
-  tensors.push({ name: `${p}experts.down_proj`, shape: [experts, H, MI] });
-  tensors.push({ name: `${p}layer_scalar`, shape: [1] });
-});
-
-const config = {
-  model_type: "gemma4",
-  text_config: {
-    model_type: "gemma4_text",
-    vocab_size: V,
-    hidden_size: H,
-    intermediate_size: I,
-    num_hidden_layers: layers,
-    num_attention_heads: heads,
-    num_key_value_heads: 8,
-    num_global_key_value_heads: 2,
-    head_dim: 256,
-    global_head_dim: 512,
-    attention_k_eq_v: true,
-    enable_moe_block: true,
-    num_experts: experts,
-    top_k_experts: Math.min(8, experts),
-    moe_intermediate_size: MI,
-    hidden_size_per_layer_input: 0,
-    num_kv_shared_layers: 0,
-    sliding_window: 1024,
-    layer_types: types,
-    final_logit_softcapping: 30,
-    max_position_embeddings: 262144,
-  },
-  eos_token_id: [1, 106],
+// Gemma 4 26B-A4B's widths (config.json), with `layers` layers and `experts` experts.
+const model: TinySpec = {
+  family: "gemma4",
+  vocab: 262144,
+  hidden: 2816,
+  layers,
+  heads: 16,
+  kvHeads: 8,
+  headDim: 256,
+  intermediate: 2112,
+  types: Array.from({ length: layers }, (_, i) =>
+    i === layers - 1 || (i + 1) % 6 === 0 ? "F" : "S",
+  ),
+  slidingWindow: 1024,
+  globalHeadDim: 512,
+  globalKvHeads: 2,
+  kEqV: true,
+  moe: { experts, topK: Math.min(8, experts), intermediate: 704 },
 };
+const tensors = checkpointTensors(model, "bf16");
+const config = tinyConfig(model, "nested");
 
 async function writeCheckpoint(dir: string): Promise<number> {
   await mkdir(dir, { recursive: true });

@@ -70,31 +70,26 @@ function random(n: number): Buffer {
   return b;
 }
 
+/** A benchmark checkpoint's tensor without its bytes. */
+export type TensorShape = Omit<StTensor, "data">;
+
 /**
- * The tensors of a checkpoint for `s`, named like mlx-lm / transformers checkpoints, with random
- * bytes (the importer copies or quantizes bytes; their values do not matter here). bf16 values
- * are kept finite by clearing the exponent's top bit.
+ * The tensors of a Gemma 4 MoE checkpoint for `s` (every layer MoE, K = V on full layers), named
+ * and shaped like mlx-lm's (4-bit affine, the router 8-bit: U32 packed weights with bf16 scales
+ * and biases) or transformers' bf16 checkpoints, and a vision tower tensor the importer skips.
  */
-function tensors(s: TinySpec, kind: "mlx" | "bf16"): StTensor[] {
+export function checkpointTensors(s: TinySpec, kind: "mlx" | "bf16"): TensorShape[] {
   const P = kind === "mlx" ? "language_model.model." : "model.language_model.";
-  const out: StTensor[] = [];
+  const out: TensorShape[] = [];
   const bf16 = (name: string, shape: number[]): void => {
-    const data = random(shape.reduce((a, b) => a * b, 1) * 2);
-    for (let i = 1; i < data.length; i += 2) data[i]! &= 0xbf;
-    out.push({ name, dtype: "BF16", shape, data });
+    out.push({ name, dtype: "BF16", shape });
   };
   const mat = (name: string, rows: number, cols: number, bits = 4, lead: number[] = []): void => {
     if (kind === "bf16") {
       bf16(lead.length ? name : `${name}.weight`, [...lead, rows, cols]);
       return;
     }
-    const n = lead.reduce((a, b) => a * b, 1);
-    out.push({
-      name: `${name}.weight`,
-      dtype: "U32",
-      shape: [...lead, rows, (cols * bits) / 32],
-      data: random((n * rows * cols * bits) / 8),
-    });
+    out.push({ name: `${name}.weight`, dtype: "U32", shape: [...lead, rows, (cols * bits) / 32] });
     bf16(`${name}.scales`, [...lead, rows, cols / 64]);
     bf16(`${name}.biases`, [...lead, rows, cols / 64]);
   };
@@ -146,6 +141,18 @@ function tensors(s: TinySpec, kind: "mlx" | "bf16"): StTensor[] {
     [2048, 1024],
   );
   return out;
+}
+
+/**
+ * The checkpoint's tensors with random bytes (the importer copies or quantizes bytes; their values
+ * do not matter here). bf16 values are kept finite by clearing the exponent's top bit.
+ */
+function tensors(s: TinySpec, kind: "mlx" | "bf16"): StTensor[] {
+  return checkpointTensors(s, kind).map((t) => {
+    const data = random(t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "U32" ? 4 : 2));
+    if (t.dtype === "BF16") for (let i = 1; i < data.length; i += 2) data[i]! &= 0xbf;
+    return { ...t, data };
+  });
 }
 
 /** Writes a benchmark checkpoint (3 shards + index) and returns its tensor bytes. */

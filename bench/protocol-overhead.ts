@@ -14,6 +14,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { nativeBinary } from "../core/native.ts";
 import { EngineClient } from "../core/engine/client.ts";
+import { greedyGenerateArgs } from "./generate-report.ts";
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
@@ -35,15 +36,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 function inProcessRun(): number {
   const out = spawnSync(
     nativeBinary("redwing-engine"),
-    [
-      "generate",
-      "--model",
-      model!,
-      "--tokens",
-      tokens.join(","),
-      "--max-new",
-      String(maxNew),
-    ].concat(["--temperature", "0", "--threads", String(threads)]),
+    [...greedyGenerateArgs(model!, tokens, maxNew), "--threads", String(threads)],
     { encoding: "utf8" },
   );
   if (out.status !== 0) throw new Error(out.stderr);

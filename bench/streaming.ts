@@ -28,7 +28,12 @@ import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
-import { parseGenerateReport, type GenerateReport, type TokenStat } from "./generate-report.ts";
+import {
+  greedyGenerateArgs,
+  parseGenerateReport,
+  type GenerateReport,
+  type TokenStat,
+} from "./generate-report.ts";
 import { dropCaches, memoryLimiter } from "./memory-limit.ts";
 import { flag } from "./stats.ts";
 
@@ -140,19 +145,7 @@ export async function runStreamingBench(): Promise<void> {
   const limiter = memoryLimiter(limitBytes);
   const dropped = dropCaches();
   const prompt = syntheticPrompt(promptLength);
-  const common = [
-    "generate",
-    "--model",
-    model,
-    "--tokens",
-    prompt.join(","),
-    "--max-new",
-    String(maxNew),
-    "--temperature",
-    "0",
-    "--context",
-    String(context),
-  ];
+  const common = [...greedyGenerateArgs(model, prompt, maxNew), "--context", String(context)];
   const budget = ["--memory-budget", "2.5G"];
   const configs: [string, string[]][] = [
     [

@@ -24,7 +24,7 @@ import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { formatBytes } from "../core/units.ts";
 import { syntheticPrompt } from "./engine.ts";
-import { parseGenerateReport } from "./generate-report.ts";
+import { greedyGenerateArgs, parseGenerateReport } from "./generate-report.ts";
 import {
   describeOutcome,
   dropCaches,
@@ -337,15 +337,7 @@ export async function runMemoryLimitedCase(o: LimitedOptions): Promise<LimitedRe
     engine: redwingName,
     argv: [
       binary,
-      "generate",
-      "--model",
-      o.redwing,
-      "--tokens",
-      syntheticPrompt(o.prompt).join(","),
-      "--max-new",
-      String(o.decode + 1),
-      "--temperature",
-      "0",
+      ...greedyGenerateArgs(o.redwing, syntheticPrompt(o.prompt), o.decode + 1),
       "--threads",
       String(o.threads),
       "--context",

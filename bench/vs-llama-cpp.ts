@@ -39,7 +39,7 @@ import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
-import { parseGenerateReport } from "./generate-report.ts";
+import { greedyGenerateArgs, parseGenerateReport } from "./generate-report.ts";
 import { gemma4Gguf, writeGemma4Gguf } from "./gguf-gemma4.ts";
 import { tensorBytes } from "./gguf.ts";
 import { flag, median, sizeFlag } from "./stats.ts";
@@ -106,15 +106,7 @@ async function runRedwing(
   const out = await captureOutput(
     [
       nativeBinary("redwing-engine"),
-      "generate",
-      "--model",
-      model,
-      "--tokens",
-      syntheticPrompt(prompt).join(","),
-      "--max-new",
-      String(decode + 1),
-      "--temperature",
-      "0",
+      ...greedyGenerateArgs(model, syntheticPrompt(prompt), decode + 1),
       "--threads",
       String(threads),
       "--context",

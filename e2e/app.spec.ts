@@ -6,7 +6,7 @@
 import { join } from "node:path";
 import type { Locator, Page } from "@playwright/test";
 import { expect, RESULTS, test } from "./fixtures.ts";
-import { E2E_REPO } from "./hub.ts";
+import { E2E_REPO, trickleWeights } from "./hub.ts";
 import { loadRandomModel } from "./random-model.ts";
 import {
   gotoView,
@@ -16,6 +16,7 @@ import {
   numberInput,
   send,
   setNumber,
+  startDownload,
   STATS_LINE,
   valueNow,
   VIEWS,
@@ -263,20 +264,12 @@ test("download from the hub: progress, cancel, pause and resume, verified instal
   hub,
 }) => {
   const { page } = app;
-  // Slow enough to watch: the weights file trickles at about 25 kB/s.
-  hub.faults.push({
-    on: "data",
-    path: "model.safetensors",
-    action: { kind: "trickle", chunkBytes: 1024, delayMs: 40 },
-  });
+  trickleWeights(hub);
   await gotoView(page, "Models");
-  const repo = page.getByRole("textbox", { name: "Hugging Face repository", exact: true });
-  const start = page.getByRole("button", { name: "Download repository", exact: true });
   const downloads = page.getByRole("region", { name: "Downloads" });
 
   // 1. Start, see progress with a rate, cancel: nothing is installed.
-  await repo.fill(E2E_REPO);
-  await start.click();
+  await startDownload(page, E2E_REPO);
   let item = downloads.getByRole("article").first();
   const bar = (): Locator => item.getByRole("progressbar");
   await expect(item).toBeVisible();
@@ -294,8 +287,7 @@ test("download from the hub: progress, cancel, pause and resume, verified instal
   await expect(downloads.getByRole("article", { name, exact: true })).toHaveCount(0);
 
   // 2. Again; pause (no progress while paused), resume from where it was, finish.
-  await repo.fill(E2E_REPO);
-  await start.click();
+  await startDownload(page, E2E_REPO);
   item = downloads.getByRole("article", { name, exact: true });
   await expect.poll(() => valueNow(bar())).toBeGreaterThan(5);
   await item.getByRole("button", { name: "Pause", exact: true }).click();

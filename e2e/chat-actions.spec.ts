@@ -4,7 +4,7 @@
  * server switch, and reaching the views with the keyboard alone. Each test starts the app on a
  * fresh data directory (e2e/fixtures.ts); replies are kept short to keep the run quick.
  */
-import { createServer } from "node:net";
+import { freePort } from "../testkit/free-port.ts";
 import type { Page } from "@playwright/test";
 import type { Conversation, Message } from "../core/app/api.ts";
 import { expect, test, type RedwingApp } from "./fixtures.ts";
@@ -45,19 +45,6 @@ function lastAssistant(c: Conversation): Message {
   const m = c.messages.at(-1);
   expect(m?.role, "the conversation ends with a reply").toBe("assistant");
   return m!;
-}
-
-/** A port nothing listens on now (the OS picks it; closed again before use). */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer();
-    probe.once("error", reject);
-    probe.listen(0, "127.0.0.1", () => {
-      const address = probe.address();
-      const port = typeof address === "object" && address ? address.port : 0;
-      probe.close(() => resolve(port));
-    });
-  });
 }
 
 test("conversations: rename and delete, both kept across a reload", async ({ app }) => {

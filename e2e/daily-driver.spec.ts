@@ -10,7 +10,7 @@ import { join } from "node:path";
 import type { Locator, Page } from "@playwright/test";
 import type { Conversation, Message } from "../core/app/api.ts";
 import { alive, expect, test, type RedwingApp } from "./fixtures.ts";
-import { E2E_REPO } from "./hub.ts";
+import { E2E_REPO, trickleWeights } from "./hub.ts";
 import { loadRandomModel } from "./random-model.ts";
 import {
   conversationItem,
@@ -22,6 +22,7 @@ import {
   numberInput,
   send,
   setNumber,
+  startDownload,
   STATS_LINE,
   valueNow,
   waitReady,
@@ -408,11 +409,7 @@ test("download progress: an honest planning state, KiB/s, resume keeps the bar; 
   hub,
 }) => {
   const { page } = app;
-  hub.faults.push({
-    on: "data",
-    path: "model.safetensors",
-    action: { kind: "trickle", chunkBytes: 1024, delayMs: 40 },
-  });
+  trickleWeights(hub);
   await gotoView(page, "Models");
   const downloads = page.getByRole("region", { name: "Downloads" });
   // Every state the card shows, as it is drawn.
@@ -442,8 +439,7 @@ test("download progress: an honest planning state, KiB/s, resume keeps the bar; 
         (window as unknown as { seen: { text: string; now: string | null; status: string }[] })
           .seen,
     );
-  await page.getByRole("textbox", { name: "Hugging Face repository", exact: true }).fill(E2E_REPO);
-  await page.getByRole("button", { name: "Download repository", exact: true }).click();
+  await startDownload(page, E2E_REPO);
   const item = downloads.getByRole("article").first();
   const bar = item.getByRole("progressbar");
   await expect.poll(() => valueNow(bar)).toBeGreaterThan(5);
@@ -479,8 +475,7 @@ test("download progress: an honest planning state, KiB/s, resume keeps the bar; 
   await page.getByRole("dialog").getByRole("button", { name: "Remove model", exact: true }).click();
   await expect(installed).toHaveCount(0);
   await expect(downloads.getByRole("article", { name, exact: true })).toHaveCount(0);
-  await page.getByRole("textbox", { name: "Hugging Face repository", exact: true }).fill(E2E_REPO);
-  await page.getByRole("button", { name: "Download repository", exact: true }).click();
+  await startDownload(page, E2E_REPO);
   await expect(installed).toBeVisible({ timeout: 90_000 });
   await expect(downloads.getByRole("article", { name, exact: true })).toHaveCount(1);
   expect((await app.call("models.downloads")).filter((d) => d.name === name)).toHaveLength(1);

@@ -15,6 +15,18 @@ export const E2E_REPO = "e2e-test/tiny-gemma3";
 const VOCAB = 512;
 
 /**
+ * Slows the repository's weights file to about 25 kB/s, so that a download's progress, pause and
+ * resume can be watched; `hub.faults.length = 0` lets the rest come at full speed.
+ */
+export function trickleWeights(hub: TestHub): void {
+  hub.faults.push({
+    on: "data",
+    path: "model.safetensors",
+    action: { kind: "trickle", chunkBytes: 1024, delayMs: 40 },
+  });
+}
+
+/**
  * A BPE tokenizer without merges over 512 ids: the special tokens the Gemma 3 chat template
  * uses at Gemma's ids (`<start_of_turn>` 105, `<end_of_turn>` 106), the printable ASCII
  * characters and newline, and two-letter pieces for the rest (so random ids read as words).

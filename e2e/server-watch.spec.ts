@@ -4,22 +4,10 @@
  * cancelling it), and the server answering 503 while the engine restarts after a crash, then
  * serving again without anyone pressing "Restart engine".
  */
-import { createServer } from "node:net";
+import { freePort } from "../testkit/free-port.ts";
 import { expect, test, type RedwingApp } from "./fixtures.ts";
 import { loadRandomModel, RANDOM_MODEL } from "./random-model.ts";
 import { gotoView, lastReply, send, waitReady, waitReply } from "./ui.ts";
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer();
-    probe.once("error", reject);
-    probe.listen(0, "127.0.0.1", () => {
-      const address = probe.address();
-      const port = typeof address === "object" && address ? address.port : 0;
-      probe.close(() => resolve(port));
-    });
-  });
-}
 
 /** Switches the server on and answers its /v1 address. */
 async function serverOn(app: RedwingApp): Promise<string> {

@@ -86,6 +86,12 @@ export async function valueNow(locator: Locator): Promise<number> {
   return Number(await locator.getAttribute("aria-valuenow"));
 }
 
+/** Asks the Models view (open) to download `repo` from the hub. */
+export async function startDownload(page: Page, repo: string): Promise<void> {
+  await page.getByRole("textbox", { name: "Hugging Face repository", exact: true }).fill(repo);
+  await page.getByRole("button", { name: "Download repository", exact: true }).click();
+}
+
 /** The conversation list in the Chat view. */
 export function conversationList(page: Page): Locator {
   return page.getByRole("navigation", { name: "Conversations" });

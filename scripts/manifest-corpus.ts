@@ -20,8 +20,8 @@ import { type TinySpec, writeTinyCheckpoint } from "../testkit/checkpoints.ts";
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const OUT = join(ROOT, "fixtures", "manifest-corpus");
 
-const MOE: TinySpec = {
-  family: "gemma4",
+// The two base models: the same smallest shape, as a Gemma 4 MoE and a Gemma 3 dense model.
+const SMALLEST = {
   vocab: 64,
   hidden: 64,
   layers: 2,
@@ -31,23 +31,16 @@ const MOE: TinySpec = {
   intermediate: 64,
   types: ["S", "F"],
   slidingWindow: 8,
+} satisfies Partial<TinySpec>;
+const MOE: TinySpec = {
+  ...SMALLEST,
+  family: "gemma4",
   globalHeadDim: 64,
   globalKvHeads: 1,
   kEqV: true,
   moe: { experts: 2, topK: 1, intermediate: 64 },
 };
-const DENSE: TinySpec = {
-  family: "gemma3",
-  vocab: 64,
-  hidden: 64,
-  layers: 2,
-  heads: 1,
-  kvHeads: 1,
-  headDim: 64,
-  intermediate: 64,
-  types: ["S", "F"],
-  slidingWindow: 8,
-};
+const DENSE: TinySpec = { ...SMALLEST, family: "gemma3" };
 
 type Json = Record<string, unknown>;
 interface Case {

@@ -12,6 +12,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { greedyGenerateArgs } from "../bench/generate-report.ts";
 import { runCli } from "../testkit/run-cli.ts";
 import { demoRecipeFile, shippedDemoDir } from "../core/demo/demo.ts";
 import { nativeBinary } from "../core/native.ts";
@@ -51,6 +52,40 @@ afterAll(() => {
   rmSync(home, { recursive: true, force: true });
 });
 
+/**
+ * `redwing perplexity --json` on the held-out text, windowed as the reference was (2 threads);
+ * fails the test unless it runs cleanly.
+ */
+async function heldoutPerplexity(
+  kv: "f32" | "f16",
+  activations: string,
+): Promise<{ perplexity: number; nll_per_token: number; tokens: number; activations: string }> {
+  const { code, out, err } = await runCli(
+    "perplexity",
+    "--file",
+    HELDOUT,
+    "--context",
+    String(reference.perplexity.context),
+    "--stride",
+    String(reference.perplexity.stride),
+    "--kv-dtype",
+    kv,
+    "--activations",
+    activations,
+    "--threads",
+    "2",
+    "--json",
+  );
+  expect(err).toBe("");
+  expect(code).toBe(0);
+  return JSON.parse(out) as {
+    perplexity: number;
+    nll_per_token: number;
+    tokens: number;
+    activations: string;
+  };
+}
+
 describe("demo model against transformers", () => {
   it("has a reference that is worth checking against", () => {
     expect(reference.perplexity.tokens).toBe(reference.perplexity.ids.length - 1);
@@ -64,30 +99,7 @@ describe("demo model against transformers", () => {
     ["f32", "head"], // the default plan: 8-bit inputs on the output head (measured -0.07%)
   ] as const) {
     it(`redwing perplexity (${kv} KV, ${activations} activations) is within 0.5% of transformers`, async () => {
-      const { code, out, err } = await runCli(
-        "perplexity",
-        "--file",
-        HELDOUT,
-        "--context",
-        String(reference.perplexity.context),
-        "--stride",
-        String(reference.perplexity.stride),
-        "--kv-dtype",
-        kv,
-        "--activations",
-        activations,
-        "--threads",
-        "2",
-        "--json",
-      );
-      expect(err).toBe("");
-      expect(code).toBe(0);
-      const got = JSON.parse(out) as {
-        perplexity: number;
-        nll_per_token: number;
-        tokens: number;
-        activations: string;
-      };
+      const got = await heldoutPerplexity(kv, activations);
       expect(got.activations).toBe(activations);
       expect(got.tokens).toBe(reference.perplexity.tokens);
       const rel = Math.abs(got.perplexity / reference.perplexity.perplexity - 1);
@@ -103,25 +115,7 @@ describe("demo model against transformers", () => {
     // is the quantization's rounding meeting each ISA's float summation order in the exact parts
     // (attention, norms), which this small model amplifies. A broken 8-bit product lands far
     // outside 5%.
-    const { code, out, err } = await runCli(
-      "perplexity",
-      "--file",
-      HELDOUT,
-      "--context",
-      String(reference.perplexity.context),
-      "--stride",
-      String(reference.perplexity.stride),
-      "--kv-dtype",
-      "f32",
-      "--activations",
-      "int8",
-      "--threads",
-      "2",
-      "--json",
-    );
-    expect(err).toBe("");
-    expect(code).toBe(0);
-    const got = JSON.parse(out) as { perplexity: number; activations: string };
+    const got = await heldoutPerplexity("f32", "int8");
     expect(got.activations).toBe("int8");
     const rel = got.perplexity / reference.perplexity.perplexity - 1;
     expect(Math.abs(rel)).toBeLessThan(0.05);
@@ -152,19 +146,8 @@ describe("demo model against transformers", () => {
         const r = spawnSync(
           nativeBinary("redwing-engine"),
           [
-            "generate",
-            "--model",
-            shippedDemoDir(),
-            "--tokens",
-            p.prompt_ids.join(","),
-            "--max-new",
-            String(p.greedy.length),
-            "--temperature",
-            "0",
-            "--kv-dtype",
-            kv,
-            "--threads",
-            "2",
+            ...greedyGenerateArgs(shippedDemoDir(), p.prompt_ids, p.greedy.length),
+            ...["--kv-dtype", kv, "--threads", "2"],
           ],
           { encoding: "utf8" },
         );

@@ -15,13 +15,13 @@ import { ENGINE_DEFAULTS, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
 import { UserError } from "../../core/errors.ts";
 import { parseByteSize as parseSize } from "../../core/units.ts";
 import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
-import { toProtocolLoad } from "../../core/generation/settings.ts";
+import { toProtocolLoad, type EngineFlags } from "../../core/generation/settings.ts";
 import { ACTIVATION_KINDS, isActivationPlan } from "../../core/engine/protocol.ts";
 import { chatLoop } from "./chat-loop.ts";
 import { remoteChat } from "./chat-remote.ts";
 
 /** Options shared by `chat` and `complete`. */
-export interface GenerationCliOptions {
+export interface GenerationCliOptions extends EngineFlags {
   model?: string;
   maxNew: number;
   maxContext: number;
@@ -31,15 +31,6 @@ export interface GenerationCliOptions {
   repetitionPenalty: number;
   seed?: number;
   stop: string[];
-  expertCacheSlots?: number;
-  memoryBudget?: number;
-  vramBudget?: number;
-  gpuMisses?: "copy" | "cpu";
-  gpuExpertCopies?: number;
-  threads?: number;
-  backend?: "cpu" | "metal" | "vulkan" | "auto";
-  /** An activation plan (activationsOption). */
-  activations?: string;
   quiet?: boolean;
   json?: boolean;
 }

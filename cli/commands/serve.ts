@@ -1,10 +1,12 @@
 import type { Command } from "commander";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
 import { ENGINE_DEFAULTS, SERVER_DEFAULTS } from "../../core/defaults.ts";
-import { startServer } from "../../core/server/server.ts";
+import type { EngineFlags } from "../../core/generation/settings.ts";
+import { startServer, type ServerOptions } from "../../core/server/server.ts";
 import { addEngineOptions, intArg, parseByteSize } from "./chat.ts";
 
-interface ServeOptions {
+/** The flags of `redwing serve`: its own, and the engine's (addEngineOptions). */
+export interface ServeOptions extends EngineFlags {
   host: string;
   port: number;
   allowRemote?: boolean;
@@ -16,15 +18,25 @@ interface ServeOptions {
   maxBody: number;
   model?: string;
   maxContext: number;
-  threads?: number;
-  backend?: "cpu" | "metal" | "vulkan" | "auto";
-  activations?: string;
-  expertCacheSlots?: number;
-  memoryBudget?: number;
-  vramBudget?: number;
-  gpuMisses?: "copy" | "cpu";
-  gpuExpertCopies?: number;
   quiet?: boolean;
+}
+
+/**
+ * The server's options for these flags: the engine's and those named alike pass as they are (as
+ * `chat` passes its flags to the engine's load request); `log` prints the server's lines.
+ */
+export function toServerOptions(opts: ServeOptions, log: (line: string) => void): ServerOptions {
+  const { allowHost, allowOrigin, maxBody, maxContext, quiet, ...same } = opts;
+  return {
+    ...same,
+    apiKey: opts.apiKey ?? (process.env.REDWING_API_KEY || undefined),
+    allowedHosts: allowHost,
+    allowedOrigins: allowOrigin,
+    bodyLimit: maxBody,
+    context: maxContext,
+    log: quiet ? undefined : log,
+    engine: { onCrash: (e) => log(`engine crashed, restarting: ${e.message}`) },
+  };
 }
 
 function collect(value: string, previous: string[]): string[] {
@@ -79,29 +91,7 @@ export function registerServeCommand(program: Command): void {
     .option("--quiet", "do not log requests")
     .action(async (opts: ServeOptions) => {
       const log = (line: string): void => void process.stderr.write(`redwing: ${line}\n`);
-      const server = await startServer({
-        host: opts.host,
-        port: opts.port,
-        allowRemote: opts.allowRemote,
-        apiKey: opts.apiKey ?? (process.env.REDWING_API_KEY || undefined),
-        corsOrigin: opts.corsOrigin,
-        allowedHosts: opts.allowHost,
-        allowedOrigins: opts.allowOrigin,
-        queueLimit: opts.queueLimit,
-        bodyLimit: opts.maxBody,
-        model: opts.model,
-        context: opts.maxContext,
-        threads: opts.threads,
-        backend: opts.backend,
-        activations: opts.activations,
-        expertCacheSlots: opts.expertCacheSlots,
-        memoryBudget: opts.memoryBudget,
-        vramBudget: opts.vramBudget,
-        gpuMisses: opts.gpuMisses,
-        gpuExpertCopies: opts.gpuExpertCopies,
-        log: opts.quiet ? undefined : log,
-        engine: { onCrash: (e) => log(`engine crashed, restarting: ${e.message}`) },
-      });
+      const server = await startServer(toServerOptions(opts, log));
       if (server.modelId === "demo") log(`using the ${DEMO_LABEL}`);
       log(`serving "${server.modelId}" at ${server.url}/v1 (Ctrl-C stops)`);
       await new Promise<void>((resolve) => {

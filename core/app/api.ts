@@ -686,6 +686,23 @@ export const SERVER_OFF: ServerStatus = Object.freeze({
   unavailable: null,
 });
 
+/** What the example asks for at most: a short answer, so that trying it costs seconds. */
+export const EXAMPLE_MAX_TOKENS = 128;
+
+/** ServerStatus's `example`: a ready-to-paste request against the running server, bounded. */
+export function curlExample(baseUrl: string, modelId: string): string {
+  const body = JSON.stringify({
+    model: modelId,
+    messages: [{ role: "user", content: "Hello!" }],
+    max_tokens: EXAMPLE_MAX_TOKENS,
+  });
+  return [
+    `curl ${baseUrl}/chat/completions \\`,
+    `  -H "Content-Type: application/json" \\`,
+    `  -d '${body}'`,
+  ].join("\n");
+}
+
 // ---- live -------------------------------------------------------------------------------------
 
 export const LiveSampleSchema = z.object({

@@ -8,9 +8,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
-import type { GenerateEvent, GenerateParams } from "../engine/protocol.ts";
 import { gemma3TokenizerFiles } from "../models/gemma3.ts";
-import { EngineQueue } from "../server/queue.ts";
 import { ConversationSchema, DEFAULT_SETTINGS, type Conversation, type Message } from "./api.ts";
 import { ChatManager } from "./chat.ts";
 import {
@@ -22,6 +20,7 @@ import {
 } from "./conversations.ts";
 import type { EngineManager } from "./engine.ts";
 import { HitRateBook } from "./memory.ts";
+import { finishedEvent, scriptedEngineManager } from "../../testkit/scripted-engine.ts";
 
 const T = "2026-01-01T00:00:00.000Z";
 const user = (id: string, content: string): Message => ({
@@ -38,6 +37,12 @@ const reply = (id: string, content: string): Message => ({
   finishReason: "eos",
 });
 const texts = (ms: Message[]) => ms.map((m) => m.content);
+/** A reply as format 1 kept it: shown `content`, and one earlier version beside it. */
+const formatOneReply = (id: string, content: string, oldId: string, old: string): Message => ({
+  ...reply(id, content),
+  otherVersions: [{ id: oldId, content: old, createdAt: T }],
+  versionIndex: 1,
+});
 
 let tok: ChatTokenizer;
 let root: string;
@@ -92,17 +97,9 @@ describe("branches of a conversation", () => {
       format: undefined,
       messages: [
         user("u1", "Q1"),
-        {
-          ...reply("a1b", "A1b"),
-          otherVersions: [{ id: "a1", content: "A1", createdAt: T }],
-          versionIndex: 1,
-        },
+        formatOneReply("a1b", "A1b", "a1", "A1"),
         user("u2", "Q2"),
-        {
-          ...reply("a2b", "A2b"),
-          otherVersions: [{ id: "a2", content: "A2", createdAt: T }],
-          versionIndex: 1,
-        },
+        formatOneReply("a2b", "A2b", "a2", "A2"),
       ],
     };
     const migrated = migrateConversation(v1);
@@ -122,15 +119,7 @@ describe("branches of a conversation", () => {
       systemPrompt: "",
       createdAt: T,
       updatedAt: T,
-      messages: [
-        user("u1", "Q1"),
-        {
-          ...reply("a1b", "A1b"),
-          otherVersions: [{ id: "a1", content: "A1", createdAt: T }],
-          versionIndex: 1,
-        },
-        user("u2", "Q2"),
-      ],
+      messages: [user("u1", "Q1"), formatOneReply("a1b", "A1b", "a1", "A1"), user("u2", "Q2")],
     };
     const store = new ConversationStore(dir);
     await store.list(); // creates the directory
@@ -182,49 +171,13 @@ function conversation(messages: Message[]): Conversation {
 
 /** An engine that answers `R<n>` to the n-th prompt and records every prompt's text. */
 function recordingEngine(prompts: string[]): EngineManager {
-  const client = {
-    async *generate(params: GenerateParams): AsyncIterable<GenerateEvent> {
-      prompts.push(tok.decode(params.tokens));
-      const ids = tok.encode(`R${prompts.length}`);
-      yield { type: "tokens", id: 1, tokens: ids };
-      yield {
-        type: "finished",
-        id: 1,
-        reason: "length",
-        tokens: ids,
-        prompt_tokens: params.tokens.length,
-        cached_tokens: 0,
-        prefill_tokens: params.tokens.length,
-        timings: {
-          prefill_seconds: 0.1,
-          ttft_seconds: 0.1,
-          decode_seconds: 0.1,
-          prefill_tokens_per_second: 10,
-          decode_tokens_per_second: 10,
-        },
-      };
-    },
-  };
-  const fake = {
-    queue: new EngineQueue(4),
-    loaded: { name: "scripted" },
-    status: () => ({ model: "scripted" }),
-    settled: async () => undefined,
-    stats: async () => null,
-    requireLoaded: () => ({
-      client,
-      model: {
-        name: "scripted",
-        tokenizer: tok,
-        template: "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}",
-        stopIds: [1],
-        settings: DEFAULT_SETTINGS.engine,
-        manifest: { architecture: { max_position_embeddings: 8192 } },
-        ready: { expert_cache_slots: 0 },
-      },
-    }),
-  };
-  return fake as unknown as EngineManager;
+  const template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+  return scriptedEngineManager({ tokenizer: tok, template }, async function* (params) {
+    prompts.push(tok.decode(params.tokens));
+    const ids = tok.encode(`R${prompts.length}`);
+    yield { type: "tokens", id: 1, tokens: ids };
+    yield finishedEvent(params, ids, "length");
+  });
 }
 
 describe("what the model sees", () => {

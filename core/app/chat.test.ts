@@ -8,14 +8,14 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadTokenizer, type ChatTokenizer } from "../chat/tokenizer.ts";
-import type { GenerateEvent, GenerateParams } from "../engine/protocol.ts";
-import { EngineQueue } from "../server/queue.ts";
+import type { GenerateParams } from "../engine/protocol.ts";
 import { gemma3TokenizerFiles } from "../models/gemma3.ts";
 import { DEFAULT_SETTINGS, type AppEvent, type Message, type Settings } from "./api.ts";
 import { ChatManager } from "./chat.ts";
 import { ConversationStore } from "./conversations.ts";
 import type { EngineManager } from "./engine.ts";
 import { HitRateBook } from "./memory.ts";
+import { finishedEvent, scriptedEngineManager } from "../../testkit/scripted-engine.ts";
 
 let tok: ChatTokenizer;
 let dir: string;
@@ -38,11 +38,10 @@ function scriptedEngine(
   { endless = false, context = DEFAULT_SETTINGS.engine.context } = {},
 ): EngineManager {
   const ids = tok.encode(reply);
-  const client = {
-    async *generate(
-      params: GenerateParams,
-      options: { signal?: AbortSignal } = {},
-    ): AsyncIterable<GenerateEvent> {
+  const template = "{% for m in messages %}{{ m.content }}\n{% endfor %}";
+  return scriptedEngineManager(
+    { tokenizer: tok, template, context },
+    async function* (params, options) {
       seen.push(params);
       const maxNew = params.max_new_tokens ?? Infinity;
       expect(params.tokens.length + maxNew).toBeLessThanOrEqual(context);
@@ -53,44 +52,9 @@ function scriptedEngine(
         yield { type: "tokens", id: 1, tokens: [out.at(-1)!] };
         await new Promise((r) => setImmediate(r));
       }
-      yield {
-        type: "finished",
-        id: 1,
-        reason: options.signal?.aborted ? "cancelled" : "length",
-        tokens: out,
-        prompt_tokens: params.tokens.length,
-        cached_tokens: 0,
-        prefill_tokens: params.tokens.length,
-        timings: {
-          prefill_seconds: 0.1,
-          ttft_seconds: 0.1,
-          decode_seconds: 0.5,
-          prefill_tokens_per_second: 10,
-          decode_tokens_per_second: 10,
-        },
-      };
+      yield finishedEvent(params, out, options.signal?.aborted ? "cancelled" : "length");
     },
-  };
-  const fake = {
-    queue: new EngineQueue(4),
-    loaded: { name: "scripted" },
-    status: () => ({ model: "scripted" }),
-    settled: async () => undefined,
-    stats: async () => null,
-    requireLoaded: () => ({
-      client,
-      model: {
-        name: "scripted",
-        tokenizer: tok,
-        template: "{% for m in messages %}{{ m.content }}\n{% endfor %}",
-        stopIds: [1],
-        settings: { ...DEFAULT_SETTINGS.engine, context },
-        manifest: { architecture: { max_position_embeddings: 8192 } },
-        ready: { expert_cache_slots: 0 },
-      },
-    }),
-  };
-  return fake as unknown as EngineManager;
+  );
 }
 
 async function replyTo(

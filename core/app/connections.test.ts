@@ -9,21 +9,11 @@ import { mkdtemp, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { appCalls } from "../../testkit/app-calls.ts";
 import { startRemoteServe, type RemoteServe } from "../../testkit/remote-serve.ts";
 import { nativeBuildDir } from "../native.ts";
-import {
-  API,
-  AppEventSchema,
-  parseCall,
-  type AppError,
-  type AppEvent,
-  type Message,
-  type Method,
-  type Params,
-  type Result,
-} from "./api.ts";
+import { AppEventSchema, type AppEvent, type Message } from "./api.ts";
 import { createAppController, type AppController } from "./controller.ts";
-import { toAppError } from "./errors.ts";
 
 const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 
@@ -34,20 +24,7 @@ describe.skipIf(!haveService)("app: chatting with a model on a connection", () =
   let keyed: RemoteServe;
   const events: AppEvent[] = [];
 
-  async function call<M extends Method>(method: M, params?: Params<M>): Promise<Result<M>> {
-    const parsed = parseCall(method, params ?? {});
-    if (!parsed.ok) throw new Error(`bad call in the test: ${parsed.error.message}`);
-    return API[method].result.parse(await app.call(method, parsed.params as never)) as Result<M>;
-  }
-
-  async function callError<M extends Method>(method: M, params?: Params<M>): Promise<AppError> {
-    try {
-      await call(method, params);
-    } catch (error) {
-      return toAppError(error);
-    }
-    throw new Error(`${method} was expected to fail`);
-  }
+  const { call, callError } = appCalls(() => app);
 
   async function waitDone(messageId: string, timeoutMs = 30_000): Promise<Message> {
     const start = Date.now();

@@ -6,7 +6,7 @@
  */
 import { existsSync } from "node:fs";
 import { mkdtemp, open, readFile, readdir, rm } from "node:fs/promises";
-import { createServer, type AddressInfo, type Server } from "node:net";
+import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -15,22 +15,17 @@ import { writeTinyCheckpoint, TINY_GEMMA4_MOE } from "../../testkit/checkpoints.
 import { hasPartial } from "../install/installer.ts";
 import { waitForPlacedRange } from "../../testkit/install.ts";
 import { TestHub } from "../../testkit/test-hub.ts";
+import { appCalls } from "../../testkit/app-calls.ts";
+import { freePort } from "../../testkit/free-port.ts";
 import { nativeBuildDir } from "../native.ts";
 import {
-  API,
   AppEventSchema,
   DEFAULT_SETTINGS,
-  parseCall,
-  type AppError,
   type AppEvent,
   type Download,
   type Message,
-  type Method,
-  type Params,
-  type Result,
 } from "./api.ts";
 import { createAppController, type AppController } from "./controller.ts";
-import { toAppError } from "./errors.ts";
 
 const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 const STATS_RE = /t\/s, TTFT: .*ms \(.* t\/s, \d+ tokens\), \d+ tokens/;
@@ -44,21 +39,7 @@ const events: AppEvent[] = [];
 const badEvents: string[] = [];
 const logs: string[] = [];
 
-async function call<M extends Method>(method: M, params?: Params<M>): Promise<Result<M>> {
-  const parsed = parseCall(method, params ?? {});
-  if (!parsed.ok) throw new Error(`bad call in the test: ${parsed.error.message}`);
-  const result = await app.call(method, parsed.params as never);
-  return API[method].result.parse(result) as Result<M>;
-}
-
-async function callError<M extends Method>(method: M, params?: Params<M>): Promise<AppError> {
-  try {
-    await call(method, params);
-  } catch (error) {
-    return toAppError(error);
-  }
-  throw new Error(`${method} was expected to fail`);
-}
+const { call, callError } = appCalls(() => app);
 
 /** The first event from index `from` on that matches. */
 async function waitEvent<T extends AppEvent>(
@@ -116,14 +97,6 @@ async function startReply(
   const replyId = sent.messages.at(-1)!.id;
   await waitEvent(isDelta(replyId), from);
   return { replyId, from };
-}
-
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", () => r()));
-  const port = (s.address() as AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
 }
 
 describe.skipIf(!haveService)("app controller (real engine, demo model)", () => {

@@ -6,15 +6,15 @@
  */
 import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { EngineClient, type GenerateParams } from "../engine/index.ts";
 import { nativeBuildDir } from "../native.ts";
-import { API, parseCall, type AppEvent, type Method, type Params, type Result } from "./api.ts";
+import { appCalls } from "../../testkit/app-calls.ts";
+import { freePort } from "../../testkit/free-port.ts";
+import { EXAMPLE_MAX_TOKENS, type AppEvent } from "./api.ts";
 import { createAppController, type AppController } from "./controller.ts";
-import { EXAMPLE_MAX_TOKENS } from "./server.ts";
 
 const haveService = existsSync(join(nativeBuildDir(), "redwing-service"));
 
@@ -22,20 +22,7 @@ let root: string;
 let app: AppController;
 const events: AppEvent[] = [];
 
-async function call<M extends Method>(method: M, params?: Params<M>): Promise<Result<M>> {
-  const parsed = parseCall(method, params ?? {});
-  if (!parsed.ok) throw new Error(`bad call in the test: ${parsed.error.message}`);
-  const result = await app.call(method, parsed.params as never);
-  return API[method].result.parse(result) as Result<M>;
-}
-
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", () => r()));
-  const port = (s.address() as AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
+const { call } = appCalls(() => app);
 
 async function until(condition: () => boolean | Promise<boolean>, timeoutMs = 20_000) {
   const start = Date.now();

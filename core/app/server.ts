@@ -6,7 +6,13 @@
  */
 import { createServer } from "node:net";
 import { startServer, type RedwingServer } from "../server/server.ts";
-import { SERVER_OFF, type AppError, type SamplingSettings, type ServerStatus } from "./api.ts";
+import {
+  curlExample,
+  SERVER_OFF,
+  type AppError,
+  type SamplingSettings,
+  type ServerStatus,
+} from "./api.ts";
 import type { EngineManager } from "./engine.ts";
 import { AppFailure, toAppError } from "./errors.ts";
 
@@ -15,23 +21,6 @@ export const SERVER_HOST = "127.0.0.1";
 const AUTO_RESTART_GAP_MS = 30_000;
 /** How often token progress of server requests is announced. */
 const PROGRESS_MS = 250;
-
-/** What the example asks for at most: a short answer, so that trying it costs seconds. */
-export const EXAMPLE_MAX_TOKENS = 128;
-
-/** A ready-to-paste request against the running server, with a bounded answer. */
-export function curlExample(baseUrl: string, modelId: string): string {
-  const body = JSON.stringify({
-    model: modelId,
-    messages: [{ role: "user", content: "Hello!" }],
-    max_tokens: EXAMPLE_MAX_TOKENS,
-  });
-  return [
-    `curl ${baseUrl}/chat/completions \\`,
-    `  -H "Content-Type: application/json" \\`,
-    `  -d '${body}'`,
-  ].join("\n");
-}
 
 /** Rejects with the listen error when `port` cannot be bound now (checked before the slow start). */
 function probePort(host: string, port: number): Promise<void> {

@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { greedyGenerateArgs } from "../../bench/generate-report.ts";
 import { importCheckpoint } from "../import/index.ts";
 import { nativeBinary } from "../native.ts";
 import {
@@ -75,17 +76,9 @@ function coldRun(tokens: number[], maxNew: number): { tokens: number[]; stop_rea
   const result = spawnSync(
     nativeBinary("redwing-engine"),
     [
-      "generate",
-      "--model",
-      model,
-      "--tokens",
-      tokens.join(","),
-      "--max-new",
-      String(maxNew),
-    ].concat(
-      ["--temperature", "0", "--chunk", String(CHUNK), "--threads", String(THREADS)],
-      ["--activations", "exact"],
-    ),
+      ...greedyGenerateArgs(model, tokens, maxNew),
+      ...["--chunk", String(CHUNK), "--threads", String(THREADS), "--activations", "exact"],
+    ],
     { encoding: "utf8" },
   );
   if (result.status !== 0) throw new Error(`redwing-engine failed: ${result.stderr}`);

@@ -60,6 +60,12 @@ export interface EngineOptions {
   gpuExpertCopies?: number;
 }
 
+/**
+ * The engine options that `redwing chat`, `complete` and `serve` take as flags (cli's
+ * `addEngineOptions`) and the server passes on: all but the KV cache's size and precision.
+ */
+export type EngineFlags = Omit<EngineOptions, "context" | "kvDtype">;
+
 /** The protocol's load request for `model` (a directory) with these options. */
 export function toProtocolLoad(model: string, o: EngineOptions): LoadParams {
   return {

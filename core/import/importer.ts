@@ -487,18 +487,28 @@ function shapeProblem(t: TensorInfo, expected: readonly number[]): string {
   return `${t.name} has shape ${JSON.stringify(t.shape)}, expected ${JSON.stringify(expected)}`;
 }
 
-/** The quantization block of an MLX config (`quantization` or `quantization_config`). */
+/**
+ * A config's quantization block, unchecked: `quantization` (mlx-lm) or `quantization_config`
+ * (transformers), at the top level or in `text_config` (multimodal configs); undefined or null
+ * when there is none.
+ */
+export function quantizationBlock(config: Record<string, unknown>): unknown {
+  const text = (config.text_config ?? {}) as Record<string, unknown>;
+  return (
+    config.quantization ??
+    config.quantization_config ??
+    text.quantization ??
+    text.quantization_config
+  );
+}
+
+/** The quantization block of an MLX config (quantizationBlock), checked and read. */
 export function readQuantConfig(
   config: Record<string, unknown>,
   mlx: boolean,
   prefixes: readonly string[],
 ): QuantConfig | null {
-  const text = (config.text_config ?? {}) as Record<string, unknown>;
-  const q =
-    config.quantization ??
-    config.quantization_config ??
-    text.quantization ??
-    text.quantization_config;
+  const q = quantizationBlock(config);
   if (q === undefined || q === null) return null;
   if (typeof q !== "object")
     throw new UserError("config.json: quantization must be an object", "config_invalid");

@@ -1,10 +1,10 @@
 import { readFile, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { layoutImport, planImport } from "../import/importer.ts";
+import { layoutImport, planImport, readQuantConfig } from "../import/importer.ts";
 import { SafetensorsCheckpoint } from "../import/safetensors.ts";
 import { normalizeConfig } from "../import/config.ts";
-import { describeQuantization, layoutFromConfig } from "./layout-from-config.ts";
+import { describeQuantization, isMlxQuantization, layoutFromConfig } from "./layout-from-config.ts";
 
 const FIXTURES = join(import.meta.dirname, "..", "..", "fixtures");
 
@@ -63,5 +63,25 @@ describe("layoutFromConfig refuses what the engine does not run, saying why", ()
     expect(() => layoutFromConfig({ model_type: "llama", hidden_size: 64 })).toThrow(
       /model_type llama; Redwing imports Gemma 4/,
     );
+  });
+});
+
+describe("a config's quantization block", () => {
+  it("is found under either name, at the top level or in text_config, by both readers", () => {
+    const q = { group_size: 32, bits: 8 };
+    for (const config of [
+      { quantization: q },
+      { quantization_config: q },
+      { text_config: { quantization: q } },
+      { text_config: { quantization_config: q } },
+    ]) {
+      expect(isMlxQuantization(config), JSON.stringify(config)).toBe(true);
+      expect(readQuantConfig(config, true, [])).toMatchObject({ bits: 8, group_size: 32 });
+    }
+    // The top level's comes first.
+    const both = { quantization: q, text_config: { quantization: { group_size: 64, bits: 4 } } };
+    expect(readQuantConfig(both, true, [])).toMatchObject({ bits: 8, group_size: 32 });
+    expect(isMlxQuantization({ text_config: {} })).toBe(false);
+    expect(readQuantConfig({ text_config: {} }, true, [])).toBeNull();
   });
 });

@@ -21,6 +21,7 @@ import {
   layoutImport,
   lookupOverride,
   planImport,
+  quantizationBlock,
   readQuantConfig,
   type ImportLayout,
   type ImportPlan,
@@ -54,12 +55,7 @@ function configDtype(config: Record<string, unknown>): StDType {
 
 /** True when the config's quantization block describes MLX affine quantization. */
 export function isMlxQuantization(config: Record<string, unknown>): boolean {
-  const text = (config.text_config ?? {}) as Record<string, unknown>;
-  const q =
-    config.quantization ??
-    config.quantization_config ??
-    text.quantization ??
-    text.quantization_config;
+  const q = quantizationBlock(config);
   if (q === undefined || q === null || typeof q !== "object") return false;
   const qc = q as Record<string, unknown>;
   const method = qc.quant_method;

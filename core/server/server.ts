@@ -24,7 +24,7 @@ import { ENGINE_DEFAULTS, OPENAI_SAMPLING_DEFAULTS, SERVER_DEFAULTS } from "../d
 import { DEMO_MODEL_NAME } from "../demo/demo.ts";
 import { EngineClient, type EngineClientOptions } from "../engine/index.ts";
 import { UserError } from "../errors.ts";
-import { toProtocolLoad } from "../generation/settings.ts";
+import { toProtocolLoad, type EngineFlags } from "../generation/settings.ts";
 import { accessHook, checkBinding, type AccessOptions } from "./access.ts";
 import type { AdmissionQueue, RequestDefaults, ServerContext, ServerMetrics } from "./context.ts";
 import { ApiError, toApiError } from "./errors.ts";
@@ -43,7 +43,8 @@ export {
   type ServerMetrics,
 } from "./context.ts";
 
-export interface ServerOptions extends AccessOptions {
+/** The engine options (EngineFlags, settings.ts) go to the engine's load request. */
+export interface ServerOptions extends AccessOptions, EngineFlags {
   host?: string;
   /** 0: an ephemeral port. */
   port?: number;
@@ -71,18 +72,6 @@ export interface ServerOptions extends AccessOptions {
   model?: string;
   /** KV positions (prompt plus output), ENGINE_DEFAULTS by default. */
   context?: number;
-  threads?: number;
-  /** Where the engine runs the model (docs/gpu.md); default the CPU. */
-  backend?: "cpu" | "metal" | "vulkan" | "auto";
-  /** The quantized products' input precision (an activation plan); default ENGINE_DEFAULTS. */
-  activations?: string;
-  expertCacheSlots?: number;
-  memoryBudget?: number;
-  /** GPU memory in bytes (GPU backends; settings.ts EngineOptions). */
-  vramBudget?: number;
-  /** The RAM tier's misses (settings.ts EngineOptions). */
-  gpuMisses?: "copy" | "cpu";
-  gpuExpertCopies?: number;
   engine?: EngineClientOptions;
   /**
    * An engine that someone else owns (the desktop app's): the server neither starts, loads nor

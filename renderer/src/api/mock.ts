@@ -6,6 +6,7 @@
  */
 import {
   AppCallError,
+  curlExample,
   DEFAULT_SETTINGS,
   effectiveGpuMisses,
   effectiveVramBudget,
@@ -31,6 +32,17 @@ import type { RendererClient } from "./types.ts";
 
 const GB = 1e9;
 const TOTAL = 24 * GB;
+
+/** The loaded demo model's memory, at start and after every load. */
+const DEMO_MEMORY: NonNullable<EngineStatus["memory"]> = {
+  modelBytes: 48_300_000,
+  weightsBytes: 45_000_000,
+  kvBytes: 33_000_000,
+  expertCacheBytes: 0,
+  workBytes: 14_000_000,
+  estimateBytes: 92_000_000,
+  rssBytes: 85_000_000,
+};
 
 const REPLY = `Here is a short answer with some **markdown**.
 
@@ -150,15 +162,7 @@ export function createMockClient(): RendererClient {
     loadedWith,
     expertCacheSlots: null,
     reloadNeeded: false,
-    memory: {
-      modelBytes: 48_300_000,
-      weightsBytes: 45_000_000,
-      kvBytes: 33_000_000,
-      expertCacheBytes: 0,
-      workBytes: 14_000_000,
-      estimateBytes: 92_000_000,
-      rssBytes: 85_000_000,
-    },
+    memory: DEMO_MEMORY,
     error: null,
   };
   const setEngine = (patch: Partial<EngineStatus>) => {
@@ -649,15 +653,7 @@ export function createMockClient(): RendererClient {
             loadFraction: null,
             pid: 4243,
             loadedWith,
-            memory: {
-              modelBytes: 48_300_000,
-              weightsBytes: 45_000_000,
-              kvBytes: 33_000_000,
-              expertCacheBytes: 0,
-              workBytes: 14_000_000,
-              estimateBytes: 92_000_000,
-              rssBytes: 85_000_000,
-            },
+            memory: DEMO_MEMORY,
           });
           emit({ type: "models", models: structuredClone(models) });
         } else setEngine({ loadFraction: f });
@@ -767,7 +763,7 @@ export function createMockClient(): RendererClient {
             running: true,
             url: `http://127.0.0.1:${port}/v1`,
             modelId: engine.model,
-            example: `curl http://127.0.0.1:${port}/v1/chat/completions \\\n  -H "Content-Type: application/json" \\\n  -d '{"model": "${engine.model}", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 128}'`,
+            example: curlExample(`http://127.0.0.1:${port}/v1`, engine.model ?? "demo"),
             error: null,
             requests: [],
             unavailable: null,
