@@ -15,14 +15,6 @@ import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const CHROMIUM = "/usr/bin/chromium";
-// LeakSanitizer (the sanitizer build's tests, the fuzzers): blocks Mesa's lavapipe never frees
-// are the driver's, not ours (native/tests/lsan.supp says which).
-process.env.LSAN_OPTIONS = [
-  process.env.LSAN_OPTIONS,
-  `suppressions=${join(root, "native", "tests", "lsan.supp")}`,
-]
-  .filter(Boolean)
-  .join(":");
 const steps = [
   ["typecheck", "npx", ["tsc", "--noEmit", "-p", "."]],
   ["typecheck (renderer)", "npx", ["tsc", "--noEmit", "-p", "renderer"]],

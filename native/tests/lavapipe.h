@@ -14,9 +14,9 @@
 namespace test_support {
 
 // Keeps the driver library a driver file names loaded until the process ends. The Vulkan loader
-// unloads it with the last instance; LeakSanitizer, which reports at exit, then cannot name the
-// module of the few blocks lavapipe itself never frees (seen with Mesa 22.3.6 on an AMD EPYC
-// host), so native/tests/lsan.supp could not tell them from ours.
+// unloads it with the last instance, and with it the driver's globals that still point at blocks
+// it allocated; LeakSanitizer, which scans at exit, then reported those blocks as leaks of an
+// unknown module (seen with Mesa 22.3.6 on an AMD EPYC host). Kept loaded, they stay reachable.
 inline void pin_driver_library(const char* icd) {
   std::ifstream in(icd);
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
