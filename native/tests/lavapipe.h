@@ -7,9 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace test_support {
 
@@ -19,14 +20,10 @@ namespace test_support {
 // unknown module (seen with Mesa 22.3.6 on an AMD EPYC host). Kept loaded, they stay reachable.
 inline void pin_driver_library(const char* icd) {
   std::ifstream in(icd);
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  const std::string key = "\"library_path\"";
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return;
-  const size_t open = text.find('"', text.find(':', at + key.size()));
-  const size_t close = open == std::string::npos ? open : text.find('"', open + 1);
-  if (close == std::string::npos) return;
-  dlopen(text.substr(open + 1, close - open - 1).c_str(), RTLD_NOW | RTLD_NODELETE);
+  const nlohmann::json file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!file.is_object() || !file.contains("ICD")) return;
+  const std::string library = file["ICD"].value("library_path", "");
+  if (!library.empty()) dlopen(library.c_str(), RTLD_NOW | RTLD_NODELETE);
 }
 
 // Points the Vulkan loader at lavapipe unless the environment already chose a driver (a real GPU
