@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
 #include "lavapipe.h"
+#include "platform/file.h"
 #include "runtime/sampler.h"
 #if defined(REDWING_HAVE_VULKAN)
 #include "backend/gpu/gpu_backend.h"
@@ -734,6 +735,149 @@ TEST_CASE("gpu: a malformed down product shape is refused") {
 // A malformed REDWING_GPU_MOE_PREFILL is refused too.
 TEST_CASE("gpu: a malformed experts' prefill setting is refused") {
   check_setting_refused("REDWING_GPU_MOE_PREFILL", {"grouped ", "per_expert", "1"});
+}
+
+// How the device hands work to the GPU does not change what it computes: a chain of 150
+// dependent ops (a decode product, a norm and an add per step, each reading the last step's
+// output; read back every 50 steps) gives the same bits with descriptor sets from a pool
+// instead of push descriptors (REDWING_GPU_PUSH_DESCRIPTORS=0), with a command buffer submitted
+// after every dispatch or after 1, 2, 4 ... 16 (REDWING_GPU_SUBMIT), with the host spinning on
+// the fence (REDWING_GPU_WAIT=spin), and with the pool path forced to flush mid-chain (more
+// descriptor sets than one pool holds). The device reports its host time: every read waits.
+TEST_CASE("gpu: submission schedules, waits and descriptor paths give the same bits") {
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;  // the Metal device has none of these settings
+  const int64_t rows = 96, cols = 128;
+  HostQuant q(rows, cols, 4, 64, DType::bf16, 5);
+  HostQuant back(cols, rows, 8, 32, DType::f16, 6);
+  const auto x0 = randn(static_cast<size_t>(cols), 7);
+  const auto norm = randn(static_cast<size_t>(cols), 8, 0.1f);
+  struct Run {
+    std::vector<float> out;
+    gpu::Device::HostTimes host;
+  };
+  auto run = [&](int steps, int read_every) {
+    auto backend = gpu_backend(64);
+    auto w = backend->import_qweight(q.m);
+    auto wb = backend->import_qweight(back.m);
+    auto x = put(*backend, x0);
+    auto nw = put(*backend, norm);
+    auto h = backend->alloc(static_cast<size_t>(rows) * 4);
+    auto y = backend->alloc(static_cast<size_t>(cols) * 4);
+    Run r;
+    for (int i = 0; i < steps; ++i) {
+      backend->qmatmul(*w, Mat{x.get(), 0, 1, cols, cols}, Mat{h.get(), 0, 1, rows, rows});
+      backend->qmatmul(*wb, Mat{h.get(), 0, 1, rows, rows}, Mat{y.get(), 0, 1, cols, cols});
+      backend->rms_norm(Mat{y.get(), 0, 1, cols, cols}, nw.get(), 1.0f, 1e-6f,
+                        Mat{y.get(), 0, 1, cols, cols});
+      backend->add(Mat{x.get(), 0, 1, cols, cols}, Mat{y.get(), 0, 1, cols, cols},
+                   Mat{x.get(), 0, 1, cols, cols});
+      if ((i + 1) % read_every == 0) {
+        const auto part = get(*backend, *x);
+        r.out.insert(r.out.end(), part.begin(), part.end());
+      }
+    }
+    r.host = gpu_device_of(*backend)->host_times();
+    return r;
+  };
+  const Run reference = run(150, 50);
+  REQUIRE(reference.out.size() == 3 * static_cast<size_t>(cols));
+  for (float v : reference.out) REQUIRE(std::isfinite(v));
+  CHECK(reference.host.waits >= 3);
+  CHECK(reference.host.record_ms > 0);
+  CHECK(reference.host.wait_ms > 0);
+  struct Setting {
+    const char* name;
+    const char* value;
+  };
+  const std::vector<std::vector<Setting>> settings = {
+      {{"REDWING_GPU_PUSH_DESCRIPTORS", "0"}},
+      {{"REDWING_GPU_SUBMIT", "1"}},
+      {{"REDWING_GPU_SUBMIT", "1,16"}},
+      {{"REDWING_GPU_WAIT", "spin"}},
+      {{"REDWING_GPU_PUSH_DESCRIPTORS", "0"},
+       {"REDWING_GPU_SUBMIT", "3,7"},
+       {"REDWING_GPU_WAIT", "block"}},
+  };
+  for (const auto& setting : settings) {
+    std::string what;
+    for (const Setting& s : setting) {
+      setenv(s.name, s.value, 1);
+      what += std::string(s.name) + "=" + s.value + " ";
+    }
+    CAPTURE(what);
+    const Run r = run(150, 50);
+    for (const Setting& s : setting) unsetenv(s.name);
+    CHECK(r.out == reference.out);
+    CHECK(r.host.waits >= 3);
+  }
+  // More dispatches than one descriptor pool holds (4,096 sets) between two reads.
+  setenv("REDWING_GPU_PUSH_DESCRIPTORS", "0", 1);
+  const Run pooled = run(1100, 1100);
+  unsetenv("REDWING_GPU_PUSH_DESCRIPTORS");
+  const Run pushed = run(1100, 1100);
+  REQUIRE(pooled.out.size() == static_cast<size_t>(cols));
+  CHECK(pooled.out == pushed.out);
+  CHECK(pooled.host.waits > pushed.host.waits);  // the full pool forced flushes
+  check_setting_refused("REDWING_GPU_SUBMIT", {"0", "8,4", "x", "4,", "4,5000", "-1"});
+  check_setting_refused("REDWING_GPU_WAIT", {"busy", "1"});
+}
+
+// Host memory the device reads in place (map_host, VK_EXT_external_memory_host, which lavapipe
+// has): a write from inside a mapped range is a copy the GPU makes when it runs, so bytes changed
+// after write() but before the flush arrive changed (a staged write took them at write()); a
+// write reaching past the range, one after unmap_host, and one from a misaligned range (refused)
+// are staged. REDWING_GPU_MAP_HOST=0 turns mapping off.
+TEST_CASE("gpu: writes from mapped host memory are read in place, others staged") {
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;  // the Metal device maps nothing (unified memory has its own path)
+  auto backend = gpu_backend(64);
+  gpu::Device& dev = *gpu_device_of(*backend);
+  constexpr size_t kBlock = 65536;
+  auto host = platform::allocate_aligned(2 * kBlock, kBlock);
+  auto* bytes = reinterpret_cast<uint32_t*>(host.get());
+  for (size_t i = 0; i < 2 * kBlock / 4; ++i) bytes[i] = static_cast<uint32_t>(i);
+  CHECK_FALSE(dev.map_host(host.get() + 64, kBlock));  // not on the import alignment
+  REQUIRE(dev.map_host(host.get(), kBlock));
+  auto buf = dev.create_buffer(1024);
+  auto read_back = [&](size_t offset) {
+    uint32_t v[4];
+    dev.read(*buf, offset, v, sizeof v);
+    return std::vector<uint32_t>(v, v + 4);
+  };
+  // Inside the range: the value at flush time.
+  dev.write(*buf, 0, bytes + 100, 16);
+  bytes[100] = 7777;
+  CHECK(read_back(0) == std::vector<uint32_t>{7777, 101, 102, 103});
+  // Reaching past the range: staged, the value at write().
+  const size_t last = kBlock / 4 - 2;
+  dev.write(*buf, 16, bytes + last, 16);
+  bytes[last] = 8888;
+  CHECK(read_back(16) ==
+        std::vector<uint32_t>{static_cast<uint32_t>(last), static_cast<uint32_t>(last + 1),
+                              static_cast<uint32_t>(last + 2), static_cast<uint32_t>(last + 3)});
+  // Unmapped: staged again.
+  dev.unmap_host(host.get());
+  dev.write(*buf, 32, bytes + 200, 16);
+  bytes[200] = 9999;
+  CHECK(read_back(32) == std::vector<uint32_t>{200, 201, 202, 203});
+  // Turned off: nothing is mapped.
+  setenv("REDWING_GPU_MAP_HOST", "0", 1);
+  auto off = gpu_backend(64);
+  CHECK_FALSE(gpu_device_of(*off)->map_host(host.get(), kBlock));
+  CHECK(off->map_host_memory({host.get(), kBlock}) == nullptr);
+  unsetenv("REDWING_GPU_MAP_HOST");
+  // Through the backend: a handle that unmaps when it goes.
+  {
+    auto mapping = backend->map_host_memory({host.get(), kBlock});
+    REQUIRE(mapping != nullptr);
+    dev.write(*buf, 48, bytes + 300, 16);
+    bytes[300] = 4242;
+    CHECK(read_back(48) == std::vector<uint32_t>{4242, 301, 302, 303});
+  }
+  dev.write(*buf, 48, bytes + 400, 16);
+  bytes[400] = 1;
+  CHECK(read_back(48) == std::vector<uint32_t>{400, 401, 402, 403});
 }
 
 // The routed experts' grouped prefill product (moe_matmul.comp: every expert's 16 x 8 tiles in

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -120,4 +121,21 @@ TEST_CASE("pools start and stop cleanly") {
     if (i % 2) pool.parallel_for(10, 1, [](int64_t, int64_t) {});
   }
   CHECK(ThreadPool::default_thread_count() >= 1);
+}
+
+TEST_CASE("REDWING_SPIN_US sets the spin; a malformed value is refused") {
+  setenv("REDWING_SPIN_US", "0", 1);
+  {
+    ThreadPool pool(2);  // blocking at once: the loop still covers every index
+    std::atomic<int64_t> total{0};
+    for (int round = 0; round < 50; ++round)
+      pool.parallel_for(100, 1, [&](int64_t b, int64_t e) { total += e - b; });
+    CHECK(total.load() == 5000);
+  }
+  for (const char* bad : {"-1", "ten", "5us", "2000000"}) {
+    CAPTURE(bad);
+    setenv("REDWING_SPIN_US", bad, 1);
+    CHECK_THROWS_AS(ThreadPool(2), std::invalid_argument);
+  }
+  unsetenv("REDWING_SPIN_US");
 }

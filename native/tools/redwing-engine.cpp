@@ -403,6 +403,8 @@ struct TokenStats {
   redwing::ForwardParts parts;  // wall time per part (experts include io_wait_ms)
   // A GPU backend's command submissions and kernel dispatches (zero on the CPU).
   uint64_t submissions = 0, dispatches = 0, barriers = 0;
+  // The GPU device layer's host time: recording commands, submitting them, waiting for the GPU.
+  double record_ms = 0, submit_ms = 0, wait_ms = 0;
 
   TokenStats& operator+=(const TokenStats& o) {
     expert_hits += o.expert_hits;
@@ -416,6 +418,9 @@ struct TokenStats {
     submissions += o.submissions;
     dispatches += o.dispatches;
     barriers += o.barriers;
+    record_ms += o.record_ms;
+    submit_ms += o.submit_ms;
+    wait_ms += o.wait_ms;
     parts.embed_ms += o.parts.embed_ms;
     parts.attention_ms += o.parts.attention_ms;
     parts.router_ms += o.parts.router_ms;
@@ -461,6 +466,9 @@ class ForwardRecorder {
     s.submissions = work.submissions - work_before_.submissions;
     s.dispatches = work.dispatches - work_before_.dispatches;
     s.barriers = work.barriers - work_before_.barriers;
+    s.record_ms = work.record_ms - work_before_.record_ms;
+    s.submit_ms = work.submit_ms - work_before_.submit_ms;
+    s.wait_ms = work.wait_ms - work_before_.wait_ms;
     work_before_ = work;
     parts_before_ = p;
     experts_before_ = now;
@@ -532,10 +540,11 @@ std::string expert_stats_json(const redwing::Engine& engine,
   out += buf;
   // Hybrid experts (--gpu-misses cpu): the GPU's misses computed on the CPU, and its time.
   std::snprintf(buf, sizeof(buf),
-                ", \"gpu_misses\": \"%s\", \"gpu_expert_copies\": %d, "
+                ", \"gpu_misses\": \"%s\", \"gpu_expert_copies\": %d, \"expert_slots_mapped\": %s, "
                 "\"decode_cpu_experts_per_token\": %.3f, \"decode_cpu_expert_ms_per_token\": %.3f",
                 engine.hybrid_experts() ? "cpu" : "copy",
                 engine.hybrid_experts() ? engine.options().gpu_expert_copies : -1,
+                engine.expert_slots_mapped() ? "true" : "false",
                 static_cast<double>(decode.cpu_experts) / n, decode.parts.host_experts_ms / n);
   out += buf;
   // Where a decode step's time goes; experts_ms includes the wait for reads, so the routed
@@ -578,11 +587,13 @@ std::string expert_stats_json(const redwing::Engine& engine,
       buf, sizeof(buf),
       ", \"backend\": \"%s\", \"prefill_submissions\": %llu, "
       "\"prefill_dispatches\": %llu, \"decode_submissions_per_token\": %.3f, "
-      "\"decode_dispatches_per_token\": %.3f, \"decode_barriers_per_token\": %.3f",
+      "\"decode_dispatches_per_token\": %.3f, \"decode_barriers_per_token\": %.3f, "
+      "\"decode_host_ms_per_token\": {\"record\": %.3f, \"submit\": %.3f, \"wait\": %.3f}",
       engine.backend().name().c_str(), static_cast<unsigned long long>(prefill.submissions),
       static_cast<unsigned long long>(prefill.dispatches),
       static_cast<double>(decode.submissions) / n, static_cast<double>(decode.dispatches) / n,
-      static_cast<double>(decode.barriers) / n);
+      static_cast<double>(decode.barriers) / n, decode.record_ms / n, decode.submit_ms / n,
+      decode.wait_ms / n);
   out += buf;
   out += ", \"device\": \"" + json_escape(engine.backend().describe()) + "\"";
   out += ", \"kernel_times\": [";

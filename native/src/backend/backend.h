@@ -180,6 +180,9 @@ class Backend {
     // Barriers recorded between dispatches: each starts a new level of dependent work, which
     // waits for everything before it (a GPU drains between levels).
     uint64_t barriers = 0;
+    // Host time in the GPU's device layer (Device::HostTimes): recording commands, submitting
+    // them, and waiting for the GPU (each read-back waits).
+    double record_ms = 0, submit_ms = 0, wait_ms = 0;
   };
   virtual WorkCounters work_counters() const { return {}; }
   // Device time per kernel since the backend was made, where it measures it (a GPU backend with
@@ -190,6 +193,20 @@ class Backend {
     double ms = 0;
   };
   virtual std::vector<KernelTiming> kernel_timings() const { return {}; }
+
+  // Host memory a GPU backend reads in place when expert slots are filled from it (the expert
+  // store's host slots, ExpertStore::host_blocks): no staging copy on the host, the GPU's copy
+  // engine reads it. The bytes must not change from a fill_expert_slot() call until the next
+  // download returns. Null where the backend cannot (the CPU: nothing to copy; a GPU without the
+  // capability): fills then stage as before. The memory stays mapped until the handle goes,
+  // which must be before the memory is freed and before the backend goes.
+  class HostMapping {
+   public:
+    virtual ~HostMapping() = default;
+  };
+  virtual std::unique_ptr<HostMapping> map_host_memory(std::span<const std::byte> block) {
+    return nullptr;
+  }
 
   // Starts the work recorded so far without waiting for it, so the host can compute beside it
   // (hybrid experts); the next download waits for it. Nothing to do where ops run as they come

@@ -396,9 +396,9 @@ class Gemma4 final : public Model {
   // one batch, two thread-pool rounds in all instead of two per expert); it computes what it
   // holds before the store would wait for a read (compute overlaps it) or reuse a held expert's
   // host slot (ExpertSource::for_each_slot_batched). The store hands a few of the host's experts
-  // on to a GPU slot (ExpertStoreOptions::device_copies), delivered after the other ready ones
-  // and copied after the host used them (the store counts the slot filled once the delivery
-  // returns) and after the recorded products that read the slot's old expert.
+  // on to a GPU slot (ExpertStoreOptions::device_copies), delivered after the other ready ones;
+  // its copy is recorded after the products that read the slot's old expert and started before
+  // the host computes it (the store counts the slot filled once the delivery returns).
   Mat hybrid_experts(int layer, Mat e_in, const SlotRouting& r) {
     const int top_k = arch_.moe->top_k;
     std::unique_ptr<ExpertBank>& bank = slot_banks_[static_cast<size_t>(layer)];
@@ -434,14 +434,17 @@ class Gemma4 final : public Model {
         backend_.submit();
         gpu_started = true;
       }
+      if (slot >= 0) {  // also into a GPU slot, for the tokens after this one: recorded and
+        // started before the host computes it, so that a copy the GPU reads from the host slot
+        // in place (Backend::map_host_memory) runs beside the host's products
+        if (std::find(on_gpu.begin(), on_gpu.end(), slot) != on_gpu.end()) record_gpu_products();
+        backend_.fill_expert_slot(*bank, slot, expert, m.gate, m.up, m.down);
+        backend_.submit();
+      }
       held.push_back({expert, m});
       if (d.more && slot < 0) return;  // computed with the next ones
       timed(parts_.host_experts_ms, [&] { host_experts(held, r, host); });
       held.clear();
-      if (slot >= 0) {  // also into a GPU slot, for the tokens after this one
-        if (std::find(on_gpu.begin(), on_gpu.end(), slot) != on_gpu.end()) record_gpu_products();
-        backend_.fill_expert_slot(*bank, slot, expert, m.gate, m.up, m.down);
-      }
     });
     if (!held.empty())  // their host slots may be reused now
       throw std::logic_error("the expert store ended layer " + std::to_string(layer) +

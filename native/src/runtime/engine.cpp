@@ -83,6 +83,12 @@ Engine::Engine(const EngineOptions& options)
       host_backend_->set_activations(options_.activations);
     }
     auto store = std::make_unique<ExpertStore>(dir_, so);
+    // Slots a GPU mirrors are filled from the host slots: mapped, the GPU copies them in place
+    // (only where no request refills a host slot, ExpertStore::host_blocks).
+    if (backend_->supports_expert_slots() && store->slots_hold_every_expert())
+      for (std::span<const std::byte> block : store->host_blocks())
+        if (auto mapping = backend_->map_host_memory(block))
+          host_mappings_.push_back(std::move(mapping));
     store_ = store.get();
     experts_ = std::move(store);
   } else if (moe && options_.mmap_experts) {

@@ -94,6 +94,9 @@ class Engine {
   // Whether a GPU's expert misses are computed on the CPU (hybrid experts: gpu_misses "cpu"
   // under the RAM tier).
   bool hybrid_experts() const { return host_backend_ != nullptr; }
+  // Whether the GPU copies experts into its slots straight from the host slots (mapped, no
+  // staging copy on the host: Backend::map_host_memory).
+  bool expert_slots_mapped() const { return !host_mappings_.empty(); }
   bool direct_io() const { return store_ && store_->direct_io(); }
   // The expected memory at options().context, computed before loading (the engine refuses to
   // start when a memory budget cannot hold it).
@@ -119,6 +122,9 @@ class Engine {
   ModelDir dir_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ExpertSource> experts_;
+  // The expert store's host slots as the GPU backend maps them (Backend::map_host_memory):
+  // declared after the store and the backend so that they go first.
+  std::vector<std::unique_ptr<Backend::HostMapping>> host_mappings_;
   ExpertStore* store_ = nullptr;  // experts_ when streaming
   MemoryPlan plan_;
   std::unique_ptr<Backend> host_backend_;  // the CPU backend of hybrid experts, else null

@@ -64,7 +64,16 @@ ExpertStore::ExpertStore(const ModelDir& dir, const ExpertStoreOptions& options)
     l.slots.resize(static_cast<size_t>(options_.slots));
     if (tiered()) l.device.resize(static_cast<size_t>(options_.device_slots));
     const size_t slot_size = checked::to_size_t(info.stride, "expert slot bytes");
-    for (Slot& s : l.slots) s.data = platform::allocate_aligned(slot_size, 16384);
+    // Each slot starts on a direct-I/O boundary (16 KiB covers every filesystem's).
+    const size_t slot_stride = (slot_size + 16383) / 16384 * 16384;
+    l.block_bytes =
+        checked::to_size_t(checked::mul(static_cast<uint64_t>(slot_stride),
+                                        static_cast<uint64_t>(options_.slots), "expert slot bytes"),
+                           "expert slot bytes");
+    l.block_bytes =
+        (l.block_bytes + kHostBlockAlignment - 1) / kHostBlockAlignment * kHostBlockAlignment;
+    if (l.block_bytes > 0) l.block = platform::allocate_aligned(l.block_bytes, kHostBlockAlignment);
+    for (size_t k = 0; k < l.slots.size(); ++k) l.slots[k].data = l.block.get() + k * slot_stride;
     slot_bytes_ = checked::add(
         slot_bytes_,
         checked::mul(static_cast<uint64_t>(options_.slots), info.stride, "expert slot bytes"),
@@ -97,6 +106,19 @@ ExpertStore::~ExpertStore() {
   for (auto& t : io_threads_) t.join();
 }
 
+std::vector<std::span<const std::byte>> ExpertStore::host_blocks() const {
+  std::vector<std::span<const std::byte>> out;
+  for (const auto& [index, l] : layers_)
+    if (l.block_bytes > 0) out.emplace_back(l.block.get(), l.block_bytes);
+  return out;
+}
+
+bool ExpertStore::slots_hold_every_expert() const {
+  for (const auto& [index, l] : layers_)
+    if (options_.slots < l.info.count) return false;
+  return true;
+}
+
 ExpertStore::Layer& ExpertStore::layer_at(int layer) {
   auto it = layers_.find(layer);
   if (it == layers_.end())
@@ -105,7 +127,7 @@ ExpertStore::Layer& ExpertStore::layer_at(int layer) {
 }
 
 ExpertMatrices ExpertStore::matrices(const Layer& l, const Slot& s) const {
-  const std::byte* blob = s.data.get();
+  const std::byte* blob = s.data;
   return {host_quant_at(l.info.gate, blob), host_quant_at(l.info.up, blob),
           host_quant_at(l.info.down, blob)};
 }
@@ -314,7 +336,7 @@ void ExpertStore::read_slot(const ReadJob& job) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int attempt = 0; attempt < options_.read_attempts; ++attempt) {
     try {
-      l.file.read_exact(slot.data.get() + job.begin, job.size, offset);
+      l.file.read_exact(slot.data + job.begin, job.size, offset);
       error.clear();
       break;
     } catch (const std::exception& e) {

@@ -105,6 +105,19 @@ class ExpertStore final : public ExpertSource {
   // Whether reads bypass the page cache (false if asked not to or the filesystem refused).
   bool direct_io() const { return direct_; }
   uint64_t slot_bytes() const { return slot_bytes_; }  // memory held by all slots
+  // Each MoE layer's host slots as one block (aligned to kHostBlockAlignment, its size a
+  // multiple of it), for a GPU backend to map so that copies into its slots read them in place
+  // (Backend::map_host_memory). A layer's slots are written only while a request or prefetch of
+  // that layer runs, and (with slots_hold_every_expert) never refilled within a request, so a
+  // copy recorded from them during a request reads the bytes it was recorded for as long as it
+  // runs before the layer's next request (the engine waits for the GPU at every layer's
+  // routing).
+  std::vector<std::span<const std::byte>> host_blocks() const;
+  // Whether no request can reuse a host slot before it ends: every layer has a slot for each of
+  // its experts (otherwise a request needing more experts than slots refills a slot within the
+  // request, while copies recorded from it may not have run: its blocks must not be mapped).
+  bool slots_hold_every_expert() const;
+  static constexpr size_t kHostBlockAlignment = 65536;
   // Whether the backend's slots are fewer than the host's (the RAM tier).
   bool tiered() const {
     return options_.device_slots > 0 && options_.device_slots < options_.slots;
@@ -120,12 +133,12 @@ class ExpertStore final : public ExpertSource {
     SlotState state = SlotState::empty;
     int pins = 0;
     uint64_t last_use = 0;
-    int pieces_left = 0;     // reads of this slot still running
-    bool delivered = false;  // handed to for_each_slot since it was read (a mirroring backend
-                             // holds a copy)
-    std::string error;       // why the last read failed
-    uint64_t read_for = 0;   // the layer request that queued the last read (Layer::requests)
-    platform::AlignedBytes data;
+    int pieces_left = 0;        // reads of this slot still running
+    bool delivered = false;     // handed to for_each_slot since it was read (a mirroring backend
+                                // holds a copy)
+    std::string error;          // why the last read failed
+    uint64_t read_for = 0;      // the layer request that queued the last read (Layer::requests)
+    std::byte* data = nullptr;  // the slot's bytes, inside its layer's block
   };
   // A backend slot of the RAM tier: what the backend's copy holds (set once a delivery into it
   // returned, so a failed copy leaves it empty).
@@ -140,6 +153,10 @@ class ExpertStore final : public ExpertSource {
   struct Layer {
     ExpertLayerInfo info;
     platform::ReadFile file;
+    // Every host slot of the layer in one block (slot i at i * slot_stride), so that a GPU
+    // backend can map the layer's slots at once (host_blocks).
+    platform::AlignedBytes block;
+    size_t block_bytes = 0;
     std::vector<Slot> slots;
     std::vector<uint64_t> uses;  // per expert, over the whole run (LFU)
     std::vector<double> crf;     // per expert: LRFU value as of request crf_at (LRFU)

@@ -52,6 +52,16 @@ int ThreadPool::default_thread_count() {
 }
 
 ThreadPool::ThreadPool(int n_threads) {
+  // REDWING_SPIN_US: how long idle threads spin before blocking (A/B runs: hybrid experts leave
+  // the pool idle while the GPU runs a layer's attention, ~0.2-0.5 ms on the H200).
+  if (const char* env = std::getenv("REDWING_SPIN_US"); env && *env) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || v < 0 || v > 1000000)
+      throw std::invalid_argument(std::string("REDWING_SPIN_US=") + env +
+                                  ": expected microseconds from 0 to 1000000");
+    spin_us_.store(static_cast<int>(v));
+  }
   if (n_threads <= 0) n_threads = default_thread_count();
   try {
     workers_.reserve(static_cast<size_t>(n_threads - 1));

@@ -171,8 +171,18 @@ class Device {
   // Device memory currently allocated through create_buffer (for the memory report).
   virtual uint64_t allocated_bytes() const = 0;
 
-  // Records a copy of host data (taken now) into dst.
+  // Records a copy of host data (taken now) into dst; from inside a range given to map_host(),
+  // a copy read from there when it runs (see map_host).
   virtual void write(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) = 0;
+  // Host memory the device may read in place (Vulkan: VK_EXT_external_memory_host): a later
+  // write() whose source lies inside [p, p + bytes) records a copy straight from it, with no
+  // staging copy on the host; the bytes are read when the copy runs, at the latest before the
+  // flush that follows returns, so the caller keeps them unchanged until then. False where the
+  // device cannot (no such extension, a range it does not accept): writes then stage as before.
+  // The range stays mapped until unmap_host(p), which waits for the work that may read it; call it
+  // before the memory is freed.
+  virtual bool map_host(const void* p, size_t bytes) { return false; }
+  virtual void unmap_host(const void* p) {}
   // Flushes the recorded commands, waits for them, then copies device data to the host.
   virtual void read(const DeviceBuffer& src, size_t offset, void* dst, size_t bytes) = 0;
   // Records a dispatch of groups_x * groups_y * groups_z workgroups.
@@ -188,6 +198,16 @@ class Device {
   virtual void submit() {}
   // Submissions since the device was created (for tests and benchmarks).
   virtual uint64_t submissions() const = 0;
+
+  // Host time the device layer spent since it was created (for profiles): recording commands
+  // (dispatch, barrier, write, read's copy), handing command buffers to the GPU, and waiting for
+  // it. A host wait is time the host cannot record; recording while the GPU is idle (between a
+  // read and the next submission) is time on the critical path. Zero where not measured.
+  struct HostTimes {
+    double record_ms = 0, submit_ms = 0, wait_ms = 0;
+    uint64_t waits = 0;
+  };
+  virtual HostTimes host_times() const { return {}; }
 
   // Per-kernel GPU time, when enabled: each dispatch is bracketed by timestamps and the totals
   // accumulate at every flush.

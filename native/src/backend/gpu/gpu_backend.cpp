@@ -182,6 +182,24 @@ constexpr int64_t kMatvecMaxTokens = 4;        // more tokens: the tiled qmatmul
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
+// A host range the device reads in place (Backend::map_host_memory), unmapped when it goes.
+class DeviceHostMapping final : public Backend::HostMapping {
+ public:
+  DeviceHostMapping(gpu::Device& device, const void* base) : device_(device), base_(base) {}
+  ~DeviceHostMapping() override {
+    try {
+      device_.unmap_host(base_);
+    } catch (...) {  // a lost device: nothing left to wait for
+    }
+  }
+  DeviceHostMapping(const DeviceHostMapping&) = delete;
+  DeviceHostMapping& operator=(const DeviceHostMapping&) = delete;
+
+ private:
+  gpu::Device& device_;
+  const void* base_;
+};
+
 class GpuBackend final : public Backend {
  public:
   explicit GpuBackend(std::unique_ptr<gpu::Device> device) : dev_(std::move(device)) {
@@ -228,8 +246,15 @@ class GpuBackend final : public Backend {
 
   gpu::Device& device() { return *dev_; }
 
+  std::unique_ptr<HostMapping> map_host_memory(std::span<const std::byte> block) override {
+    if (!dev_->map_host(block.data(), block.size())) return nullptr;
+    return std::make_unique<DeviceHostMapping>(*dev_, block.data());
+  }
+
   WorkCounters work_counters() const override {
-    return {dev_->submissions(), dispatches_, barriers_};
+    const gpu::Device::HostTimes host = dev_->host_times();
+    return {dev_->submissions(), dispatches_,    barriers_,
+            host.record_ms,      host.submit_ms, host.wait_ms};
   }
   std::vector<KernelTiming> kernel_timings() const override {
     std::vector<KernelTiming> out;
@@ -1513,6 +1538,10 @@ class GpuBackend final : public Backend {
     std::fprintf(stderr, "gpu profile (%s, %llu submissions): %.3f ms in kernels\n",
                  dev_->info().name.c_str(), static_cast<unsigned long long>(dev_->submissions()),
                  total);
+    const gpu::Device::HostTimes host = dev_->host_times();
+    std::fprintf(stderr, "  host: %.3f ms recording, %.3f ms submitting, %.3f ms in %llu waits\n",
+                 host.record_ms, host.submit_ms, host.wait_ms,
+                 static_cast<unsigned long long>(host.waits));
     // The experts' down product's shape (rows per team, lanes, words in flight; reduction).
     const gpu::DeviceInfo& info = dev_->info();
     const gpu::MatvecShape& m = info.matvec_down;

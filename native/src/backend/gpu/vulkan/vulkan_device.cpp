@@ -5,9 +5,14 @@
 //   last buffer goes), so a model's thousands of expert matrices use few allocations (drivers
 //   may cap their count at 4096); larger buffers get their own allocation.
 //   Host data goes through host-visible staging memory: a reusable arena for small writes, a
-//   dedicated buffer for large ones; reads go through a host-cached readback buffer.
-// - Commands: one command buffer records everything between two flushes; each dispatch gets a
-//   descriptor set from a pool that is reset at every flush (the pool filling up forces a flush).
+//   dedicated buffer for large ones; reads go through a host-cached readback buffer. Host
+//   memory given to map_host() is imported (VK_EXT_external_memory_host) and copied from in
+//   place.
+// - Commands: one command buffer records everything between two flushes; each dispatch pushes
+//   its bindings into the command buffer (VK_KHR_push_descriptor), or where the device lacks it
+//   gets a descriptor set from a pool that is reset at every flush (the pool filling up forces a
+//   flush). Recorded work is handed to the GPU in a growing chain of command buffers
+//   (SubmitSchedule) so it starts while the host still records.
 // - Buffers destroyed while recorded commands may still use them are kept until the next flush.
 // - Pipelines are built on first use from the embedded SPIR-V, all with one layout: set 0 holds
 //   kMaxBindings storage buffers, and one push-constant block of kMaxPushBytes.
@@ -19,7 +24,10 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +41,79 @@ void check(VkResult r, const char* what) {
   if (r != VK_SUCCESS)
     throw std::runtime_error(std::string("vulkan: ") + what + " failed (VkResult " +
                              std::to_string(static_cast<int>(r)) + ")");
+}
+
+// Adds the wall time of its scope to a total in ms (the device's host-time profile).
+class HostTimer {
+ public:
+  explicit HostTimer(double& total_ms) : total_(total_ms), start_(Clock::now()) {}
+  ~HostTimer() {
+    total_ += std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
+  }
+  HostTimer(const HostTimer&) = delete;
+  HostTimer& operator=(const HostTimer&) = delete;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double& total_;
+  Clock::time_point start_;
+};
+
+// When recorded work goes to the GPU: after the first `first` dispatches of a batch (the work
+// recorded after a flush), then after twice as many more each time up to `most`, so the GPU
+// starts early in a batch while later submissions stay few. REDWING_GPU_SUBMIT = "N" (every N
+// dispatches) or "first,most"; unset: 64 (every 64 dispatches).
+struct SubmitSchedule {
+  uint32_t first = 64, most = 64;
+};
+SubmitSchedule submit_schedule() {
+  SubmitSchedule s;
+  const char* v = std::getenv("REDWING_GPU_SUBMIT");
+  if (v == nullptr || *v == 0) return s;
+  const std::string text = v;
+  const size_t comma = text.find(',');
+  try {
+    size_t used = 0;
+    s.first = static_cast<uint32_t>(std::stoul(text.substr(0, comma), &used));
+    if (used != (comma == std::string::npos ? text.size() : comma)) throw std::invalid_argument("");
+    s.most = s.first;
+    if (comma != std::string::npos) {
+      s.most = static_cast<uint32_t>(std::stoul(text.substr(comma + 1), &used));
+      if (used != text.size() - comma - 1) throw std::invalid_argument("");
+    }
+  } catch (const std::exception&) {
+    s.first = 0;
+  }
+  if (s.first == 0 || s.most < s.first || s.most > 4096)
+    throw std::invalid_argument(
+        "REDWING_GPU_SUBMIT=" + text +
+        ": expected N or first,most dispatches (1 <= first <= most <= 4096)");
+  return s;
+}
+
+// How the host waits for the GPU (REDWING_GPU_WAIT): "spin" polls the fence for up to kSpinMs,
+// then blocks; "block" blocks at once (vkWaitForFences). Unset: spin on a GPU, block on a CPU
+// device (lavapipe), whose own threads need the cores a spinning host would take. On the H200,
+// hybrid experts wait for the GPU once per layer (~0.25 ms of kernels); the blocking wait added
+// ~0.1 ms to each (docs/gpu.md, "Where a hybrid token's waits go").
+enum class WaitMode { automatic, block, spin };
+WaitMode wait_mode() {
+  const char* v = std::getenv("REDWING_GPU_WAIT");
+  if (v == nullptr || *v == 0) return WaitMode::automatic;
+  if (std::string(v) == "block") return WaitMode::block;
+  if (std::string(v) == "spin") return WaitMode::spin;
+  throw std::invalid_argument(std::string("REDWING_GPU_WAIT=") + v + ": expected block or spin");
+}
+constexpr double kSpinMs = 2.0;
+
+bool has_device_extension(VkPhysicalDevice pd, const char* name) {
+  uint32_t n = 0;
+  vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, nullptr);
+  std::vector<VkExtensionProperties> props(n);
+  vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, props.data());
+  for (const auto& e : props)
+    if (std::strcmp(e.extensionName, name) == 0) return true;
+  return false;
 }
 
 // An instance shared by enumeration and devices, with the portability flag MoltenVK needs.
@@ -127,15 +208,21 @@ class VulkanDevice final : public Device {
   std::unique_ptr<DeviceBuffer> create_buffer(size_t bytes) override;
   uint64_t allocated_bytes() const override { return allocated_; }
   void write(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override;
+  bool map_host(const void* p, size_t bytes) override;
+  void unmap_host(const void* p) override;
   void read(const DeviceBuffer& src, size_t offset, void* dst, size_t bytes) override;
   void dispatch(Kernel kernel, std::span<const Binding> bindings, const void* push,
                 size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) override;
   void barrier() override;
   void flush() override;
+  // The host computes beside this work and records what follows once it is done, when the GPU
+  // may be idle: that work goes out early again, as after a flush.
   void submit() override {
     if (recording_) submit_without_wait();
+    submit_after_ = schedule_.first;
   }
   uint64_t submissions() const override { return submissions_; }
+  HostTimes host_times() const override { return host_; }
   void enable_timestamps(bool on) override { timestamps_ = on && timestamp_period_ns_ > 0; }
   std::vector<KernelTime> kernel_times() const override { return times_; }
 
@@ -181,15 +268,32 @@ class VulkanDevice final : public Device {
   VkCommandPool command_pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   bool recording_ = false;
-  // A batch is recorded into a chain of command buffers: every kDispatchesPerSubmit dispatches
-  // the current one is submitted without waiting, so the GPU runs the start of a decode step
-  // while the host records the rest; flush() submits the last one and waits for all of them.
-  static constexpr uint32_t kDispatchesPerSubmit = 64;
+  // A batch is recorded into a chain of command buffers: after submit_after_ dispatches (by
+  // schedule_) the current one is submitted without waiting, so the GPU runs the start of a
+  // decode step while the host records the rest; flush() submits the last one and waits for
+  // all of them.
+  SubmitSchedule schedule_;
+  uint32_t submit_after_ = 64;  // dispatches in the current buffer that submit it
   uint32_t dispatches_in_cmd_ = 0;
   std::vector<VkCommandBuffer> in_flight_;  // submitted since the last flush, not waited for
   std::vector<VkCommandBuffer> spare_;      // reset, ready for reuse
   void submit_without_wait();
+  void wait_for_fence();
   VkFence fence_ = VK_NULL_HANDLE;
+  bool spin_wait_ = false;
+  // VK_KHR_push_descriptor: bindings pushed into the command buffer (no descriptor sets).
+  PFN_vkCmdPushDescriptorSetKHR push_descriptors_ = nullptr;
+  // VK_EXT_external_memory_host: host ranges imported by map_host(), copied from in place.
+  PFN_vkGetMemoryHostPointerPropertiesEXT host_pointer_properties_ = nullptr;
+  uint64_t host_import_alignment_ = 0;
+  struct Imported {
+    const std::byte* base = nullptr;
+    size_t bytes = 0;
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceMemory memory = VK_NULL_HANDLE;
+  };
+  std::vector<Imported> imported_;
+  HostTimes host_;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout pipeline_layout_ = VK_NULL_HANDLE;
   VkDescriptorPool descriptor_pool_ = VK_NULL_HANDLE;
@@ -227,7 +331,9 @@ struct VulkanBuffer final : DeviceBuffer {
   size_t size_bytes() const override { return raw.bytes; }
 };
 
-VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads) {
+VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
+    : schedule_(submit_schedule()), submit_after_(schedule_.first) {
+  const WaitMode wait = wait_mode();
   instance_ = create_instance();
   auto devs = physical_devices(instance_);
   if (index < 0 || index >= static_cast<int>(devs.size()))
@@ -241,6 +347,7 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads) {
       workgroup_threads != 0 ? workgroup_threads : choose_workgroup_threads(info_.software);
   choose_matvec_down_shape(info_);
   choose_matmul_policy(info_);
+  spin_wait_ = wait == WaitMode::spin || (wait == WaitMode::automatic && !info_.software);
   vkGetPhysicalDeviceMemoryProperties(physical_, &memory_props_);
   const int family = compute_queue_family(physical_);
   if (family < 0) throw std::runtime_error("vulkan: " + info_.name + " has no compute queue");
@@ -261,6 +368,26 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads) {
       if (std::strcmp(e.extensionName, "VK_KHR_portability_subset") == 0)
         exts.push_back("VK_KHR_portability_subset");
   }
+  // REDWING_GPU_PUSH_DESCRIPTORS=0: descriptor sets from a pool even where the device can push
+  // them (A/B runs, and the tests of that path).
+  const char* push = std::getenv("REDWING_GPU_PUSH_DESCRIPTORS");
+  const bool want_push = push == nullptr || std::string(push) != "0";
+  const bool can_push = want_push && has_device_extension(physical_, "VK_KHR_push_descriptor");
+  if (can_push) exts.push_back("VK_KHR_push_descriptor");
+  // REDWING_GPU_MAP_HOST=0: never import host memory (every write stages; A/B runs, tests).
+  const char* map_host_env = std::getenv("REDWING_GPU_MAP_HOST");
+  const bool can_import = (map_host_env == nullptr || std::string(map_host_env) != "0") &&
+                          has_device_extension(physical_, "VK_EXT_external_memory_host");
+  if (can_import) {
+    exts.push_back("VK_EXT_external_memory_host");
+    VkPhysicalDeviceExternalMemoryHostPropertiesEXT host_props{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
+    VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    props2.pNext = &host_props;
+    vkGetPhysicalDeviceProperties2(physical_, &props2);
+    host_import_alignment_ = host_props.minImportedHostPointerAlignment;
+  }
+
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
@@ -268,6 +395,12 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads) {
   dci.ppEnabledExtensionNames = exts.data();
   check(vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  if (can_push)
+    push_descriptors_ = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(
+        vkGetDeviceProcAddr(device_, "vkCmdPushDescriptorSetKHR"));
+  if (can_import && host_import_alignment_ > 0)
+    host_pointer_properties_ = reinterpret_cast<PFN_vkGetMemoryHostPointerPropertiesEXT>(
+        vkGetDeviceProcAddr(device_, "vkGetMemoryHostPointerPropertiesEXT"));
 
   VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -289,6 +422,7 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads) {
     b[static_cast<size_t>(i)].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
   }
   VkDescriptorSetLayoutCreateInfo lci{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  if (push_descriptors_) lci.flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR;
   lci.bindingCount = kMaxBindings;
   lci.pBindings = b.data();
   check(vkCreateDescriptorSetLayout(device_, &lci, nullptr, &set_layout_),
@@ -332,6 +466,10 @@ VulkanDevice::~VulkanDevice() {
     }
   }
   vkDeviceWaitIdle(device_);
+  for (const Imported& im : imported_) {
+    vkDestroyBuffer(device_, im.buffer, nullptr);
+    vkFreeMemory(device_, im.memory, nullptr);
+  }
   for (auto& r : garbage_) destroy_raw(r);
   for (auto& r : staging_) destroy_raw(r);
   destroy_raw(dummy_);
@@ -434,9 +572,11 @@ VkCommandBuffer VulkanDevice::commands() {
 }
 
 void VulkanDevice::submit_without_wait() {
+  HostTimer timer(host_.submit_ms);
   check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
   recording_ = false;
   dispatches_in_cmd_ = 0;
+  submit_after_ = std::min(submit_after_ * 2, schedule_.most);
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &cmd_;
@@ -506,10 +646,71 @@ std::unique_ptr<DeviceBuffer> VulkanDevice::create_buffer(size_t bytes) {
   return buf;
 }
 
+bool VulkanDevice::map_host(const void* p, size_t bytes) {
+  if (host_pointer_properties_ == nullptr || p == nullptr || bytes == 0) return false;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  if (at % host_import_alignment_ != 0 || bytes % host_import_alignment_ != 0) return false;
+  VkMemoryHostPointerPropertiesEXT host{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+  if (host_pointer_properties_(device_, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, p,
+                               &host) != VK_SUCCESS)
+    return false;
+  VkExternalMemoryBufferCreateInfo external{VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO};
+  external.handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  VkBufferCreateInfo bci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bci.pNext = &external;
+  bci.size = bytes;
+  bci.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
+  bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  Imported im;
+  im.base = static_cast<const std::byte*>(p);
+  im.bytes = bytes;
+  if (vkCreateBuffer(device_, &bci, nullptr, &im.buffer) != VK_SUCCESS) return false;
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, im.buffer, &req);
+  const uint32_t types = req.memoryTypeBits & host.memoryTypeBits;
+  uint32_t type = 0;
+  while (type < memory_props_.memoryTypeCount && !(types & (1u << type))) ++type;
+  VkImportMemoryHostPointerInfoEXT import{VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT};
+  import.handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  import.pHostPointer = const_cast<void*>(p);  // the API's type; the device only reads it
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.pNext = &import;
+  ai.allocationSize = bytes;
+  ai.memoryTypeIndex = type;
+  if (type == memory_props_.memoryTypeCount ||
+      vkAllocateMemory(device_, &ai, nullptr, &im.memory) != VK_SUCCESS ||
+      vkBindBufferMemory(device_, im.buffer, im.memory, 0) != VK_SUCCESS) {
+    if (im.memory) vkFreeMemory(device_, im.memory, nullptr);
+    vkDestroyBuffer(device_, im.buffer, nullptr);
+    return false;
+  }
+  imported_.push_back(im);
+  return true;
+}
+
+void VulkanDevice::unmap_host(const void* p) {
+  auto it = std::find_if(imported_.begin(), imported_.end(),
+                         [&](const Imported& im) { return im.base == p; });
+  if (it == imported_.end()) return;
+  flush();  // recorded copies may still read it
+  vkDestroyBuffer(device_, it->buffer, nullptr);
+  vkFreeMemory(device_, it->memory, nullptr);
+  imported_.erase(it);
+}
+
 void VulkanDevice::write(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  std::optional<HostTimer> timer(std::in_place, host_.record_ms);
   auto& d = static_cast<VulkanBuffer&>(dst);
   if (offset + bytes > d.raw.bytes) throw std::logic_error("gpu write outside the buffer");
+  const auto from_host = reinterpret_cast<uintptr_t>(src);
+  for (const Imported& im : imported_) {
+    const auto base = reinterpret_cast<uintptr_t>(im.base);
+    if (from_host < base || from_host - base > im.bytes - bytes || bytes > im.bytes) continue;
+    const VkBufferCopy region{static_cast<VkDeviceSize>(from_host - base), offset, bytes};
+    vkCmdCopyBuffer(commands(), im.buffer, d.raw.buffer, 1, &region);
+    return;
+  }
   VkBuffer from;
   size_t from_offset = 0;
   if (bytes <= kArenaBytes / 4) {
@@ -525,6 +726,7 @@ void VulkanDevice::write(DeviceBuffer& dst, size_t offset, const void* src, size
   }
   VkBufferCopy region{from_offset, offset, bytes};
   vkCmdCopyBuffer(commands(), from, d.raw.buffer, 1, &region);
+  timer.reset();
   // Large uploads (weights) are submitted at once so their staging memory does not pile up.
   if (bytes > kArenaBytes / 4) flush();
 }
@@ -539,6 +741,7 @@ void VulkanDevice::read(const DeviceBuffer& src, size_t offset, void* dst, size_
     readback_ = make_raw(std::max<size_t>(bytes, 1u << 20), Memory::readback);
   }
   barrier();
+  std::optional<HostTimer> timer(std::in_place, host_.record_ms);
   VkBufferCopy region{offset, 0, bytes};
   vkCmdCopyBuffer(commands(), s.raw.buffer, readback_.buffer, 1, &region);
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
@@ -546,6 +749,7 @@ void VulkanDevice::read(const DeviceBuffer& src, size_t offset, void* dst, size_
   mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
   vkCmdPipelineBarrier(commands(), VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
                        &mb, 0, nullptr, 0, nullptr);
+  timer.reset();
   flush();
   VkMappedMemoryRange range{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE};
   range.memory = readback_.memory;
@@ -592,17 +796,22 @@ void VulkanDevice::dispatch(Kernel kernel, std::span<const Binding> bindings, co
   if (gx == 0 || gy == 0 || gz == 0) return;
   if (bindings.size() > kMaxBindings || push_bytes > kMaxPushBytes)
     throw std::logic_error("gpu dispatch: too many bindings or push constants");
-  if (sets_used_ == kSetsPerPool || (timestamps_ && queries_used_ + 2 > kMaxQueries)) flush();
+  if ((!push_descriptors_ && sets_used_ == kSetsPerPool) ||
+      (timestamps_ && queries_used_ + 2 > kMaxQueries))
+    flush();
+  std::optional<HostTimer> timer(std::in_place, host_.record_ms);
   VkPipeline pipe = pipeline(kernel);
   VkCommandBuffer cmd = commands();
 
-  VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-  ai.descriptorPool = descriptor_pool_;
-  ai.descriptorSetCount = 1;
-  ai.pSetLayouts = &set_layout_;
-  VkDescriptorSet set;
-  check(vkAllocateDescriptorSets(device_, &ai, &set), "vkAllocateDescriptorSets");
-  ++sets_used_;
+  VkDescriptorSet set = VK_NULL_HANDLE;  // unused with push descriptors
+  if (!push_descriptors_) {
+    VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = descriptor_pool_;
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &set_layout_;
+    check(vkAllocateDescriptorSets(device_, &ai, &set), "vkAllocateDescriptorSets");
+    ++sets_used_;
+  }
   std::array<VkDescriptorBufferInfo, kMaxBindings> infos{};
   std::array<VkWriteDescriptorSet, kMaxBindings> writes{};
   for (int i = 0; i < kMaxBindings; ++i) {
@@ -625,10 +834,15 @@ void VulkanDevice::dispatch(Kernel kernel, std::span<const Binding> bindings, co
     w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     w.pBufferInfo = &info;
   }
-  vkUpdateDescriptorSets(device_, kMaxBindings, writes.data(), 0, nullptr);
   vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
-  vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, 1, &set, 0,
-                          nullptr);
+  if (push_descriptors_) {
+    push_descriptors_(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, kMaxBindings,
+                      writes.data());
+  } else {
+    vkUpdateDescriptorSets(device_, kMaxBindings, writes.data(), 0, nullptr);
+    vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, 1, &set, 0,
+                            nullptr);
+  }
   if (push_bytes) {
     std::array<std::byte, kMaxPushBytes> block{};
     std::memcpy(block.data(), push, push_bytes);
@@ -642,10 +856,12 @@ void VulkanDevice::dispatch(Kernel kernel, std::span<const Binding> bindings, co
   vkCmdDispatch(cmd, gx, gy, gz);
   if (timestamps_)
     vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, query_pool_, queries_used_++);
-  if (++dispatches_in_cmd_ >= kDispatchesPerSubmit) submit_without_wait();
+  timer.reset();
+  if (++dispatches_in_cmd_ >= submit_after_) submit_without_wait();
 }
 
 void VulkanDevice::barrier() {
+  HostTimer timer(host_.record_ms);
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
                      VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT;
@@ -672,18 +888,37 @@ void VulkanDevice::collect_timestamps() {
   query_kernels_.clear();
 }
 
+void VulkanDevice::wait_for_fence() {
+  HostTimer timer(host_.wait_ms);
+  ++host_.waits;
+  if (spin_wait_) {
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(kSpinMs);
+    while (std::chrono::steady_clock::now() < until) {
+      const VkResult r = vkGetFenceStatus(device_, fence_);
+      if (r == VK_SUCCESS) return;
+      if (r != VK_NOT_READY) check(r, "vkGetFenceStatus");
+    }
+  }
+  check(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+}
+
 void VulkanDevice::flush() {
+  submit_after_ = schedule_.first;
   if (recording_ || !in_flight_.empty()) {
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    if (recording_) {
-      check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
-      si.commandBufferCount = 1;
-      si.pCommandBuffers = &cmd_;
+    {
+      HostTimer timer(host_.submit_ms);
+      if (recording_) {
+        check(vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd_;
+      }
+      // With no buffer, the fence still signals once everything submitted before has run.
+      check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
     }
-    // With no buffer, the fence still signals once everything submitted before has run.
-    check(vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
     ++submissions_;
-    check(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    wait_for_fence();
     check(vkResetFences(device_, 1, &fence_), "vkResetFences");
     if (recording_) check(vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer");
     recording_ = false;
@@ -695,7 +930,8 @@ void VulkanDevice::flush() {
     in_flight_.clear();
     collect_timestamps();
   }
-  check(vkResetDescriptorPool(device_, descriptor_pool_, 0), "vkResetDescriptorPool");
+  if (sets_used_ > 0)
+    check(vkResetDescriptorPool(device_, descriptor_pool_, 0), "vkResetDescriptorPool");
   sets_used_ = 0;
   arena_used_ = 0;
   for (auto& r : staging_) destroy_raw(r);
