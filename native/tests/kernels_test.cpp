@@ -471,21 +471,22 @@ TEST_CASE("qmatmul matches double-precision math for every row of X") {
 }
 
 TEST_CASE("qmatmul's blocks and tiles: odd rows, tokens and columns under every ISA") {
-  // Shapes that cut every block of the AVX2 kernel (kernels_avx2.cpp): 640 columns are two
-  // 256-column K blocks and a 128-column one; 150 rows, in ranges that start and end inside
-  // 16-row panels and cross a 128-row block; 13 tokens are two 6-token tiles and one more, and
-  // the first 1, 5, 6 and 7 of them every other remainder. Each ISA must be within float32
-  // summation error of double-precision math and give a row the same bits whichever range
-  // computed it (the backend's row chunks vary with the thread count and batch).
+  // Shapes that cut every block of the AVX2 kernel (kernels_avx2.cpp): two 256-column K blocks
+  // and a narrower one (128, 64 or 96 columns: the 96 ends in half of a 4-bit 64-column chunk);
+  // 150 rows, in ranges that start and end inside 16-row panels and cross a 128-row block; 13
+  // tokens are two 6-token tiles and one more, and the first 1, 5, 6 and 7 of them every other
+  // remainder. Each ISA must be within float32 summation error of double-precision math and
+  // give a row the same bits whichever range computed it (the backend's row chunks vary with
+  // the thread count and batch).
   const int64_t rows = 150;
-  const int64_t cols = 640;
   const int64_t n_x = 13;
-  const int64_t x_stride = cols + 5;
   const int64_t y_stride = rows + 3;
-  const std::vector<float> x = random_vector(n_x * x_stride, 23, -2.0f, 2.0f);
   const std::pair<int64_t, int64_t> ranges[] = {{0, 1}, {1, 19}, {19, 147}, {147, 150}};
   for (int bits : {4, 8}) {
     for (int gs : {32, 64, 128}) {
+      const int64_t cols = gs == 128 ? 640 : gs == 64 ? 576 : 608;
+      const int64_t x_stride = cols + 5;
+      const std::vector<float> x = random_vector(n_x * x_stride, 23, -2.0f, 2.0f);
       for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32}) {
         const TestMatrix m = make_matrix(bits, gs, rows, cols, type, 300 + bits + gs);
         std::vector<double> want(static_cast<size_t>(n_x * rows)), mag(want.size());

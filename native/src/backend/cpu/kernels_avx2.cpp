@@ -561,6 +561,33 @@ constexpr int kPanelRows = 16;
 constexpr int kTileTokens = 6;
 constexpr int64_t kBlockK = 256;  // a multiple of every group size, so blocks hold whole groups
 constexpr int64_t kBlockRows = 128;
+constexpr int64_t kBlockTokens = 96;
+
+// pack_panel reads 16 rows a little at a time, a pattern the hardware prefetchers do not follow,
+// and the weights are usually cold (each is read once per product): while a panel's products
+// run, fetch into L2 what packing the same rows' next K block will read (after the last K
+// block, the next row block's first), words, scales and biases, so that the misses overlap
+// the arithmetic instead of stalling the packing.
+template <int kBits>
+void prefetch_next_panel(const QuantMatrix& w, int64_t r0, int64_t k0, int64_t kc) {
+  const bool last = k0 + kc >= w.cols;
+  const int64_t pr = last ? r0 + kBlockRows : r0;
+  const int64_t pk = last ? 0 : k0 + kc;
+  const int64_t pkc = std::min(kBlockK, w.cols - pk);
+  const int64_t n_pr = std::min<int64_t>(kPanelRows, w.rows - pr);
+  const int64_t wpr = words_per_row(w);
+  const int64_t gpr = groups_per_row(w);
+  const int64_t scale_bytes = w.scale_type == ScaleType::f32 ? 4 : 2;
+  const auto* scales = static_cast<const char*>(w.scales);
+  const auto* biases = static_cast<const char*>(w.biases);
+  for (int64_t i = 0; i < n_pr; ++i) {
+    const auto* p = reinterpret_cast<const char*>(w.packed + (pr + i) * wpr + pk * kBits / 32);
+    for (int64_t at = 0; at < pkc * kBits / 8; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
+    const int64_t g = (pr + i) * gpr + pk / w.group_size;
+    _mm_prefetch(scales + g * scale_bytes, _MM_HINT_T1);
+    _mm_prefetch(biases + g * scale_bytes, _MM_HINT_T1);
+  }
+}
 
 // Panel of rows [r0, r0 + n_rows) (n_rows <= 16; missing rows are zeros), columns
 // [k0, k0 + kc): out[(c - k0) * 16 + i] = s * q + b of row r0 + i, the same float32 value as
@@ -609,25 +636,12 @@ void pack_panel(const QuantMatrix& w, int64_t r0, int n_rows, int64_t k0, int64_
   constexpr int64_t kChunk = 8 * kPerWord;  // columns in 8 words
   const int64_t wpr = words_per_row(w);
   const int64_t gpr = groups_per_row(w);
-  // 16 rows are read a little at a time, a pattern the hardware prefetchers do not follow well:
-  // fetch what these rows' next K block (or, after the last, the next row block's first) will
-  // read, which a whole block's products later is in cache.
-  {
-    const bool last = k0 + kc >= w.cols;
-    const int64_t pr = last ? r0 + kBlockRows : r0;
-    const int64_t pk = last ? 0 : k0 + kc;
-    const int64_t pkc = std::min(kBlockK, w.cols - pk);
-    const int64_t n_pr = std::min<int64_t>(kPanelRows, w.rows - pr);
-    for (int64_t i = 0; i < n_pr; ++i) {
-      const char* p = reinterpret_cast<const char*>(w.packed + (pr + i) * wpr + pk / kPerWord);
-      for (int64_t at = 0; at < pkc * kBits / 8; at += 64) _mm_prefetch(p + at, _MM_HINT_T0);
-    }
-  }
   const int64_t n_groups = kc / w.group_size;
   for (int h = 0; h < kPanelRows / 8; ++h) {
     // Lanes past the last row read the last row's words and get zero scale and bias.
     const uint32_t* row[8];
-    alignas(32) float sb[2 * kBlockK / 32][8];  // scales then biases of the block's groups
+    alignas(32) float sb[2 * kBlockK / 32][8];  // scales then biases of the block's groups  //
+                                                // scales then biases of the block's groups
     for (int i = 0; i < 8; ++i) {
       const bool real = h * 8 + i < n_rows;
       const int64_t r = r0 + std::min(h * 8 + i, n_rows - 1);
@@ -749,16 +763,22 @@ void qmatmul_blocked(const QuantMatrix& w, const float* x, int64_t n_x, int64_t 
         const int n_rows = static_cast<int>(std::min<int64_t>(kPanelRows, m1 - p0));
         pack_panel<kBits>(w, p0, n_rows, k0, kc, panels + (p0 - m0) * kc);
       }
-      for (int64_t t0 = 0, nt = 0; t0 < n_x; t0 += nt) {
-        // Tiles of 6 tokens; the last two split evenly when fewer than 4 would be left for the
-        // last one (fewer than 8 accumulators cannot hide the FMA latency).
-        const int64_t left = n_x - t0;
-        nt = left >= kTileTokens + 4 || left <= kTileTokens ? std::min<int64_t>(kTileTokens, left)
-                                                            : (left + 1) / 2;
+      for (int64_t b0 = 0; b0 < n_x; b0 += kBlockTokens) {
+        const int64_t b1 = std::min(b0 + kBlockTokens, n_x);
         for (int64_t p0 = m0; p0 < m1; p0 += kPanelRows) {
           const int n_rows = static_cast<int>(std::min<int64_t>(kPanelRows, m1 - p0));
-          panel_tokens(panels + (p0 - m0) * kc, x + t0 * xs + k0, xs, kc, y + t0 * ys + p0, ys,
-                       n_rows, k0 > 0, static_cast<int>(nt));
+          const float* panel = panels + (p0 - m0) * kc;
+          if (b0 == 0) prefetch_next_panel<kBits>(w, p0, k0, kc);
+          for (int64_t t0 = b0, nt = 0; t0 < b1; t0 += nt) {
+            // Tiles of 6 tokens; the last two split evenly when fewer than 4 would be left for
+            // the last one (fewer than 8 accumulators cannot hide the FMA latency).
+            const int64_t left = b1 - t0;
+            nt = left >= kTileTokens + 4 || left <= kTileTokens
+                     ? std::min<int64_t>(kTileTokens, left)
+                     : (left + 1) / 2;
+            panel_tokens(panel, x + t0 * xs + k0, xs, kc, y + t0 * ys + p0, ys, n_rows, k0 > 0,
+                         static_cast<int>(nt));
+          }
         }
       }
     }
