@@ -520,8 +520,8 @@ void micro_rows(const float* w, int64_t ws, const float* x, int64_t xs, int64_t 
 
 // The previous qmatmul, kept as redwing-bench-prefill's baseline (--avx2-previous): dequantizes
 // a panel of up to kPanel weight rows (kept in L2) and multiplies it with every row of X, 4
-// weight rows by 3 X rows at a time, each a dot product over the whole row. Its operands (4 + 3
-// rows of up to 11 KiB) do not fit in L1, so it runs at about a fifth of the FMA peak.
+// weight rows by 3 X rows at a time, each a dot product over the whole row. Its operands (7 rows
+// of up to 11 KiB) do not fit in L1 and stream from L2 (about 58% of the FMA peak on Zen 3).
 void qmatmul_avx2_row_dots(const QuantMatrix& w, const float* x, int64_t n_x, int64_t xs, float* y,
                            int64_t ys, int64_t rb, int64_t re) {
   constexpr int64_t kPanel = 16;
@@ -546,17 +546,15 @@ void qmatmul_avx2_row_dots(const QuantMatrix& w, const float* x, int64_t n_x, in
 // ---- qmatmul: a register- and cache-blocked float32 product ----------------------------------
 //
 // Y^T = X W^T as an outer-product GEMM. The weights of kPanelRows (16) rows are dequantized
-// straight into a K-major panel: for each column c, the 16 rows' values side by side (the 8 row
-// words that hold a column block are gathered once; shifting that vector by 4 or 8 bits per
-// column gives the next column's codes for 8 rows, so no transpose is needed). The micro-kernel
-// then, per column, loads the panel's 2 vectors (16 rows) and broadcasts x[t][c] for up to 6
-// tokens: 12 accumulators of 8 rows x 1 token, 12 FMAs per 8 loads, with the operands of one
-// column (64 + 24 bytes) read once. K is cut into blocks of kBlockK columns so that a block of
-// kBlockRows rows (kBlockRows * kBlockK * 4 = 128 KiB) stays in L2 while every token tile passes
-// over it, and a token tile's kBlockK columns (6 KiB) stay in L1 while the block's panels pass
-// over it. Each lane sums its (row, token) pair's products in column order within a K block, and
-// the blocks add into y in order: a row's result does not depend on the row range or the tile
-// that computed it.
+// into a K-major panel: for each column c, the 16 rows' values side by side (pack_panel: 8 words
+// of 8 rows transposed, so that shifting one vector by 4 or 8 bits per column gives the next
+// column's codes for 8 rows). The micro-kernel then, per column, loads the panel's 2 vectors
+// (16 rows) and broadcasts x[t][c] for up to 6 tokens: 12 accumulators of 8 rows x 1 token, 12
+// FMAs per 8 loads. K is cut into blocks of kBlockK columns: a block of kBlockRows rows
+// (kBlockRows * kBlockK * 4 = 128 KiB of panels) stays in L2, each 16 KiB panel stays in L1
+// while the token tiles of a block of kBlockTokens tokens (96 KiB of x) pass over it. Each lane
+// sums its (row, token) pair's products in column order within a K block, and the blocks add
+// into y in order: a row's result does not depend on the row range or the tile that computed it.
 constexpr int kPanelRows = 16;
 constexpr int kTileTokens = 6;
 constexpr int64_t kBlockK = 256;  // a multiple of every group size, so blocks hold whole groups
