@@ -470,6 +470,70 @@ TEST_CASE("qmatmul matches double-precision math for every row of X") {
   }
 }
 
+TEST_CASE("qmatmul's blocks and tiles: odd rows, tokens and columns under every ISA") {
+  // Shapes that cut every block of the AVX2 kernel (kernels_avx2.cpp): two 256-column K blocks
+  // and a narrower one (128, 64 or 96 columns: the 96 ends in half of a 4-bit 64-column chunk);
+  // 150 rows, in ranges that start and end inside 16-row panels and cross a 128-row block; 13
+  // tokens are two 6-token tiles and one more, and the first 1, 5, 6 and 7 of them every other
+  // remainder. Each ISA must be within float32 summation error of double-precision math and
+  // give a row the same bits whichever range computed it (the backend's row chunks vary with
+  // the thread count and batch).
+  const int64_t rows = 150;
+  const int64_t n_x = 13;
+  const int64_t y_stride = rows + 3;
+  const std::pair<int64_t, int64_t> ranges[] = {{0, 1}, {1, 19}, {19, 147}, {147, 150}};
+  for (int bits : {4, 8}) {
+    for (int gs : {32, 64, 128}) {
+      const int64_t cols = gs == 128 ? 640 : gs == 64 ? 576 : 608;
+      const int64_t x_stride = cols + 5;
+      const std::vector<float> x = random_vector(n_x * x_stride, 23, -2.0f, 2.0f);
+      for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32}) {
+        const TestMatrix m = make_matrix(bits, gs, rows, cols, type, 300 + bits + gs);
+        std::vector<double> want(static_cast<size_t>(n_x * rows)), mag(want.size());
+        for (int64_t t = 0; t < n_x; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < cols; ++c) {
+              const double p = static_cast<double>(m.wf(r, c)) * x[t * x_stride + c];
+              want[t * rows + r] += p;
+              mag[t * rows + r] += std::fabs(p);
+            }
+          }
+        }
+        for (Isa isa : available_isas()) {
+          IsaScope scope(isa);
+          for (int64_t n : {1, 5, 6, 7, 13}) {
+            std::vector<float> whole(static_cast<size_t>(n_x * y_stride), -7.0f);
+            std::vector<float> parts(whole);
+            qmatmul(m.view(), x.data(), n, x_stride, whole.data(), y_stride, 0, rows);
+            for (auto [b, e] : ranges)
+              qmatmul(m.view(), x.data(), n, x_stride, parts.data(), y_stride, b, e);
+            for (int64_t t = 0; t < n_x; ++t) {
+              for (int64_t r = 0; r < y_stride; ++r) {
+                const float got = whole[t * y_stride + r];
+                CAPTURE(std::string(isa_name(isa)));
+                CAPTURE(bits);
+                CAPTURE(gs);
+                CAPTURE(static_cast<int>(type));
+                CAPTURE(n);
+                CAPTURE(t);
+                CAPTURE(r);
+                REQUIRE(std::bit_cast<uint32_t>(parts[t * y_stride + r]) ==
+                        std::bit_cast<uint32_t>(got));
+                if (t >= n || r >= rows) {
+                  REQUIRE(got == -7.0f);  // tokens and rows past the product stay untouched
+                  continue;
+                }
+                const size_t i = static_cast<size_t>(t * rows + r);
+                REQUIRE(std::fabs(got - want[i]) <= (cols + 2) * kEps * mag[i] + 1e-30);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("split_bf16x3: three bfloat16 parts add up to every float32 exactly") {
   std::mt19937 rng(5);
   auto check = [](float x) {

@@ -7,7 +7,11 @@
 // median of the per-round ratios, and every ratio.
 //
 //   redwing-bench-prefill [--threads 2] [--rounds 5] [--tokens 128,512] [--base avx512]
-//                         [--cpu-time]
+//                         [--cpu-time] [--avx2-previous]
+//
+// --avx2-previous compares the AVX2 qmatmuls instead (no AMX needed): A is the previous kernel
+// (dot products over whole dequantized rows), B the blocked outer-product one the avx2 table now
+// has (docs/cpu.md).
 //
 // --cpu-time measures the process's CPU time instead of wall time: on a loaded machine that
 // tracks the kernels' own cost much more steadily (with 1 thread; with more, waiting threads
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_impl.h"
 #include "backend/cpu/thread_pool.h"
 
 using namespace redwing;
@@ -86,6 +91,7 @@ int main(int argc, char** argv) {
   std::vector<int> token_counts{128, 512};
   Isa base = Isa::avx512;
   bool cpu_time = false;
+  bool avx2_previous = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -96,17 +102,23 @@ int main(int argc, char** argv) {
       token_counts = parse_list(argv[++i]);
     } else if (a == "--cpu-time") {
       cpu_time = true;
+    } else if (a == "--avx2-previous") {
+      avx2_previous = true;
     } else if (a == "--base" && i + 1 < argc) {
       const std::string b = argv[++i];
       base = b == "avx2" ? Isa::avx2 : b == "scalar" ? Isa::scalar : Isa::avx512;
     } else {
       std::fprintf(stderr,
                    "usage: redwing-bench-prefill [--threads 2] [--rounds 5] [--tokens 128,512] "
-                   "[--base avx512|avx2|scalar] [--cpu-time]\n");
+                   "[--base avx512|avx2|scalar] [--cpu-time] [--avx2-previous]\n");
       return a == "--help" ? 0 : 2;
     }
   }
-  if (!set_active_isa(Isa::amx) || !set_active_isa(base)) {
+  if (avx2_previous && !set_active_isa(Isa::avx2)) {
+    std::fprintf(stderr, "redwing-bench-prefill: this CPU has no AVX2; nothing to do\n");
+    return 1;
+  }
+  if (!avx2_previous && (!set_active_isa(Isa::amx) || !set_active_isa(base))) {
     std::fprintf(stderr, "redwing-bench-prefill: this CPU has no AMX (or no %s); nothing to do\n",
                  isa_name(base));
     return 1;
@@ -122,8 +134,12 @@ int main(int argc, char** argv) {
       {"expert gate/up", 1408, 2816, true},   {"expert down", 2816, 704, true},
   };
   ThreadPool pool(threads);
-  std::printf("A = %s qmatmul, B = amx (split + qmatmul_split); %d thread(s), %d rounds, %s\n",
-              isa_name(base), threads, rounds, cpu_time ? "CPU time" : "wall time");
+  if (avx2_previous)
+    std::printf("A = previous avx2 qmatmul, B = avx2 qmatmul; %d thread(s), %d rounds, %s\n",
+                threads, rounds, cpu_time ? "CPU time" : "wall time");
+  else
+    std::printf("A = %s qmatmul, B = amx (split + qmatmul_split); %d thread(s), %d rounds, %s\n",
+                isa_name(base), threads, rounds, cpu_time ? "CPU time" : "wall time");
   std::printf("%-16s %6s %11s %11s %8s  per-round B/A speed-up\n", "product", "tokens", "A ms",
               "B ms", "A/B");
   for (int n_tokens : token_counts) {
@@ -138,13 +154,31 @@ int main(int argc, char** argv) {
       const int64_t split_grain = (std::max<int64_t>(32, 65536 / sh.cols) + 31) / 32 * 32;
       SplitActivation xs;
       const QuantMatrix& w = m.view;
+#if defined(REDWING_HAVE_AVX2)
+      const auto previous = avx2_previous_qmatmul();
+#else
+      const decltype(KernelTable::qmatmul) previous = nullptr;  // unreachable: no avx2 table
+#endif
       auto run_a = [&] {
+        if (avx2_previous) {
+          // Directly, with the argument checks qmatmul would make already passed by B's calls.
+          pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
+            previous(w, x.data(), n, w.cols, ya.data(), w.rows, b, e);
+          });
+          return;
+        }
         set_active_isa(base);
         pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
           qmatmul(w, x.data(), n, w.cols, ya.data(), w.rows, b, e);
         });
       };
       auto run_b = [&] {
+        if (avx2_previous) {
+          pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
+            qmatmul(w, x.data(), n, w.cols, yb.data(), w.rows, b, e);
+          });
+          return;
+        }
         set_active_isa(Isa::amx);
         xs.resize(n, w.cols);
         pool.parallel_for(n, 4, [&](int64_t b, int64_t e) {

@@ -518,11 +518,12 @@ void micro_rows(const float* w, int64_t ws, const float* x, int64_t xs, int64_t 
   }
 }
 
-// Dequantizes a panel of up to kPanel weight rows (kept in L2) and multiplies it with every row
-// of X, 4 weight rows by 3 X rows at a time: each X tile is loaded once per panel and stays in
-// L1 while the panel's rows pass over it.
-void qmatmul_avx2(const QuantMatrix& w, const float* x, int64_t n_x, int64_t xs, float* y,
-                  int64_t ys, int64_t rb, int64_t re) {
+// The previous qmatmul, kept as redwing-bench-prefill's baseline (--avx2-previous): dequantizes
+// a panel of up to kPanel weight rows (kept in L2) and multiplies it with every row of X, 4
+// weight rows by 3 X rows at a time, each a dot product over the whole row. Its operands (7 rows
+// of up to 11 KiB) do not fit in L1 and stream from L2 (about 58% of the FMA peak on Zen 3).
+void qmatmul_avx2_row_dots(const QuantMatrix& w, const float* x, int64_t n_x, int64_t xs, float* y,
+                           int64_t ys, int64_t rb, int64_t re) {
   constexpr int64_t kPanel = 16;
   const int64_t cols = w.cols;
   thread_local Scratch panel_buf;
@@ -540,6 +541,254 @@ void qmatmul_avx2(const QuantMatrix& w, const float* x, int64_t n_x, int64_t xs,
       for (; i < np; ++i) micro_rows<1>(panel + i * cols, cols, xt, xs, cols, yt + i, ys, nt);
     }
   }
+}
+
+// ---- qmatmul: a register- and cache-blocked float32 product ----------------------------------
+//
+// Y^T = X W^T as an outer-product GEMM. The weights of kPanelRows (16) rows are dequantized
+// into a K-major panel: for each column c, the 16 rows' values side by side (pack_panel: 8 words
+// of 8 rows transposed, so that shifting one vector by 4 or 8 bits per column gives the next
+// column's codes for 8 rows). The micro-kernel then, per column, loads the panel's 2 vectors
+// (16 rows) and broadcasts x[t][c] for up to 6 tokens: 12 accumulators of 8 rows x 1 token, 12
+// FMAs per 8 loads. K is cut into blocks of kBlockK columns: a block of kBlockRows rows
+// (kBlockRows * kBlockK * 4 = 128 KiB of panels) stays in L2, each 16 KiB panel stays in L1
+// while the token tiles of a block of kBlockTokens tokens (96 KiB of x) pass over it. Each lane
+// sums its (row, token) pair's products in column order within a K block, and the blocks add
+// into y in order: a row's result does not depend on the row range or the tile that computed it.
+constexpr int kPanelRows = 16;
+constexpr int kTileTokens = 6;
+constexpr int64_t kBlockK = 256;  // a multiple of every group size, so blocks hold whole groups
+constexpr int64_t kBlockRows = 128;
+constexpr int64_t kBlockTokens = 96;
+
+// pack_panel reads 16 rows a little at a time, a pattern the hardware prefetchers do not follow,
+// and the weights are usually cold (each is read once per product): while a panel's products
+// run, fetch into L2 what packing the same rows' next K block will read (after the last K
+// block, the next row block's first), words, scales and biases, so that the misses overlap
+// the arithmetic instead of stalling the packing.
+template <int kBits>
+void prefetch_next_panel(const QuantMatrix& w, int64_t r0, int64_t k0, int64_t kc) {
+  const bool last = k0 + kc >= w.cols;
+  const int64_t pr = last ? r0 + kBlockRows : r0;
+  const int64_t pk = last ? 0 : k0 + kc;
+  const int64_t pkc = std::min(kBlockK, w.cols - pk);
+  const int64_t n_pr = std::min<int64_t>(kPanelRows, w.rows - pr);
+  const int64_t wpr = words_per_row(w);
+  const int64_t gpr = groups_per_row(w);
+  const int64_t scale_bytes = w.scale_type == ScaleType::f32 ? 4 : 2;
+  const auto* scales = static_cast<const char*>(w.scales);
+  const auto* biases = static_cast<const char*>(w.biases);
+  for (int64_t i = 0; i < n_pr; ++i) {
+    const auto* p = reinterpret_cast<const char*>(w.packed + (pr + i) * wpr + pk * kBits / 32);
+    for (int64_t at = 0; at < pkc * kBits / 8; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
+    const int64_t g = (pr + i) * gpr + pk / w.group_size;
+    _mm_prefetch(scales + g * scale_bytes, _MM_HINT_T1);
+    _mm_prefetch(biases + g * scale_bytes, _MM_HINT_T1);
+  }
+}
+
+// Panel of rows [r0, r0 + n_rows) (n_rows <= 16; missing rows are zeros), columns
+// [k0, k0 + kc): out[(c - k0) * 16 + i] = s * q + b of row r0 + i, the same float32 value as
+// qdequant_row_avx2 (one fused multiply-add).
+// Transposes 8 x 8 32-bit words: v[i] word j becomes v[j] word i.
+inline void transpose8x8(__m256i* v) {
+  const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+  const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+  const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+  const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+  const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+  const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+  v[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+  v[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+  v[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+  v[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+  v[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+  v[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+  v[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+  v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+// The kPerWord columns of one word per row (8 rows: lane i is row i's word) dequantized into the
+// panel at o (column stride kPanelRows).
+template <int kBits>
+inline void dequant_word_columns(__m256i words, __m256 s, __m256 b, float* o) {
+  constexpr int kPerWord = 32 / kBits;
+  const __m256i mask = _mm256_set1_epi32((1 << kBits) - 1);
+#pragma GCC unroll 8
+  for (int j = 0; j < kPerWord; ++j) {
+    const __m256i q = _mm256_and_si256(_mm256_srli_epi32(words, j * kBits), mask);
+    _mm256_store_ps(o + j * kPanelRows, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q), b));
+  }
+}
+
+// Panel of rows [r0, r0 + n_rows) (n_rows <= 16; missing rows are zeros), columns
+// [k0, k0 + kc): out[(c - k0) * 16 + i] = s * q + b of row r0 + i, the same float32 value as
+// qdequant_row_avx2 (one fused multiply-add). Per 8 rows, 8 consecutive words of each row are
+// loaded and transposed, so that each vector holds one word of every row: shifting it by kBits
+// per column gives the next column's 8 codes.
+template <int kBits>
+void pack_panel(const QuantMatrix& w, int64_t r0, int n_rows, int64_t k0, int64_t kc, float* out) {
+  constexpr int kPerWord = 32 / kBits;
+  constexpr int64_t kChunk = 8 * kPerWord;  // columns in 8 words
+  const int64_t wpr = words_per_row(w);
+  const int64_t gpr = groups_per_row(w);
+  const int64_t n_groups = kc / w.group_size;
+  for (int h = 0; h < kPanelRows / 8; ++h) {
+    // Lanes past the last row read the last row's words and get zero scale and bias.
+    const uint32_t* row[8];
+    alignas(32) float sb[2 * kBlockK / 32][8];  // scales then biases of the block's groups  //
+                                                // scales then biases of the block's groups
+    for (int i = 0; i < 8; ++i) {
+      const bool real = h * 8 + i < n_rows;
+      const int64_t r = r0 + std::min(h * 8 + i, n_rows - 1);
+      row[i] = w.packed + r * wpr;
+      for (int64_t g = 0; g < n_groups; ++g) {
+        const int64_t at = r * gpr + k0 / w.group_size + g;
+        sb[g][i] = real ? load_scale(w.scales, w.scale_type, at) : 0.0f;
+        sb[n_groups + g][i] = real ? load_scale(w.biases, w.scale_type, at) : 0.0f;
+      }
+    }
+    float* o = out + h * 8;
+    int64_t c = k0;
+    for (; c + kChunk <= k0 + kc; c += kChunk) {
+      __m256i v[8];
+      for (int i = 0; i < 8; ++i)
+        v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[i] + c / kPerWord));
+      transpose8x8(v);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const int64_t col = c + j * kPerWord - k0;
+        const int64_t g = col / w.group_size;
+        dequant_word_columns<kBits>(v[j], _mm256_load_ps(sb[g]), _mm256_load_ps(sb[n_groups + g]),
+                                    o + col * kPanelRows);
+      }
+    }
+    // A block whose width is not a multiple of kChunk (4-bit, 32 columns left): one word per
+    // row at a time.
+    for (; c < k0 + kc; c += kPerWord) {
+      const int64_t col = c - k0;
+      const int64_t g = col / w.group_size;
+      const __m256i words = _mm256_setr_epi32(
+          static_cast<int>(row[0][c / kPerWord]), static_cast<int>(row[1][c / kPerWord]),
+          static_cast<int>(row[2][c / kPerWord]), static_cast<int>(row[3][c / kPerWord]),
+          static_cast<int>(row[4][c / kPerWord]), static_cast<int>(row[5][c / kPerWord]),
+          static_cast<int>(row[6][c / kPerWord]), static_cast<int>(row[7][c / kPerWord]));
+      dequant_word_columns<kBits>(words, _mm256_load_ps(sb[g]), _mm256_load_ps(sb[n_groups + g]),
+                                  o + col * kPanelRows);
+    }
+  }
+}
+
+// y[t * ys + i] (+)= sum over kc columns of panel[c][i] * x[t * xs + c] for kTokens tokens and
+// the panel's 16 rows; only the first n_rows rows are written. add: y holds an earlier K block.
+template <int kTokens>
+void panel_tile(const float* panel, const float* x, int64_t xs, int64_t kc, float* y, int64_t ys,
+                int n_rows, bool add) {
+  // Every loop over tokens is unrolled, so the accumulators are indexed by constants only and
+  // stay in registers (a variable index anywhere puts the whole array on the stack).
+  __m256 acc[kTokens][2];
+#pragma GCC unroll 8
+  for (int t = 0; t < kTokens; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t c = 0; c < kc; ++c) {
+    const __m256 w0 = _mm256_load_ps(panel + c * kPanelRows);
+    const __m256 w1 = _mm256_load_ps(panel + c * kPanelRows + 8);
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x + t * xs + c);
+      acc[t][0] = _mm256_fmadd_ps(w0, xb, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, xb, acc[t][1]);
+    }
+  }
+  if (n_rows == kPanelRows) {
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t) {
+      float* yt = y + t * ys;
+      __m256 lo = acc[t][0];
+      __m256 hi = acc[t][1];
+      if (add) {
+        lo = _mm256_add_ps(_mm256_loadu_ps(yt), lo);
+        hi = _mm256_add_ps(_mm256_loadu_ps(yt + 8), hi);
+      }
+      _mm256_storeu_ps(yt, lo);
+      _mm256_storeu_ps(yt + 8, hi);
+    }
+    return;
+  }
+  // The range's last rows: the same sums, stored row by row.
+  alignas(32) float part[kTokens][kPanelRows];
+#pragma GCC unroll 8
+  for (int t = 0; t < kTokens; ++t) {
+    _mm256_store_ps(part[t], acc[t][0]);
+    _mm256_store_ps(part[t] + 8, acc[t][1]);
+  }
+  for (int t = 0; t < kTokens; ++t) {
+    float* yt = y + t * ys;
+    for (int i = 0; i < n_rows; ++i) yt[i] = add ? yt[i] + part[t][i] : part[t][i];
+  }
+}
+
+void panel_tokens(const float* panel, const float* x, int64_t xs, int64_t kc, float* y, int64_t ys,
+                  int n_rows, bool add, int n_tokens) {
+  switch (n_tokens) {
+    case 6:
+      return panel_tile<6>(panel, x, xs, kc, y, ys, n_rows, add);
+    case 5:
+      return panel_tile<5>(panel, x, xs, kc, y, ys, n_rows, add);
+    case 4:
+      return panel_tile<4>(panel, x, xs, kc, y, ys, n_rows, add);
+    case 3:
+      return panel_tile<3>(panel, x, xs, kc, y, ys, n_rows, add);
+    case 2:
+      return panel_tile<2>(panel, x, xs, kc, y, ys, n_rows, add);
+    default:
+      return panel_tile<1>(panel, x, xs, kc, y, ys, n_rows, add);
+  }
+}
+
+template <int kBits>
+void qmatmul_blocked(const QuantMatrix& w, const float* x, int64_t n_x, int64_t xs, float* y,
+                     int64_t ys, int64_t rb, int64_t re) {
+  thread_local Scratch panel_buf;
+  float* panels = panel_buf.floats(static_cast<size_t>(kBlockRows * kBlockK));
+  for (int64_t m0 = rb; m0 < re; m0 += kBlockRows) {
+    const int64_t m1 = std::min(m0 + kBlockRows, re);
+    for (int64_t k0 = 0; k0 < w.cols; k0 += kBlockK) {
+      const int64_t kc = std::min(kBlockK, w.cols - k0);
+      for (int64_t p0 = m0; p0 < m1; p0 += kPanelRows) {
+        const int n_rows = static_cast<int>(std::min<int64_t>(kPanelRows, m1 - p0));
+        pack_panel<kBits>(w, p0, n_rows, k0, kc, panels + (p0 - m0) * kc);
+      }
+      for (int64_t b0 = 0; b0 < n_x; b0 += kBlockTokens) {
+        const int64_t b1 = std::min(b0 + kBlockTokens, n_x);
+        for (int64_t p0 = m0; p0 < m1; p0 += kPanelRows) {
+          const int n_rows = static_cast<int>(std::min<int64_t>(kPanelRows, m1 - p0));
+          const float* panel = panels + (p0 - m0) * kc;
+          if (b0 == 0) prefetch_next_panel<kBits>(w, p0, k0, kc);
+          for (int64_t t0 = b0, nt = 0; t0 < b1; t0 += nt) {
+            // Tiles of 6 tokens; the last two split evenly when fewer than 4 would be left for
+            // the last one (fewer than 8 accumulators cannot hide the FMA latency).
+            const int64_t left = b1 - t0;
+            nt = left >= kTileTokens + 4 || left <= kTileTokens
+                     ? std::min<int64_t>(kTileTokens, left)
+                     : (left + 1) / 2;
+            panel_tokens(panel, x + t0 * xs + k0, xs, kc, y + t0 * ys + p0, ys, n_rows, k0 > 0,
+                         static_cast<int>(nt));
+          }
+        }
+      }
+    }
+  }
+}
+
+void qmatmul_avx2(const QuantMatrix& w, const float* x, int64_t n_x, int64_t xs, float* y,
+                  int64_t ys, int64_t rb, int64_t re) {
+  if (w.bits == 4)
+    qmatmul_blocked<4>(w, x, n_x, xs, y, ys, rb, re);
+  else
+    qmatmul_blocked<8>(w, x, n_x, xs, y, ys, rb, re);
 }
 
 // ---- element-wise --------------------------------------------------------------------------
@@ -914,6 +1163,8 @@ void attention_values_avx2(const float* p, int group, int head_dim, const Attent
 }
 
 }  // namespace
+
+decltype(KernelTable::qmatmul) avx2_previous_qmatmul() { return qmatmul_avx2_row_dots; }
 
 const KernelTable& avx2_kernels() {
   static const KernelTable table = [] {

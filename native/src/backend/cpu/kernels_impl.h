@@ -61,6 +61,9 @@ const KernelTable& scalar_kernels();
 bool cpu_has_avx512_vnni();
 #if defined(REDWING_HAVE_AVX2)
 const KernelTable& avx2_kernels();
+// The AVX2 qmatmul before the blocked one (dot products over whole rows), for
+// redwing-bench-prefill's A/B only.
+decltype(KernelTable::qmatmul) avx2_previous_qmatmul();
 const KernelTable& avx512_kernels();  // kernels_avx512.cpp: the AVX2 table plus wider kernels
 Q8Kernel avx512_vnni_qmatmul_q8();    // kernels_avx512vnni.cpp
 // Whether the CPU has AMX-TILE and AMX-BF16 and the OS lets this process use the tile registers
