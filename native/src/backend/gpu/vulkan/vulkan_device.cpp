@@ -11,8 +11,8 @@
 // - Commands: one command buffer records everything between two flushes; each dispatch pushes
 //   its bindings into the command buffer (VK_KHR_push_descriptor), or where the device lacks it
 //   gets a descriptor set from a pool that is reset at every flush (the pool filling up forces a
-//   flush). Recorded work is handed to the GPU in a growing chain of command buffers
-//   (SubmitSchedule) so it starts while the host still records.
+//   flush). Recorded work is handed to the GPU in a chain of command buffers (every 64
+//   dispatches by default, SubmitSchedule) so it starts while the host still records.
 // - Buffers destroyed while recorded commands may still use them are kept until the next flush.
 // - Pipelines are built on first use from the embedded SPIR-V, all with one layout: set 0 holds
 //   kMaxBindings storage buffers, and one push-constant block of kMaxPushBytes.
