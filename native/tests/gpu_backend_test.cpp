@@ -821,6 +821,8 @@ TEST_CASE("gpu: submission schedules, waits and descriptor paths give the same b
   CHECK(pooled.host.waits > pushed.host.waits);  // the full pool forced flushes
   check_setting_refused("REDWING_GPU_SUBMIT", {"0", "8,4", "x", "4,", "4,5000", "-1"});
   check_setting_refused("REDWING_GPU_WAIT", {"busy", "1"});
+  check_setting_refused("REDWING_GPU_PUSH_DESCRIPTORS", {"no", "2"});
+  check_setting_refused("REDWING_GPU_MAP_HOST", {"off", "yes"});
 }
 
 // Host memory the device reads in place (map_host, VK_EXT_external_memory_host, which lavapipe

@@ -106,6 +106,14 @@ WaitMode wait_mode() {
 }
 constexpr double kSpinMs = 2.0;
 
+// An on/off setting that is on unless set to "0"; any other value than 0 or 1 is refused.
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0 || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw std::invalid_argument(std::string(name) + "=" + v + ": expected 0 or 1");
+}
+
 bool has_device_extension(VkPhysicalDevice pd, const char* name) {
   uint32_t n = 0;
   vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, nullptr);
@@ -334,6 +342,11 @@ struct VulkanBuffer final : DeviceBuffer {
 VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
     : schedule_(submit_schedule()), submit_after_(schedule_.first) {
   const WaitMode wait = wait_mode();
+  // REDWING_GPU_PUSH_DESCRIPTORS=0: descriptor sets from a pool even where the device can push
+  // them; REDWING_GPU_MAP_HOST=0: never import host memory, every write stages (A/B runs and
+  // the tests of those paths).
+  const bool want_push = env_switch("REDWING_GPU_PUSH_DESCRIPTORS");
+  const bool want_import = env_switch("REDWING_GPU_MAP_HOST");
   instance_ = create_instance();
   auto devs = physical_devices(instance_);
   if (index < 0 || index >= static_cast<int>(devs.size()))
@@ -359,25 +372,12 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
   qci.queueCount = 1;
   qci.pQueuePriorities = &priority;
   std::vector<const char*> exts;
-  {
-    uint32_t n = 0;
-    vkEnumerateDeviceExtensionProperties(physical_, nullptr, &n, nullptr);
-    std::vector<VkExtensionProperties> props(n);
-    vkEnumerateDeviceExtensionProperties(physical_, nullptr, &n, props.data());
-    for (const auto& e : props)
-      if (std::strcmp(e.extensionName, "VK_KHR_portability_subset") == 0)
-        exts.push_back("VK_KHR_portability_subset");
-  }
-  // REDWING_GPU_PUSH_DESCRIPTORS=0: descriptor sets from a pool even where the device can push
-  // them (A/B runs, and the tests of that path).
-  const char* push = std::getenv("REDWING_GPU_PUSH_DESCRIPTORS");
-  const bool want_push = push == nullptr || std::string(push) != "0";
+  if (has_device_extension(physical_, "VK_KHR_portability_subset"))
+    exts.push_back("VK_KHR_portability_subset");
   const bool can_push = want_push && has_device_extension(physical_, "VK_KHR_push_descriptor");
   if (can_push) exts.push_back("VK_KHR_push_descriptor");
-  // REDWING_GPU_MAP_HOST=0: never import host memory (every write stages; A/B runs, tests).
-  const char* map_host_env = std::getenv("REDWING_GPU_MAP_HOST");
-  const bool can_import = (map_host_env == nullptr || std::string(map_host_env) != "0") &&
-                          has_device_extension(physical_, "VK_EXT_external_memory_host");
+  const bool can_import =
+      want_import && has_device_extension(physical_, "VK_EXT_external_memory_host");
   if (can_import) {
     exts.push_back("VK_EXT_external_memory_host");
     VkPhysicalDeviceExternalMemoryHostPropertiesEXT host_props{
