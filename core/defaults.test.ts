@@ -160,6 +160,7 @@ describe("the native engine's defaults (native/src/runtime/defaults.h)", () => {
       backend: native.backend,
       kvDtype: native.kv_dtype,
       prefillChunk: native.prefill_chunk,
+      budgetPrefillChunk: native.budget_prefill_chunk,
       activations: native.activations,
     }).toEqual({
       context: ENGINE_DEFAULTS.context,
@@ -168,6 +169,7 @@ describe("the native engine's defaults (native/src/runtime/defaults.h)", () => {
       backend: ENGINE_DEFAULTS.backend,
       kvDtype: ENGINE_DEFAULTS.kvDtype,
       prefillChunk: ENGINE_DEFAULTS.prefillChunk,
+      budgetPrefillChunk: ENGINE_DEFAULTS.budgetPrefillChunk,
       activations: ENGINE_DEFAULTS.activations,
     });
     expect({

@@ -65,7 +65,9 @@ export const ENGINE_DEFAULTS = {
   /** With gpuMisses "cpu": experts copied into GPU slots per MoE layer and step at most. */
   gpuExpertCopies: 1,
   /** Prefill chunk: prompt tokens per batched forward call. */
-  prefillChunk: 128,
+  prefillChunk: 512,
+  /** The prefill chunk under a memory or GPU memory budget (its memory goes to expert slots). */
+  budgetPrefillChunk: 128,
 } as const;
 
 /** The app's chat. */

@@ -65,7 +65,7 @@ export const LoadParamsSchema = z.object({
    * approximate), or the kinds of product that take 8-bit inputs ("head"); omitted: the default.
    */
   activations: ActivationPlanSchema.optional(),
-  /** Prefill chunk size in tokens (default 128). */
+  /** Prefill chunk size in tokens (default 512, or 128 under a memory or GPU memory budget). */
   chunk: z.number().int().positive().optional(),
   expert_cache_slots: z.number().int().nonnegative().optional(),
   /**

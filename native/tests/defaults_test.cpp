@@ -19,7 +19,7 @@ TEST_CASE("a load or generate request without settings gets runtime/defaults.h")
   CHECK(load.prefix_slack == defaults::kPrefixSlack);
   const EngineOptions& o = load.options;
   CHECK(o.context == defaults::kContext);
-  CHECK(o.chunk == defaults::kPrefillChunk);
+  CHECK(o.chunk == 0);  // the plan picks defaults::prefill_chunk
   CHECK(o.kv_dtype == defaults::kKvDtype);
   CHECK(o.backend == defaults::kBackend);
   CHECK(o.threads == defaults::kThreads);
@@ -70,4 +70,13 @@ TEST_CASE("a load request picks how a GPU's expert misses run (hybrid experts)")
   CHECK(hybrid.options.gpu_expert_copies == 3);
   CHECK_THROWS(service::parse_load(json{{"model", "/m"}, {"gpu_misses", "gpu"}}));
   CHECK_THROWS(service::parse_load(json{{"model", "/m"}, {"gpu_expert_copies", -1}}));
+}
+
+TEST_CASE("the prefill chunk: the one asked for, else the default, smaller under a budget") {
+  CHECK(defaults::kBudgetPrefillChunk < defaults::kPrefillChunk);
+  CHECK(defaults::prefill_chunk(0, 0, 0) == defaults::kPrefillChunk);
+  CHECK(defaults::prefill_chunk(0, uint64_t{2} << 30, 0) == defaults::kBudgetPrefillChunk);
+  CHECK(defaults::prefill_chunk(0, 0, uint64_t{4} << 30) == defaults::kBudgetPrefillChunk);
+  CHECK(defaults::prefill_chunk(7, uint64_t{2} << 30, 0) == 7);
+  CHECK(defaults::prefill_chunk(1000, 0, 0) == 1000);
 }

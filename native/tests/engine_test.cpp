@@ -149,6 +149,10 @@ TEST_CASE("running past the context is an error, not a truncation") {
   o.model_dir = dir.path.string();
   o.chunk = 4;
   redwing::Engine engine(o);
+  CHECK(engine.options().chunk == 4);
+  redwing::EngineOptions unasked;
+  unasked.model_dir = o.model_dir;
+  CHECK(redwing::Engine(unasked).options().chunk == redwing::defaults::kPrefillChunk);
   redwing::KvCache cache = engine.new_cache(6);
   std::vector<float> logits;
   std::vector<int32_t> four = {2, 5, 6, 7};

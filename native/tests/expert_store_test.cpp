@@ -591,6 +591,22 @@ TEST_CASE("memory plan: the budget picks the slots that fit and refuses what can
   settings.expert_cache_slots = 8;
   CHECK(plan_memory(dir, settings).slots == 8);
   CHECK(!plan_memory(dir, settings).over_budget.empty());
+  // The chunk not asked for: the default, or the smaller one under a memory budget (or a GPU
+  // memory budget on a GPU); its working memory and sliding rings are in the plan.
+  PlanSettings chunked;
+  chunked.context = 64;
+  CHECK(plan_memory(dir, chunked).chunk == defaults::kPrefillChunk);
+  CHECK(plan_memory(dir, chunked).work_bytes >
+        plan_memory(dir, 64, 0, KvDType::f16, defaults::kBudgetPrefillChunk).work_bytes);
+  CHECK(picked.chunk == defaults::kBudgetPrefillChunk);
+  chunked.vram_budget = uint64_t{1} << 40;
+  CHECK(plan_memory(dir, chunked).chunk == defaults::kPrefillChunk);  // ignored on the CPU
+  chunked.gpu = true;
+  CHECK(plan_memory(dir, chunked).chunk == defaults::kBudgetPrefillChunk);
+  chunked.chunk = 7;
+  CHECK(plan_memory(dir, chunked).chunk == 7);
+  chunked.chunk = -1;
+  CHECK_THROWS_AS(plan_memory(dir, chunked), std::invalid_argument);
   // Ring slack is KV memory; a GPU plan estimates device memory, the CPU one has none.
   PlanSettings slack;
   slack.context = 1024;

@@ -195,8 +195,10 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
     if (o.backend != "cpu" && o.backend != "metal" && o.backend != "vulkan" && o.backend != "auto")
       throw UsageError("--backend must be cpu, metal, vulkan or auto");
   }
-  if (f.count("chunk")) o.chunk = parse_number<int64_t>(f.at("chunk"), "chunk");
-  if (o.chunk <= 0) throw UsageError("--chunk must be positive");
+  if (f.count("chunk")) {
+    o.chunk = parse_number<int64_t>(f.at("chunk"), "chunk");
+    if (o.chunk <= 0) throw UsageError("--chunk must be positive");
+  }
   if (f.count("kv-dtype")) {
     try {
       o.kv_dtype = redwing::parse_kv_dtype(f.at("kv-dtype"));

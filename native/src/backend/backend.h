@@ -109,9 +109,11 @@ inline bool kv_visible(int64_t q, int64_t k, int64_t window) {
   return k <= q && (window <= 0 || q - k < window);
 }
 
-// The keys and values of one layer as an attention op sees them. K and V are
-// [capacity, num_kv_heads, head_dim] in `dtype`. Position p sits in row p (linear) or
-// p % capacity (ring: sliding layers keep only the last `capacity` positions).
+// The keys and values of one layer as an attention op sees them. K and V each hold capacity x
+// num_kv_heads x head_dim values in `dtype`, laid out as the backend's kv_store and attention
+// agree (the CPU: head-major, [num_kv_heads, capacity, head_dim]; the GPU: [capacity,
+// num_kv_heads, head_dim]). Position p sits in row p (linear) or p % capacity (ring: sliding
+// layers keep only the last `capacity` positions).
 struct KvLayerView {
   Buffer* k = nullptr;
   Buffer* v = nullptr;

@@ -23,6 +23,7 @@ std::string defaults_json() {
   nlohmann::ordered_json j;
   j["context"] = kContext;
   j["prefill_chunk"] = kPrefillChunk;
+  j["budget_prefill_chunk"] = kBudgetPrefillChunk;
   j["kv_dtype"] = kKvDtype == KvDType::f16 ? "f16" : "f32";
   j["backend"] = kBackend;
   j["activations"] = activation_plan_name(kActivations);

@@ -39,7 +39,7 @@ PlanSettings plan_settings(const EngineOptions& o) {
 
 Engine::Engine(const EngineOptions& options)
     : options_(options), dir_(ModelDir::open(options.model_dir)) {
-  if (options_.chunk <= 0) throw std::invalid_argument("chunk size must be positive");
+  if (options_.chunk < 0) throw std::invalid_argument("chunk size must be positive");
   if (options_.threads < 0 || options_.threads > kMaxThreads)
     throw std::invalid_argument("threads must be in [0, " + std::to_string(kMaxThreads) +
                                 "] (0: one per hardware thread), not " +
@@ -62,6 +62,7 @@ Engine::Engine(const EngineOptions& options)
   if (!plan_.over_budget.empty())
     throw std::runtime_error(plan_.over_budget + " (" + plan_.to_json() + ")");
   options_.expert_cache_slots = plan_.slots;  // the budget's pick, if it made one
+  options_.chunk = plan_.chunk;               // the default's pick, if none was asked for
   const int slots = plan_.slots;
   backend_ = make_backend(options_.backend, options_.threads);
   backend_->set_activations(options_.activations);

@@ -33,7 +33,9 @@ struct EngineOptions {
   // The input precision of the quantized products, per kind (backend/backend.h). int8 is
   // approximate and faster on the CPU; backends without an 8-bit path stay exact.
   ActivationPlan activations = defaults::kActivations;
-  int64_t chunk = defaults::kPrefillChunk;  // prefill chunk: tokens per batched forward call
+  // Prefill chunk: tokens per batched forward call; 0 lets the plan pick defaults::prefill_chunk
+  // (by whether a budget is set), and the engine's options() hold the chunk it took.
+  int64_t chunk = 0;
   // Expert streaming (MoE models). 0 slots and no budget: every expert is read into RAM at
   // start. Otherwise experts are streamed from SSD through `expert_cache_slots` slots per layer
   // (runtime/expert_store.h); a memory_budget (bytes) picks the slot count that fits with the KV

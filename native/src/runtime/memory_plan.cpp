@@ -115,11 +115,14 @@ MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
     throw std::invalid_argument("GPU expert slots (" + std::to_string(gpu_slots) +
                                 ") cannot outnumber the expert cache slots (" +
                                 std::to_string(slots) + "): the GPU's are filled from the host's");
+  if (s.chunk < 0) throw std::invalid_argument("chunk size must be positive");
+  const int64_t chunk =
+      defaults::prefill_chunk(s.chunk, s.memory_budget, s.gpu ? s.vram_budget : 0);
   std::string over_budget;
   const bool pick = moe && slots == 0 && !s.mmap_experts;
   if (s.memory_budget > 0 && pick) {
     try {
-      slots = slots_for_budget(dir, s.memory_budget, s.context, s.kv_dtype, s.chunk, s.ring_slack);
+      slots = slots_for_budget(dir, s.memory_budget, s.context, s.kv_dtype, chunk, s.ring_slack);
     } catch (const BudgetTooSmall& e) {
       slots = 1;  // the plan then shows what the smallest cache would take
       over_budget = e.what();
@@ -130,7 +133,7 @@ MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
     try {
       // 0: every expert fits the GPU.
       gpu_slots =
-          slots_for_vram_budget(dir, s.vram_budget, s.context, s.kv_dtype, s.chunk, s.ring_slack);
+          slots_for_vram_budget(dir, s.vram_budget, s.context, s.kv_dtype, chunk, s.ring_slack);
     } catch (const BudgetTooSmall& e) {
       gpu_slots = 1;
       over_budget = e.what();
@@ -140,7 +143,7 @@ MemoryPlan plan_memory(const ModelDir& dir, const PlanSettings& s) {
   // tier); a host with fewer slots than the GPU's pick bounds the GPU's (it is filled from them).
   if (gpu_slots > 0 && slots == 0 && !s.mmap_experts) slots = dir.arch().moe->num_experts;
   if (s.gpu && slots > 0 && (gpu_slots == 0 || gpu_slots > slots)) gpu_slots = slots;
-  MemoryPlan p = plan_memory(dir, s.context, slots, s.kv_dtype, s.chunk, s.ring_slack);
+  MemoryPlan p = plan_memory(dir, s.context, slots, s.kv_dtype, chunk, s.ring_slack);
   p.memory_budget = s.memory_budget;
   if (over_budget.empty() && s.memory_budget > 0 && p.total() > s.memory_budget)
     over_budget = "memory budget of " + mib(s.memory_budget) + " cannot hold the model: it needs " +

@@ -51,7 +51,7 @@ struct PlanSettings {
   int expert_cache_slots = defaults::kEngineExpertCacheSlots;  // 0: resident, or budget-picked
   uint64_t memory_budget = defaults::kMemoryBudget;            // 0: none
   KvDType kv_dtype = defaults::kKvDtype;
-  int64_t chunk = defaults::kPrefillChunk;
+  int64_t chunk = 0;  // 0: defaults::prefill_chunk (by the budgets); the plan says which
   int64_t ring_slack = defaults::kPrefixSlack;
   bool mmap_experts = false;  // mapped experts: a budget does not pick slots
   bool gpu = false;           // plan the device memory too

@@ -395,21 +395,31 @@ class CpuBackend final : public Backend {
 
   // ---- attention ----
 
+  // The CPU's K and V are head-major, [num_kv_heads, capacity, head_dim]: the attention reads one
+  // KV head's keys at a time, and that way they are contiguous (sequential reads the hardware
+  // prefetches, a page per 8 (f16) or 16 keys) instead of one head_dim row per
+  // num_kv_heads * head_dim (4 KiB on the 26B: every key its own page).
   void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) override {
     check_kv_store_args(kv, k, v, pos0);
-    const int64_t width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
+    const int64_t d = kv.head_dim;
+    const int64_t head_rows = kv.capacity * d;  // one KV head's block, in elements
     const float* pk = f32(k);
     const float* pv = f32(v);
     std::byte* kb = bytes_of(*kv.k);
     std::byte* vb = bytes_of(*kv.v);
     for (int64_t t = 0; t < k.rows; ++t) {
       const int64_t slot = kv.slot(pos0 + t);
-      if (kv.dtype == KvDType::f32) {
-        std::memcpy(reinterpret_cast<float*>(kb) + slot * width, pk + t * k.stride, 4 * width);
-        std::memcpy(reinterpret_cast<float*>(vb) + slot * width, pv + t * v.stride, 4 * width);
-      } else {
-        cpu::f32_to_f16(pk + t * k.stride, reinterpret_cast<uint16_t*>(kb) + slot * width, width);
-        cpu::f32_to_f16(pv + t * v.stride, reinterpret_cast<uint16_t*>(vb) + slot * width, width);
+      for (int g = 0; g < kv.num_kv_heads; ++g) {
+        const int64_t at = g * head_rows + slot * d;
+        const float* src_k = pk + t * k.stride + g * d;
+        const float* src_v = pv + t * v.stride + g * d;
+        if (kv.dtype == KvDType::f32) {
+          std::memcpy(reinterpret_cast<float*>(kb) + at, src_k, 4 * d);
+          std::memcpy(reinterpret_cast<float*>(vb) + at, src_v, 4 * d);
+        } else {
+          cpu::f32_to_f16(src_k, reinterpret_cast<uint16_t*>(kb) + at, d);
+          cpu::f32_to_f16(src_v, reinterpret_cast<uint16_t*>(vb) + at, d);
+        }
       }
     }
   }
@@ -427,7 +437,6 @@ class CpuBackend final : public Backend {
     const int d = kv.head_dim;
     const int kv_heads = kv.num_kv_heads;
     const int group = n_heads / kv_heads;
-    const int64_t width = static_cast<int64_t>(kv_heads) * d;
     const float* pq = f32(q);
     float* po = f32(out);
     const int64_t B = cpu::kAttentionBlock;
@@ -470,10 +479,10 @@ class CpuBackend final : public Backend {
           const int64_t kb0 = first + b * B;
           if (kb0 >= last) continue;  // this row sees fewer blocks
           cpu::AttentionKv rows_of;
-          rows_of.k = kb + static_cast<size_t>(g) * d * elem;
-          rows_of.v = vb + static_cast<size_t>(g) * d * elem;
+          rows_of.k = kb + static_cast<size_t>(g * kv.capacity) * d * elem;  // head-major
+          rows_of.v = vb + static_cast<size_t>(g * kv.capacity) * d * elem;
           rows_of.f16 = f16;
-          rows_of.row_stride = width;
+          rows_of.row_stride = d;
           rows_of.capacity = kv.capacity;
           rows_of.ring = kv.ring;
           rows_of.fetch_ahead = q.rows == 1;  // decode: each key's row is read once
