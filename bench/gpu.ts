@@ -12,7 +12,7 @@
  * lavapipe. Each run of `redwing-engine generate` reports the work its backend recorded; the
  * table shows:
  *   - decode tok/s at batch 1 after a short prompt and after a --prefill[0]-token prompt;
- *   - prefill tok/s for each --prefill length (chunk 128 by default, the engine's);
+ *   - prefill tok/s for each --prefill length (the engine's default chunk: 512);
  *   - submissions (host waits) and kernel dispatches per decode token;
  *   - the share of device time per kernel, from a profiled decode run (REDWING_GPU_PROFILE=1:
  *     timestamps around every dispatch, so that run is slower and not used for rates);
