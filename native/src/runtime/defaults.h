@@ -15,7 +15,7 @@ inline constexpr int64_t kContext = 4096;  // KV cache positions (prompt + gener
 // Prefill chunk: tokens per batched forward call. On the 26B-A4B a chunk of 512 gives each of a
 // layer's 128 experts about 32 of its tokens (8 at 128), so the blocked products reuse each
 // weight panel 4x more (docs/cpu.md: 1.4-1.6x prefill on the CPU), and a streamed expert is read
-// once per 512 prompt tokens instead of once per 128. Its cost is memory (about 0.23 GB more
+// once per 512 prompt tokens instead of once per 128. Its cost is memory (about 0.22 GB more
 // working memory and sliding-window rows on the 26B), so under a memory or GPU memory budget,
 // where memory buys expert slots, the chunk stays at kBudgetPrefillChunk unless one is asked for.
 inline constexpr int64_t kPrefillChunk = 512;

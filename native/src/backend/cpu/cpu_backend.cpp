@@ -397,8 +397,8 @@ class CpuBackend final : public Backend {
 
   // The CPU's K and V are head-major, [num_kv_heads, capacity, head_dim]: the attention reads one
   // KV head's keys at a time, and that way they are contiguous (sequential reads the hardware
-  // prefetches, a page per 8 (f16) or 16 keys) instead of one head_dim row per
-  // num_kv_heads * head_dim (4 KiB on the 26B: every key its own page).
+  // prefetches; at head_dim 256 a page holds 8 keys in f16) instead of one head_dim row per
+  // num_kv_heads * head_dim (4 KiB of f16 on the 26B: every key its own page).
   void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) override {
     check_kv_store_args(kv, k, v, pos0);
     const int64_t d = kv.head_dim;
