@@ -39,7 +39,6 @@ PlanSettings plan_settings(const EngineOptions& o) {
 
 Engine::Engine(const EngineOptions& options)
     : options_(options), dir_(ModelDir::open(options.model_dir)) {
-  if (options_.chunk < 0) throw std::invalid_argument("chunk size must be positive");
   if (options_.threads < 0 || options_.threads > kMaxThreads)
     throw std::invalid_argument("threads must be in [0, " + std::to_string(kMaxThreads) +
                                 "] (0: one per hardware thread), not " +
