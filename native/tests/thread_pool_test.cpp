@@ -139,3 +139,37 @@ TEST_CASE("REDWING_SPIN_US sets the spin; a malformed value is refused") {
   }
   unsetenv("REDWING_SPIN_US");
 }
+
+TEST_CASE("loops run with subnormal floats flushed to zero, and the caller's mode comes back") {
+  // A subnormal product: 2^-100 * 2^-30 = 2^-130, below float's smallest normal 2^-126.
+  volatile float tiny = 0x1p-100f;
+  volatile float factor = 0x1p-30f;
+  const float outside_before = tiny * factor;
+#if defined(__x86_64__) || defined(__i386__)
+  REQUIRE(outside_before != 0.0f);  // the process's default mode keeps subnormals
+  for (int threads : {1, 2, 4}) {
+    CAPTURE(threads);
+    ThreadPool pool(threads);
+    std::vector<float> products(64, -1.0f);
+    std::vector<float> read_back(64, -1.0f);
+    volatile float subnormal = outside_before;
+    pool.parallel_for(64, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        products[static_cast<size_t>(i)] = tiny * factor;           // flushed result (FTZ)
+        read_back[static_cast<size_t>(i)] = subnormal + 0x1p-126f;  // input read as 0 (DAZ)
+      }
+    });
+    for (float p : products) CHECK(p == 0.0f);
+    for (float r : read_back) CHECK(r == 0x1p-126f);
+    // A loop too small to leave the caller runs inline, under the same mode.
+    float inline_product = -1.0f;
+    pool.parallel_for(1, 1, [&](int64_t, int64_t) { inline_product = tiny * factor; });
+    CHECK(inline_product == 0.0f);
+    const float outside_after = tiny * factor;
+    CHECK(outside_after == outside_before);
+  }
+#else
+  MESSAGE("the subnormal mode is set only on x86; AArch64 computes subnormals at full speed");
+  CHECK(outside_before != 0.0f);
+#endif
+}

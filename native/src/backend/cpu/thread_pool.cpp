@@ -39,6 +39,33 @@ bool spin_until(Done done, int spin_us) {
   }
 }
 
+// Floats below 2^-126 (subnormals) cost x86 CPUs a microcode assist, often over a hundred cycles,
+// for each vector instruction that reads or produces one. Attention produces them all the time:
+// a softmax probability is subnormal when its score is 87 below the row's highest, and so is its
+// product with every value it weights. On Gemma 4's global layers (eight query heads per value
+// row) the weighted sum of values ran 8 times slower with them (docs/cpu.md, round eleven). So the
+// pool's threads run with the control bits that flush subnormal results to zero (FTZ) and read
+// subnormal inputs as zero (DAZ): a change of less than 2^-126 in any value, far below float's
+// rounding of the sums it enters. AArch64 CPUs handle subnormals in hardware, so nothing changes
+// there. The caller's own mode comes back when its loop ends.
+class SubnormalsAsZero {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kFlushToZero = 0x8000;     // MXCSR.FTZ
+  static constexpr unsigned kDenormalsAreZero = 0x40;  // MXCSR.DAZ
+  SubnormalsAsZero() : saved_(_mm_getcsr()) {
+    const unsigned want = saved_ | kFlushToZero | kDenormalsAreZero;
+    if (want != saved_) _mm_setcsr(want);
+  }
+  ~SubnormalsAsZero() {
+    if (_mm_getcsr() != saved_) _mm_setcsr(saved_);
+  }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
 }  // namespace
 
 int ThreadPool::default_thread_count() {
@@ -106,6 +133,7 @@ void ThreadPool::work_on_current_job() {
 
 void ThreadPool::worker_main() {
   t_inside_pool = true;
+  const SubnormalsAsZero flush;  // for the worker's whole life
   // Generation 0 is the pool's state at construction: a job published before this thread got
   // here must still be seen as new.
   uint64_t seen = 0;
@@ -147,6 +175,7 @@ void ThreadPool::worker_main() {
 void ThreadPool::run(int64_t n, int64_t grain, void* ctx, Trampoline call) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
+  const SubnormalsAsZero flush;  // the caller's share, inline or not
   if (workers_.empty() || t_inside_pool || n <= grain) {
     call(ctx, 0, n);
     return;
