@@ -36,11 +36,34 @@ std::vector<Isa> available_isas() {
   return out;
 }
 
+// Every available ISA with qmatvec's integer method off, and again with it on where the ISA has
+// it (kernels.h).
+std::vector<std::pair<Isa, bool>> isa_and_product_pairs() {
+  std::vector<std::pair<Isa, bool>> out;
+  const Isa before = active_isa();
+  const bool was = set_integer_exact_product(true);
+  for (Isa isa : available_isas()) {
+    out.emplace_back(isa, false);
+    set_active_isa(isa);
+    if (integer_exact_product_active()) out.emplace_back(isa, true);
+  }
+  set_integer_exact_product(was);
+  set_active_isa(before);
+  return out;
+}
+
 // Switches the implementation for one scope.
 struct IsaScope {
   Isa saved = active_isa();
   explicit IsaScope(Isa isa) { REQUIRE(set_active_isa(isa)); }
   ~IsaScope() { set_active_isa(saved); }
+};
+
+// Turns qmatvec's integer method (kernels.h) on or off for one scope.
+struct IntegerProductScope {
+  bool saved;
+  explicit IntegerProductScope(bool on) : saved(set_integer_exact_product(on)) {}
+  ~IntegerProductScope() { set_integer_exact_product(saved); }
 };
 
 // ---- independent references for the 16-bit float formats -----------------------------------
@@ -366,8 +389,10 @@ TEST_CASE("qdequant_row matches the hand-built packing") {
 }
 
 TEST_CASE("qmatvec matches double-precision math on odd row ranges") {
-  for (Isa isa : available_isas()) {
+  for (auto [isa, integer] : isa_and_product_pairs()) {
     IsaScope scope(isa);
+    IntegerProductScope product(integer);
+    CAPTURE(integer);
     for (int bits : {4, 8}) {
       for (int gs : {32, 64, 128}) {
         for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32}) {
@@ -410,8 +435,10 @@ TEST_CASE("qmatvec SIMD agrees with scalar at a model shape") {
       IsaScope scope(Isa::scalar);
       qmatvec(m.view(), x.data(), want.data(), 0, m.rows);
     }
-    for (Isa isa : available_isas()) {
+    for (auto [isa, integer] : isa_and_product_pairs()) {
       IsaScope scope(isa);
+      IntegerProductScope product(integer);
+      CAPTURE(integer);
       std::vector<float> y(static_cast<size_t>(m.rows));
       qmatvec(m.view(), x.data(), y.data(), 0, m.rows);
       for (int64_t r = 0; r < m.rows; ++r) {
@@ -423,6 +450,65 @@ TEST_CASE("qmatvec SIMD agrees with scalar at a model shape") {
       }
     }
   }
+}
+
+TEST_CASE("qmatvec's integer method stays within float32 rounding on activations of any range") {
+  // Values spread over 10^-6..10^6 next to each other, zeros, a lane of 8 zeros, values far
+  // below float32's normal range, a row whose width ends in half a 128-value block (704 columns)
+  // and all three group sizes: the error stays within 2^-22 of the largest |x| among each
+  // value's 8 (the integer unit's bound) plus the float32 path's own bound.
+  int checked = 0;
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    IntegerProductScope product(true);
+    if (!integer_exact_product_active()) continue;
+    for (int gs : {32, 64, 128}) {
+      for (int64_t cols : {int64_t{gs} * 7, int64_t{704}}) {
+        if (cols % gs != 0) continue;
+        CAPTURE(std::string(isa_name(isa)));
+        CAPTURE(gs);
+        CAPTURE(cols);
+        const TestMatrix m = make_matrix(4, gs, 29, cols, ScaleType::bf16, 300 + gs);
+        std::vector<float> x = random_vector(cols, 11);
+        const std::vector<float> spread = random_vector(cols, 12, -6.0f, 6.0f);
+        for (int64_t c = 0; c < cols; ++c) x[c] *= std::pow(10.0f, spread[c]);
+        for (int64_t c = 8; c < 16; ++c) x[c] = 0.0f;
+        x[17] = 0.0f;
+        x[18] = 1e-38f;
+        x[19] = -3e-41f;  // subnormal
+        std::vector<float> y(static_cast<size_t>(m.rows), -12345.0f);
+        qmatvec(m.view(), x.data(), y.data(), 0, m.rows);
+        for (int64_t r = 0; r < m.rows; ++r) {
+          double want = 0.0, unit_bound = 0.0;
+          for (int64_t c = 0; c < cols; ++c) {
+            want += m.w(r, c) * x[c];
+            double lane_max = 0.0;
+            for (int64_t j = c / 8 * 8; j < c / 8 * 8 + 8; ++j)
+              lane_max = std::max(lane_max, std::fabs(double{x[j]}));
+            const int64_t g = r * (cols / gs) + c / gs;
+            unit_bound += std::fabs(m.s[g] * m.q[r * cols + c]) * std::ldexp(lane_max, -22);
+          }
+          CAPTURE(r);
+          REQUIRE(std::fabs(y[r] - want) <= unit_bound + row_tolerance(m, r, x.data()));
+          ++checked;
+        }
+        // inf or NaN anywhere in x reaches every row, as on the float32 path.
+        for (float bad : {std::numeric_limits<float>::quiet_NaN(), HUGE_VALF}) {
+          std::vector<float> xb = x;
+          xb[static_cast<size_t>(cols) - 3] = bad;
+          qmatvec(m.view(), xb.data(), y.data(), 0, m.rows);
+          for (int64_t r = 0; r < m.rows; ++r) REQUIRE(!std::isfinite(y[r]));
+        }
+      }
+    }
+  }
+  if (checked == 0) MESSAGE("skipped: no ISA here has the integer method (AVX512-VNNI)");
+}
+
+TEST_CASE("qmatvec's integer method is off when asked, and tells") {
+  IntegerProductScope product(false);
+  CHECK_FALSE(integer_exact_product_active());
+  CHECK_FALSE(set_integer_exact_product(false));
 }
 
 TEST_CASE("qmatmul matches double-precision math for every row of X") {

@@ -268,8 +268,15 @@ class CpuBackend final : public Backend {
       return;
     }
     if (x.rows == 1) {
-      pool_.parallel_for(w.rows, grain,
-                         [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
+      if (x24_.empty()) x24_.emplace_back();
+      cpu::X24Buffer& xa = x24_.front();
+      if (w.bits == 4 && xa.prepare(px, w.cols, w.group_size)) {
+        pool_.parallel_for(w.rows, grain,
+                           [&](int64_t b, int64_t e) { cpu::qmatvec_x24(w, xa, py, b, e); });
+      } else {
+        pool_.parallel_for(w.rows, grain,
+                           [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
+      }
     } else if (use_split(w, x.rows)) {
       if (split_.empty()) split_.emplace_back();
       cpu::SplitActivation& xs = split_.front();
@@ -295,7 +302,7 @@ class CpuBackend final : public Backend {
       const cpu::QuantMatrix& w = static_cast<const CpuQWeight&>(*p.w).m;
       check_product(w, p.x, p.y);
       batch_.push_back({&w, use_q8(*p.w), f32(p.x), p.x.rows, p.x.stride, f32(p.y), p.y.stride,
-                        total_rows, nullptr, nullptr});
+                        total_rows, nullptr, nullptr, nullptr});
       total_rows += w.rows;
       max_cols = std::max(max_cols, w.cols);
     }
@@ -333,6 +340,22 @@ class CpuBackend final : public Backend {
       split_input(split_[n_split], j.x, j.x_rows, j.x_stride, j.w->cols);
       j.split = &split_[n_split++];
     }
+    // Exact single-row products by integer dot products (cpu::qmatvec_x24): prepare each
+    // distinct input once, likewise.
+    size_t n_x24 = 0;
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      BatchedProduct& j = batch_[i];
+      if (j.int8 || j.x_rows != 1 || j.split != nullptr || j.w->bits != 4) continue;
+      for (size_t k = 0; k < i && j.x24 == nullptr; ++k) {
+        const BatchedProduct& o = batch_[k];
+        if (o.x24 != nullptr && o.x == j.x && o.w->cols == j.w->cols &&
+            o.w->group_size == j.w->group_size)
+          j.x24 = o.x24;
+      }
+      if (j.x24 != nullptr) continue;
+      if (x24_.size() <= n_x24) x24_.resize(n_x24 + 1);
+      if (x24_[n_x24].prepare(j.x, j.w->cols, j.w->group_size)) j.x24 = &x24_[n_x24++];
+    }
     const int64_t grain =
         any_split ? split_grain(max_cols) : std::max<int64_t>(4, 65536 / max_cols);
     pool_.parallel_for(total_rows, grain, [&](int64_t b, int64_t e) {
@@ -344,6 +367,8 @@ class CpuBackend final : public Backend {
           cpu::qmatvec_q8(*j.w, j.q8->row(0), j.y, lo, hi);
         else if (j.q8 != nullptr)
           cpu::qmatmul_q8(*j.w, *j.q8, j.y, j.y_stride, lo, hi);
+        else if (j.x24 != nullptr)
+          cpu::qmatvec_x24(*j.w, *j.x24, j.y, lo, hi);
         else if (j.x_rows == 1)
           cpu::qmatvec(*j.w, j.x, j.y, lo, hi);
         else if (j.split != nullptr)
@@ -545,6 +570,8 @@ class CpuBackend final : public Backend {
     const cpu::Q8Buffer* q8;  // the quantized input on the 8-bit path, else null
     // The split input when the exact product runs on the matrix unit, else null.
     const cpu::SplitActivation* split;
+    // The prepared input of an exact single-row product by integer dot products, else null.
+    const cpu::X24Buffer* x24;
   };
   ThreadPool pool_;
   ActivationPlan plan_ = ActivationPlan::exact();
@@ -552,6 +579,7 @@ class CpuBackend final : public Backend {
   std::deque<cpu::Q8Buffer> q8_;
   // Inputs split for the matrix unit (exact products of several rows on AMX CPUs).
   std::deque<cpu::SplitActivation> split_;
+  std::deque<cpu::X24Buffer> x24_;
   std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
   // Attention's per-block partials (max, weight, values), kept between calls; at most
   // kPartialFloats values (16 MiB) beyond a single row's.

@@ -234,11 +234,81 @@ const char* cpu_features() {
 
 // ---- forwarding --------------------------------------------------------------------------
 
+namespace {
+// REDWING_EXACT_PRODUCT=float turns the integer method off at start-up (A/B runs).
+std::atomic<bool>& integer_exact_product() {
+  static std::atomic<bool> on = [] {
+    const char* env = std::getenv("REDWING_EXACT_PRODUCT");
+    if (env == nullptr || *env == '\0' || std::strcmp(env, "integer") == 0) return true;
+    if (std::strcmp(env, "float") == 0) return false;
+    std::fprintf(stderr,
+                 "redwing: unknown REDWING_EXACT_PRODUCT=%s (expected integer or float); using "
+                 "integer\n",
+                 env);
+    return true;
+  }();
+  return on;
+}
+}  // namespace
+
+bool set_integer_exact_product(bool on) { return integer_exact_product().exchange(on); }
+
+bool integer_exact_product_active() {
+  return integer_exact_product().load(std::memory_order_relaxed) &&
+         kernels().x24.qmatvec != nullptr;
+}
+
+bool X24Buffer::prepare(const float* x, int64_t cols, int group_size) {
+  cols_ = 0;
+  if (!integer_exact_product_active()) return false;
+  if (cols <= 0 || (group_size != 32 && group_size != 64 && group_size != 128) ||
+      cols % group_size != 0)
+    throw std::invalid_argument("redwing::cpu::X24Buffer: " + std::to_string(cols) +
+                                " columns are not whole groups of " + std::to_string(group_size));
+  const int64_t blocks = (cols + 127) / 128;
+  const int64_t groups = cols / group_size;
+  // One allocation: limbs, then units, then sums, each at a 64-byte boundary.
+  const size_t limb_bytes = static_cast<size_t>(blocks * 384);
+  const size_t unit_bytes = static_cast<size_t>(blocks * 16) * sizeof(float);
+  const size_t sum_bytes = static_cast<size_t>((groups + 15) / 16 * 16) * sizeof(float);
+  storage_.resize(limb_bytes + unit_bytes + sum_bytes + 64);
+  auto* base =
+      reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(storage_.data()) + 63) / 64 * 64);
+  limbs_ = reinterpret_cast<int8_t*>(base);
+  units_ = reinterpret_cast<float*>(base + limb_bytes);
+  sums_ = reinterpret_cast<float*>(base + limb_bytes + unit_bytes);
+  if (!kernels().x24.prepare(x, cols, group_size, limbs_, units_, sums_)) return false;
+  cols_ = cols;
+  group_size_ = group_size;
+  return true;
+}
+
+void qmatvec_x24(const QuantMatrix& w, const X24Buffer& xa, float* y, int64_t row_begin,
+                 int64_t row_end) {
+  check_quant_matrix(w, "qmatvec_x24");
+  check_row_range(w, row_begin, row_end, "qmatvec_x24");
+  if (w.bits != 4 || xa.cols() != w.cols || xa.group_size() != w.group_size)
+    throw std::invalid_argument(
+        "redwing::cpu::qmatvec_x24: the input was prepared for " + std::to_string(xa.cols()) +
+        " columns in groups of " + std::to_string(xa.group_size()) + ", the matrix has " +
+        std::to_string(w.cols) + " in groups of " + std::to_string(w.group_size) + " (" +
+        std::to_string(w.bits) + "-bit)");
+  const KernelTable& k = kernels();
+  if (k.x24.product == nullptr)
+    throw std::logic_error("redwing::cpu::qmatvec_x24: the active ISA has no integer method");
+  if (row_begin == row_end) return;
+  k.x24.product(w, xa.limbs_, xa.units_, xa.sums_, y, row_begin, row_end);
+}
+
 void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, int64_t row_end) {
   check_quant_matrix(w, "qmatvec");
   check_row_range(w, row_begin, row_end, "qmatvec");
   if (row_begin == row_end) return;
-  kernels().qmatvec(w, x, y, row_begin, row_end);
+  const KernelTable& k = kernels();
+  if (k.x24.qmatvec != nullptr && integer_exact_product().load(std::memory_order_relaxed) &&
+      k.x24.qmatvec(w, x, y, row_begin, row_end))
+    return;
+  k.qmatvec(w, x, y, row_begin, row_end);
 }
 
 void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride, float* y,

@@ -54,7 +54,51 @@ const char* cpu_features();
 // Accumulates s * sum(x q) + b * sum(x) per group in float32, as MLX's qmv does; qmatmul below
 // dequantizes s * q + b first, as MLX's qmm does. Both are float32-accurate; they differ in
 // rounding only. Throws std::invalid_argument for an unsupported matrix or a bad row range.
+//
+// The integer method (CPUs with AVX512-VNNI, 4-bit weights; default on): x is held as 24-bit
+// integers X, each 8 consecutive values sharing a power-of-two unit e chosen from their largest
+// |x| so that |X| < 2^23, and the weights' codes multiply X in exact integer arithmetic (three
+// byte limbs through vpdpbusd); each 8-value partial sum is converted to float32 once. The only
+// rounding besides the float32 accumulation over groups is x to X: at most 2^-23 of the largest
+// |x| of its 8 (float32 rounds each value to 2^-24 of itself), while the float32 path rounds
+// each of the 8 partial sums it adds. It is held to the float32 path's error bound in the tests.
+// x with inf or NaN takes the float32 path (which propagates them).
 void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, int64_t row_end);
+
+// Turns the integer method on or off (tests, A/B runs; REDWING_EXACT_PRODUCT=float|integer sets
+// it at start-up); returns the previous setting. integer_exact_product_active() says whether
+// qmatvec uses it now (on, and the active ISA has it).
+bool set_integer_exact_product(bool on);
+bool integer_exact_product_active();
+
+// x prepared once for the integer method, then read by any number of threads (a product's row
+// ranges, and every product of a batch with the same input): qmatvec converts x again at every
+// call, which costs about as much as 20 rows of a 2,816-column product.
+class X24Buffer {
+ public:
+  // Prepares cols values of x for 4-bit matrices with this group size. Returns false, leaving
+  // the buffer empty, where qmatvec would not use the integer method (off, not on this ISA) or
+  // x holds inf or NaN: callers then use qmatvec. Throws std::invalid_argument for a width that
+  // is not whole groups.
+  bool prepare(const float* x, int64_t cols, int group_size);
+  int64_t cols() const { return cols_; }  // 0 when empty
+  int group_size() const { return group_size_; }
+
+ private:
+  friend void qmatvec_x24(const QuantMatrix&, const X24Buffer&, float*, int64_t, int64_t);
+  std::vector<std::byte> storage_;
+  int8_t* limbs_ = nullptr;
+  float* units_ = nullptr;
+  float* sums_ = nullptr;
+  int64_t cols_ = 0;
+  int group_size_ = 0;
+};
+
+// qmatvec of a 4-bit matrix with a prepared x: the same bits as qmatvec with the integer method.
+// Throws std::invalid_argument for a bad matrix or row range or an x prepared for another width
+// or group size (or none), std::logic_error if the active ISA has no integer method.
+void qmatvec_x24(const QuantMatrix& w, const X24Buffer& xa, float* y, int64_t row_begin,
+                 int64_t row_end);
 
 // Y[t * y_stride + r] = sum_c W[r, c] * X[t * x_stride + c] for t in [0, n_rows_x),
 // r in [row_begin, row_end). Reads each weight block once for all rows of X.

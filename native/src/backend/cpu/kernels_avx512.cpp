@@ -493,7 +493,10 @@ const KernelTable& avx512_kernels() {
     KernelTable t = avx2_kernels();
     t.qmatvec = qmatvec_avx512;
     t.qmatmul = qmatmul_avx512;
-    if (cpu_has_avx512_vnni()) t.qmatmul_q8 = avx512_vnni_qmatmul_q8();
+    if (cpu_has_avx512_vnni()) {
+      t.qmatmul_q8 = avx512_vnni_qmatmul_q8();
+      t.x24 = avx512_vnni_x24();
+    }
     t.attention_scores = attention_scores_avx512;
     t.attention_values = attention_values_avx512;
     return t;

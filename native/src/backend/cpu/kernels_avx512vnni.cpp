@@ -9,6 +9,7 @@
 // instructions for the functions defined after it, and the standard headers come first.
 #if defined(REDWING_HAVE_AVX2)
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -55,6 +56,29 @@ inline __m512i lane_dots(__m512i wv, const int8_t* a) {
   }
 }
 
+// The exact int32 sums of q * X per lane for one register of 4-bit weights, X the 24-bit
+// integers of x24_block (below): X = 65536 * top + 256 * mid + low, top signed, mid and low
+// unsigned bytes. vpdpbusd multiplies unsigned by signed bytes, so the codes (0..15, valid as
+// either) are the unsigned operand against the top bytes and the signed one against the others.
+// Horner's rule: each partial sum moves up a byte before the next limb adds in. A lane holds 8
+// products, |sum| <= 8 * 15 * 2^23 < 2^31: no step overflows.
+inline __m512i lane_dots_x24(__m512i wv, const int8_t* a) {
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  // Each dword moved up one byte (times 256) by a byte shuffle: port 5, beside the dot
+  // products' port 0.
+  const __m512i up8 = _mm512_set4_epi32(0x0e0d0c80, 0x0a090880, 0x06050480, 0x02010080);
+  const __m512i lo = _mm512_and_si512(wv, nibble);
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble);
+  __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(a));
+  t = _mm512_dpbusd_epi32(t, hi, _mm512_load_si512(a + 64));
+  t = _mm512_shuffle_epi8(t, up8);
+  t = _mm512_dpbusd_epi32(t, _mm512_load_si512(a + 128), lo);
+  t = _mm512_dpbusd_epi32(t, _mm512_load_si512(a + 192), hi);
+  t = _mm512_shuffle_epi8(t, up8);
+  t = _mm512_dpbusd_epi32(t, _mm512_load_si512(a + 256), lo);
+  return _mm512_dpbusd_epi32(t, _mm512_load_si512(a + 320), hi);
+}
+
 constexpr int kPrefetchGroups = 2;  // row groups ahead, as in kernels_avx512.cpp
 
 inline int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -71,7 +95,7 @@ struct Q8Prepared {
 // converted once (sbuf, bbuf: kRows rows of pad16(gpr) + 16 floats, zero past gpr) and their
 // packed weights stay in L1 while each activation row goes by, so a prefill chunk reads the
 // weights from memory once.
-template <int kBits, int kGroup, int kRows>
+template <int kBits, int kGroup, int kRows, bool kX24 = false>
 void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0, float* y,
              int64_t y_stride, float* sbuf, float* bbuf) {
   using L = Q8Layout<kBits>;
@@ -109,14 +133,19 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
     for (int64_t blk = 0; blk < n_blocks; ++blk) {
       const bool partial = blk == n_blocks - 1 && tail_words > 0;
       const __mmask16 lanes = partial ? first_lanes(tail_words) : static_cast<__mmask16>(0xffff);
-      const int8_t* a = x.q + blk * (kBits == 4 ? 128 : 64);
+      const int8_t* a = x.q + blk * (kX24 ? 384 : kBits == 4 ? 128 : 64);
       const __m512 d = _mm512_load_ps(x.dl + blk * 16);
       const int64_t g0 = blk * L::kValues / kGroup;
       for (int i = 0; i < kRows; ++i) {
         if (t == 0) _mm_prefetch(pf + (blk * kRows + i) * 64, _MM_HINT_T0);
         const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows[i] + blk * 16)
                                    : _mm512_loadu_si512(rows[i] + blk * 16);
-        const __m512 dots = _mm512_cvtepi32_ps(lane_dots<kBits>(wv, a));
+        __m512 dots;
+        if constexpr (kX24) {
+          dots = _mm512_cvtepi32_ps(lane_dots_x24(wv, a));
+        } else {
+          dots = _mm512_cvtepi32_ps(lane_dots<kBits>(wv, a));
+        }
         __m512 s;
         if constexpr (kGroup >= L::kValues) {
           s = _mm512_set1_ps(sbuf[i * stride + g0]);
@@ -182,6 +211,116 @@ void qmatmul_q8_vnni(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, 
   });
 }
 
+// ---- the exact decode product on integer dot products (qmatvec_x24, kernels.h) ------------
+
+// Block b of x (128 values, 16 lanes of 8) as x24 stores it: lane i holds values
+// [128 b + 8 i, 128 b + 8 i + 8) as 24-bit integers X = x / e_i, e_i a power of two chosen from
+// the lane's largest |x| so that |X| < 2^23. Limbs, 64 bytes each: top (signed) even, top odd,
+// mid even, mid odd, low even, low odd; "even" holds values 8i, 8i+2, 8i+4, 8i+6 in the bytes
+// of dword i, "odd" 8i+1, ..., 8i+7 (the nibble order of lane_dots_x24). Returns false if the
+// block holds inf or NaN (the caller then takes the float32 path, which propagates them).
+inline bool x24_block(const float* x, int64_t valid_lanes, int8_t* out, float* e_out) {
+  const __mmask16 lanes = first_lanes(valid_lanes);
+  const __m512i base =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(8));
+  __m512 v[8];
+  __m512 mx = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  for (int k = 0; k < 8; ++k) {
+    v[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes,
+                                    _mm512_add_epi32(base, _mm512_set1_epi32(k)), x, 4);
+    const __m512 a = _mm512_abs_ps(v[k]);
+    bad |= _mm512_cmp_ps_mask(a, inf, _CMP_NLT_UQ);  // inf or NaN
+    mx = _mm512_max_ps(mx, a);
+  }
+  if (bad) return false;
+  // floor(log2(max)) per lane; lanes of zeros (and the padding) take 0, and tiny lanes are
+  // clamped so that 2^(floor - 22) stays a normal float (values under 2^-100 count as zero).
+  const __mmask16 nonzero = _mm512_cmp_ps_mask(mx, _mm512_setzero_ps(), _CMP_GT_OQ);
+  const __m512 fl = _mm512_max_ps(_mm512_maskz_getexp_ps(nonzero, mx), _mm512_set1_ps(-100.0f));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 up = _mm512_scalef_ps(one, _mm512_sub_ps(_mm512_set1_ps(22.0f), fl));
+  _mm512_store_ps(e_out, _mm512_scalef_ps(one, _mm512_sub_ps(fl, _mm512_set1_ps(22.0f))));
+  // max < 2^(fl + 1), so |x * up| < 2^23; rounding may reach 2^23 itself, which is clamped.
+  __m512i q[8];
+  for (int k = 0; k < 8; ++k) {
+    const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v[k], up));
+    q[k] = _mm512_max_epi32(_mm512_min_epi32(r, _mm512_set1_epi32((1 << 23) - 1)),
+                            _mm512_set1_epi32(-(1 << 23)));
+  }
+  // Limb m of the even (h = 0) or odd (h = 1) values: byte m of q[2j + h] into byte j.
+  for (int m = 0; m < 3; ++m) {
+    for (int h = 0; h < 2; ++h) {
+      __m512i acc = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) {
+        const __m512i src = q[2 * j + h];
+        const int move = 8 * j - 8 * (2 - m);  // limb m is byte 2 - m of X
+        const __m512i moved = move > 0   ? _mm512_slli_epi32(src, static_cast<unsigned>(move))
+                              : move < 0 ? _mm512_srli_epi32(src, static_cast<unsigned>(-move))
+                                         : src;
+        // (moved & mask) | acc
+        acc = _mm512_ternarylogic_epi32(moved, _mm512_set1_epi32(0xff << (8 * j)), acc, 0xea);
+      }
+      _mm512_store_si512(out + (2 * m + h) * 64, acc);
+    }
+  }
+  return true;
+}
+
+inline int64_t x24_blocks(int64_t cols) { return (cols + 127) / 128; }
+
+// Lane exponents, limbs and group sums of x for 4-bit products; false on inf or NaN.
+bool prepare_x24(const float* x, int64_t cols, int group, int8_t* limbs, float* e, float* sums) {
+  const int64_t n_blocks = x24_blocks(cols);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t lanes = std::min<int64_t>(16, (cols - 128 * b) / 8);
+    if (!x24_block(x + 128 * b, lanes, limbs + 384 * b, e + 16 * b)) return false;
+  }
+  const int64_t gpr = cols / group;
+  for (int64_t g = 0; g < gpr; ++g) {
+    const float* xg = x + g * group;
+    __m512 a0 = _mm512_loadu_ps(xg);
+    __m512 a1 = _mm512_loadu_ps(xg + 16);
+    for (int j = 32; j < group; j += 32) {
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xg + j));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xg + j + 16));
+    }
+    sums[g] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+  for (int64_t g = gpr; g < pad16(gpr); ++g) sums[g] = 0.0f;
+  return true;
+}
+
+void qmatvec_x24_prepared(const QuantMatrix& w, const int8_t* limbs, const float* e,
+                          const float* sums, float* y, int64_t rb, int64_t re) {
+  thread_local Scratch s_buf, b_buf;
+  const int64_t gpr = w.cols / w.group_size;
+  const Q8Prepared prepared{limbs, e, sums};
+  const size_t sb = static_cast<size_t>(4 * (pad16(gpr) + 16));
+  float* sbuf = s_buf.floats(sb);
+  float* bbuf = b_buf.floats(sb);
+  with_quant_shape(w, [&]<int kBits, int kGroup>() {
+    if constexpr (kBits == 4) {
+      int64_t r = rb;
+      for (; r + 4 <= re; r += 4) q8_rows<4, kGroup, 4, true>(w, &prepared, 1, r, y, 0, sbuf, bbuf);
+      for (; r < re; ++r) q8_rows<4, kGroup, 1, true>(w, &prepared, 1, r, y, 0, sbuf, bbuf);
+    }
+  });
+}
+
+bool qmatvec_x24_vnni(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
+  if (w.bits != 4) return false;
+  thread_local Scratch limb_buf, e_buf, sum_buf;
+  const int64_t n_blocks = x24_blocks(w.cols);
+  auto* limbs = reinterpret_cast<int8_t*>(limb_buf.floats(static_cast<size_t>(n_blocks * 96)));
+  float* e = e_buf.floats(static_cast<size_t>(n_blocks * 16));
+  float* sums = sum_buf.floats(static_cast<size_t>(pad16(w.cols / w.group_size)));
+  if (!prepare_x24(x, w.cols, w.group_size, limbs, e, sums)) return false;
+  qmatvec_x24_prepared(w, limbs, e, sums, y, rb, re);
+  return true;
+}
 }  // namespace
 }  // namespace redwing::cpu
 
@@ -195,6 +334,7 @@ void qmatmul_q8_vnni(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, 
 namespace redwing::cpu {
 // Outside the target region: handing out the pointer must not need the instructions.
 Q8Kernel avx512_vnni_qmatmul_q8() { return qmatmul_q8_vnni; }
+X24Kernels avx512_vnni_x24() { return {qmatvec_x24_vnni, prepare_x24, qmatvec_x24_prepared}; }
 }  // namespace redwing::cpu
 
 #endif  // REDWING_HAVE_AVX2

@@ -15,6 +15,20 @@ namespace redwing::cpu {
 
 // One entry per dispatched kernel. Implementations that do not provide a kernel copy the
 // scalar entry, so every pointer is always valid.
+// qmatvec's integer method (kernels.h) on 4-bit weights. qmatvec: the whole product from a
+// float x; it returns false, having written nothing, where it does not apply (8-bit weights, inf
+// or NaN in x). prepare: x's limbs (384 bytes per 128 columns, 64-byte aligned), lane units (16
+// floats per 128 columns) and group sums (padded to 16 with zeros); false on inf or NaN.
+// product: rows [row_begin, row_end) from a prepared x.
+struct X24Kernels {
+  bool (*qmatvec)(const QuantMatrix& w, const float* x, float* y, int64_t row_begin,
+                  int64_t row_end) = nullptr;
+  bool (*prepare)(const float* x, int64_t cols, int group_size, int8_t* limbs, float* units,
+                  float* sums) = nullptr;
+  void (*product)(const QuantMatrix& w, const int8_t* limbs, const float* units, const float* sums,
+                  float* y, int64_t row_begin, int64_t row_end) = nullptr;
+};
+
 struct KernelTable {
   void (*qmatvec)(const QuantMatrix& w, const float* x, float* y, int64_t row_begin,
                   int64_t row_end);
@@ -51,6 +65,9 @@ struct KernelTable {
                            float* s) = nullptr;
   void (*attention_values)(const float* p, int group, int head_dim, const AttentionKv& kv,
                            const int64_t* rows, int64_t n, float* o) = nullptr;
+  // qmatvec's integer method where the ISA has it (qmatvec tries it first unless
+  // set_integer_exact_product(false)).
+  X24Kernels x24;
 };
 
 using Q8Kernel = void (*)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
@@ -66,6 +83,7 @@ const KernelTable& avx2_kernels();
 decltype(KernelTable::qmatmul) avx2_previous_qmatmul();
 const KernelTable& avx512_kernels();  // kernels_avx512.cpp: the AVX2 table plus wider kernels
 Q8Kernel avx512_vnni_qmatmul_q8();    // kernels_avx512vnni.cpp
+X24Kernels avx512_vnni_x24();         // kernels_avx512vnni.cpp
 // Whether the CPU has AMX-TILE and AMX-BF16 and the OS lets this process use the tile registers
 // (asked once, on Linux with arch_prctl). kernels_amx.cpp.
 bool cpu_has_amx();
