@@ -389,7 +389,10 @@ TEST_CASE("qdequant_row matches the hand-built packing") {
 }
 
 TEST_CASE("qmatvec matches double-precision math on odd row ranges") {
-  for (auto [isa, integer] : isa_and_product_pairs()) {
+  for (const auto& pair : isa_and_product_pairs()) {
+    // (Named copies: clang 14 cannot capture structured bindings in CAPTURE's lambdas.)
+    const Isa isa = pair.first;
+    const bool integer = pair.second;
     IsaScope scope(isa);
     IntegerProductScope product(integer);
     CAPTURE(integer);
@@ -435,7 +438,10 @@ TEST_CASE("qmatvec SIMD agrees with scalar at a model shape") {
       IsaScope scope(Isa::scalar);
       qmatvec(m.view(), x.data(), want.data(), 0, m.rows);
     }
-    for (auto [isa, integer] : isa_and_product_pairs()) {
+    for (const auto& pair : isa_and_product_pairs()) {
+      // (Named copies: clang 14 cannot capture structured bindings in CAPTURE's lambdas.)
+      const Isa isa = pair.first;
+      const bool integer = pair.second;
       IsaScope scope(isa);
       IntegerProductScope product(integer);
       CAPTURE(integer);
