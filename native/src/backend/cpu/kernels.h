@@ -3,7 +3,9 @@
 // Every kernel has a scalar reference implementation (kernels_scalar.cpp) and, where it matters
 // for speed, SIMD versions (kernels_avx2.cpp, kernels_neon.cpp). The implementation is chosen at
 // run time from the CPU's features (dispatch.cpp); tests force each one and compare it with the
-// scalar reference. Activations and accumulation are float32.
+// scalar reference. Activations and accumulation are float32, except where a kernel says
+// otherwise (qmatvec's integer method, exact to float32's rounding; the 8-bit-activation
+// products, approximate).
 //
 // Kernels work on row ranges so that the caller's thread pool can split the work: each call
 // writes only the rows in [row_begin, row_end) and reads nothing another thread writes.
