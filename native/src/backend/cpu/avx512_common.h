@@ -35,6 +35,21 @@ inline __m512 load_scales16(const void* p, ScaleType type, int64_t i, __mmask16 
   return _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(p) + i);
 }
 
+// sums[g] = the float32 sum of x over group g of `group` values (a multiple of 32), for the
+// products' bias term b_g * sum(x); in the same order wherever a product needs them.
+inline void group_sums(const float* x, int64_t cols, int group, float* sums) {
+  for (int64_t g = 0; g * group < cols; ++g) {
+    const float* xg = x + g * group;
+    __m512 a0 = _mm512_loadu_ps(xg);
+    __m512 a1 = _mm512_loadu_ps(xg + 16);
+    for (int j = 32; j < group; j += 32) {
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xg + j));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xg + j + 16));
+    }
+    sums[g] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+}
+
 // The lane sums of four vectors: {sum(a), sum(b), sum(c), sum(d)}, in fewer steps than four
 // separate reductions.
 inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {

@@ -149,16 +149,7 @@ void prepare_x(const float* x, int64_t cols, int group_size, float* xt, float* s
     for (int64_t c = b0; c < cols; ++c) padded[c - b0] = x[c];
     transpose_block<kBits>(padded, xt + b0, step_scale);
   }
-  for (int64_t g = 0; g * group_size < cols; ++g) {
-    const float* xg = x + g * group_size;
-    __m512 a0 = _mm512_loadu_ps(xg);
-    __m512 a1 = _mm512_loadu_ps(xg + 16);
-    for (int j = 32; j < group_size; j += 32) {
-      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xg + j));
-      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xg + j + 16));
-    }
-    sx[g] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  }
+  group_sums(x, cols, group_size, sx);
 }
 
 template <int kBits, int kRows, bool kPartial>

@@ -279,16 +279,7 @@ bool prepare_x24(const float* x, int64_t cols, int group, int8_t* limbs, float* 
     if (!x24_block(x + 128 * b, lanes, limbs + 384 * b, e + 16 * b)) return false;
   }
   const int64_t gpr = cols / group;
-  for (int64_t g = 0; g < gpr; ++g) {
-    const float* xg = x + g * group;
-    __m512 a0 = _mm512_loadu_ps(xg);
-    __m512 a1 = _mm512_loadu_ps(xg + 16);
-    for (int j = 32; j < group; j += 32) {
-      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xg + j));
-      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xg + j + 16));
-    }
-    sums[g] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  }
+  group_sums(x, cols, group, sums);
   for (int64_t g = gpr; g < pad16(gpr); ++g) sums[g] = 0.0f;
   return true;
 }
