@@ -5,6 +5,10 @@
 // conversion, FMA) on the float32 path. dispatch.cpp puts it in the avx512 table when the CPU
 // has AVX512_VNNI; without it that table keeps the AVX2 version.
 //
+// The same rows loop also runs qmatvec's exact integer method (kernels.h): x as 24-bit integers
+// in three byte limbs instead of one int8 byte, with a power-of-two unit per lane in place of d
+// (x24_block, lane_dots_x24, qmatvec_x24_prepared at the end of this file).
+//
 // Compiled without extra flags like kernels_avx512.cpp: the target pragma below enables the
 // instructions for the functions defined after it, and the standard headers come first.
 #if defined(REDWING_HAVE_AVX2)
@@ -84,7 +88,8 @@ constexpr int kPrefetchGroups = 2;  // row groups ahead, as in kernels_avx512.cp
 inline int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // What every row needs of one activation row: each lane's d per register block (16 floats per
-// block) and the float32 sums of x per weight group (zero-padded to 16).
+// block; the integer method's units) and the float32 sums of x per weight group (zero-padded to
+// 16). q is the int8 activations, or the integer method's limbs (384 bytes per block).
 struct Q8Prepared {
   const int8_t* q;
   const float* dl;
@@ -94,7 +99,7 @@ struct Q8Prepared {
 // Rows [r0, r0 + kRows) against every prepared activation row. The rows' scales and biases are
 // converted once (sbuf, bbuf: kRows rows of pad16(gpr) + 16 floats, zero past gpr) and their
 // packed weights stay in L1 while each activation row goes by, so a prefill chunk reads the
-// weights from memory once.
+// weights from memory once. kX24: the integer method's limbs (4-bit weights, one x row).
 template <int kBits, int kGroup, int kRows, bool kX24 = false>
 void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0, float* y,
              int64_t y_stride, float* sbuf, float* bbuf) {
