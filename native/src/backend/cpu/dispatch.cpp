@@ -255,7 +255,7 @@ bool set_integer_exact_product(bool on) { return integer_exact_product().exchang
 
 bool integer_exact_product_active() {
   return integer_exact_product().load(std::memory_order_relaxed) &&
-         kernels().x24.qmatvec != nullptr;
+         kernels().x24.product != nullptr;
 }
 
 bool X24Buffer::prepare(const float* x, int64_t cols, int group_size) {
@@ -304,11 +304,13 @@ void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, 
   check_quant_matrix(w, "qmatvec");
   check_row_range(w, row_begin, row_end, "qmatvec");
   if (row_begin == row_end) return;
-  const KernelTable& k = kernels();
-  if (k.x24.qmatvec != nullptr && integer_exact_product().load(std::memory_order_relaxed) &&
-      k.x24.qmatvec(w, x, y, row_begin, row_end))
+  thread_local X24Buffer prepared;  // this call's own x (the backend shares one per product)
+  if (w.bits == 4 && prepared.prepare(x, w.cols, w.group_size)) {
+    kernels().x24.product(w, prepared.limbs_, prepared.units_, prepared.sums_, y, row_begin,
+                          row_end);
     return;
-  k.qmatvec(w, x, y, row_begin, row_end);
+  }
+  kernels().qmatvec(w, x, y, row_begin, row_end);
 }
 
 void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride, float* y,

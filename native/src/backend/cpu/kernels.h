@@ -87,6 +87,7 @@ class X24Buffer {
   int group_size() const { return group_size_; }
 
  private:
+  friend void qmatvec(const QuantMatrix&, const float*, float*, int64_t, int64_t);
   friend void qmatvec_x24(const QuantMatrix&, const X24Buffer&, float*, int64_t, int64_t);
   std::vector<std::byte> storage_;
   int8_t* limbs_ = nullptr;

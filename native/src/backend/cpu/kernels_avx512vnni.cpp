@@ -7,7 +7,7 @@
 //
 // The same rows loop also runs qmatvec's exact integer method (kernels.h): x as 24-bit integers
 // in three byte limbs instead of one int8 byte, with a power-of-two unit per lane in place of d
-// (x24_block, lane_dots_x24, qmatvec_x24_prepared at the end of this file).
+// (x24_block, prepare_x24, lane_dots_x24 and qmatvec_x24_prepared).
 //
 // Compiled without extra flags like kernels_avx512.cpp: the target pragma below enables the
 // instructions for the functions defined after it, and the standard headers come first.
@@ -227,8 +227,7 @@ void qmatmul_q8_vnni(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, 
 inline bool x24_block(const float* x, int64_t valid_lanes, int8_t* out, float* e_out) {
   const __mmask16 lanes = first_lanes(valid_lanes);
   const __m512i base =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(8));
+      _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
   __m512 v[8];
   __m512 mx = _mm512_setzero_ps();
   __mmask16 bad = 0;
@@ -242,7 +241,8 @@ inline bool x24_block(const float* x, int64_t valid_lanes, int8_t* out, float* e
   }
   if (bad) return false;
   // floor(log2(max)) per lane; lanes of zeros (and the padding) take 0, and tiny lanes are
-  // clamped so that 2^(floor - 22) stays a normal float (values under 2^-100 count as zero).
+  // clamped so that the unit 2^(floor - 22) stays a normal float (a lane under 2^-100 keeps
+  // fewer bits; values under 2^-123 become zero).
   const __mmask16 nonzero = _mm512_cmp_ps_mask(mx, _mm512_setzero_ps(), _CMP_GT_OQ);
   const __m512 fl = _mm512_max_ps(_mm512_maskz_getexp_ps(nonzero, mx), _mm512_set1_ps(-100.0f));
   const __m512 one = _mm512_set1_ps(1.0f);
@@ -306,17 +306,6 @@ void qmatvec_x24_prepared(const QuantMatrix& w, const int8_t* limbs, const float
   });
 }
 
-bool qmatvec_x24_vnni(const QuantMatrix& w, const float* x, float* y, int64_t rb, int64_t re) {
-  if (w.bits != 4) return false;
-  thread_local Scratch limb_buf, e_buf, sum_buf;
-  const int64_t n_blocks = x24_blocks(w.cols);
-  auto* limbs = reinterpret_cast<int8_t*>(limb_buf.floats(static_cast<size_t>(n_blocks * 96)));
-  float* e = e_buf.floats(static_cast<size_t>(n_blocks * 16));
-  float* sums = sum_buf.floats(static_cast<size_t>(pad16(w.cols / w.group_size)));
-  if (!prepare_x24(x, w.cols, w.group_size, limbs, e, sums)) return false;
-  qmatvec_x24_prepared(w, limbs, e, sums, y, rb, re);
-  return true;
-}
 }  // namespace
 }  // namespace redwing::cpu
 
@@ -330,7 +319,7 @@ bool qmatvec_x24_vnni(const QuantMatrix& w, const float* x, float* y, int64_t rb
 namespace redwing::cpu {
 // Outside the target region: handing out the pointer must not need the instructions.
 Q8Kernel avx512_vnni_qmatmul_q8() { return qmatmul_q8_vnni; }
-X24Kernels avx512_vnni_x24() { return {qmatvec_x24_vnni, prepare_x24, qmatvec_x24_prepared}; }
+X24Kernels avx512_vnni_x24() { return {prepare_x24, qmatvec_x24_prepared}; }
 }  // namespace redwing::cpu
 
 #endif  // REDWING_HAVE_AVX2

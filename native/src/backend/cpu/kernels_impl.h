@@ -13,22 +13,19 @@
 
 namespace redwing::cpu {
 
-// One entry per dispatched kernel. Implementations that do not provide a kernel copy the
-// scalar entry, so every pointer is always valid.
-// qmatvec's integer method (kernels.h) on 4-bit weights. qmatvec: the whole product from a
-// float x; it returns false, having written nothing, where it does not apply (8-bit weights, inf
-// or NaN in x). prepare: x's limbs (384 bytes per 128 columns, 64-byte aligned), lane units (16
-// floats per 128 columns) and group sums (padded to 16 with zeros); false on inf or NaN.
-// product: rows [row_begin, row_end) from a prepared x.
+// qmatvec's integer method (kernels.h) on 4-bit weights, both null where the ISA lacks it.
+// prepare: x's limbs (384 bytes per 128 columns, 64-byte aligned), lane units (16 floats per 128
+// columns) and group sums (padded to 16 with zeros); false on inf or NaN. product: rows
+// [row_begin, row_end) from a prepared x.
 struct X24Kernels {
-  bool (*qmatvec)(const QuantMatrix& w, const float* x, float* y, int64_t row_begin,
-                  int64_t row_end) = nullptr;
   bool (*prepare)(const float* x, int64_t cols, int group_size, int8_t* limbs, float* units,
                   float* sums) = nullptr;
   void (*product)(const QuantMatrix& w, const int8_t* limbs, const float* units, const float* sums,
                   float* y, int64_t row_begin, int64_t row_end) = nullptr;
 };
 
+// One entry per dispatched kernel. Implementations that do not provide a kernel copy the
+// scalar entry, so every pointer is always valid (except the optional ones that default to null).
 struct KernelTable {
   void (*qmatvec)(const QuantMatrix& w, const float* x, float* y, int64_t row_begin,
                   int64_t row_end);
