@@ -737,6 +737,58 @@ TEST_CASE("gpu: a malformed experts' prefill setting is refused") {
   check_setting_refused("REDWING_GPU_MOE_PREFILL", {"grouped ", "per_expert", "1"});
 }
 
+// REDWING_GPU_KNOCKOUT (a timing diagnostic) parses its words, refuses unknown ones, and really
+// drops what it names: a knocked-out decode product leaves its output as it was, while the
+// other kernels still run.
+TEST_CASE("gpu: knockout runs drop exactly the named work") {
+  const gpu::Knockout none = gpu::parse_knockout("");
+  CHECK_FALSE(none.any());
+  const gpu::Knockout some = gpu::parse_knockout("barriers,qmatvec");
+  CHECK(some.barriers);
+  CHECK(some.drops(gpu::Kernel::qmatvec));
+  CHECK_FALSE(some.drops(gpu::Kernel::rms_norm));
+  const gpu::Knockout all_but = gpu::parse_knockout("all,-moe_matvec,-qmatvec");
+  CHECK_FALSE(all_but.barriers);
+  CHECK(all_but.drops(gpu::Kernel::rms_norm));
+  CHECK(all_but.drops(gpu::Kernel::moe_matvec_down));
+  CHECK_FALSE(all_but.drops(gpu::Kernel::qmatvec));
+  CHECK_FALSE(all_but.drops(gpu::Kernel::moe_matvec));
+  for (const char* bad : {"qmatvecs", "-barriers", "-all", "barriers,nope"}) {
+    CAPTURE(std::string(bad));
+    CHECK_THROWS_AS(gpu::parse_knockout(bad), std::invalid_argument);
+  }
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;  // the Metal device reads no knockout
+  check_setting_refused("REDWING_GPU_KNOCKOUT", {"qmatvecs", "all,-none"});
+
+  const int64_t rows = 40, cols = 128;
+  HostQuant q(rows, cols, 4, 64, DType::bf16, 11);
+  const auto x = randn(static_cast<size_t>(cols), 12);
+  const std::vector<float> sentinel(static_cast<size_t>(rows), -7.0f);
+  auto run = [&](const char* knockout) {
+    setenv("REDWING_GPU_KNOCKOUT", knockout, 1);
+    auto gpu = gpu_backend(64);
+    unsetenv("REDWING_GPU_KNOCKOUT");
+    auto w = gpu->import_qweight(q.m);
+    auto xb = gpu->alloc(x.size() * sizeof(float));
+    auto yb = gpu->alloc(sentinel.size() * sizeof(float));
+    gpu->upload(*xb, 0, x.data(), x.size() * sizeof(float));
+    gpu->upload(*yb, 0, sentinel.data(), sentinel.size() * sizeof(float));
+    gpu->qmatmul(*w, Mat{xb.get(), 0, 1, cols, cols}, Mat{yb.get(), 0, 1, rows, rows});
+    gpu->scale(Mat{xb.get(), 0, 1, cols, cols}, 2.0f);  // a kernel no knockout here names
+    std::vector<float> y(sentinel.size()), x2(x.size());
+    gpu->download(*yb, 0, y.data(), y.size() * sizeof(float));
+    gpu->download(*xb, 0, x2.data(), x2.size() * sizeof(float));
+    return std::pair{y, x2};
+  };
+  const auto [y_full, x_full] = run("");
+  const auto [y_dropped, x_kept] = run("qmatvec");
+  CHECK(y_full != sentinel);
+  CHECK(y_dropped == sentinel);
+  CHECK(x_kept == x_full);
+  CHECK(x_kept[0] == 2.0f * x[0]);
+}
+
 // How the device hands work to the GPU does not change what it computes: a chain of 150
 // dependent ops (a decode product, a norm and an add per step, each reading the last step's
 // output; read back every 50 steps) gives the same bits with descriptor sets from a pool

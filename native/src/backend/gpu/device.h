@@ -10,6 +10,7 @@
 // one reads or writes memory an earlier one wrote (or writes memory an earlier one read).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -81,6 +82,22 @@ struct MatmulPolicy {
   uint32_t tile_rows = 0;  // with tiled: the forced BM, 0 to fit it to the tokens
 };
 
+// A leave-one-out diagnostic for real GPUs (REDWING_GPU_KNOCKOUT, docs/gpu.md "Knockout runs"):
+// work the device drops from what it records, so that a run's time without it says what it costs
+// on the GPU's critical path. Per-dispatch timestamps cannot say that: each pair waits for the
+// work before it, so they serialize what they time. The results of such a run are wrong by
+// design (the engine says so on stderr); it is for measurements only.
+struct Knockout {
+  bool barriers = false;  // no barrier at all (races: wrong numbers, but their cost shows)
+  std::array<bool, static_cast<size_t>(Kernel::count)> kernels{};  // dispatches dropped
+  bool drops(Kernel k) const { return kernels[static_cast<size_t>(k)]; }
+  bool any() const;
+};
+// A comma-separated list: "barriers", a kernel's name (kernel_name), "all" (every kernel), or
+// "-name" to keep one that an earlier "all" dropped; empty: nothing. Throws
+// std::invalid_argument on an unknown word.
+Knockout parse_knockout(const std::string& value);
+
 struct DeviceInfo {
   std::string api;            // "vulkan"
   std::string name;           // e.g. "NVIDIA H200", "llvmpipe (LLVM 15.0.6, 256 bits)"
@@ -102,6 +119,8 @@ struct DeviceInfo {
   MatvecShape matvec_down;
   // Which kernel the prefill products take (choose_matmul_tile).
   MatmulPolicy matmul;
+  // What the device drops (REDWING_GPU_KNOCKOUT; nothing unless set).
+  Knockout knockout;
 };
 // Fills info.matvec_down from info's workgroup_threads and subgroup fields: 4 rows x 32 lanes x
 // 2 words on a GPU (the H200's best, docs/gpu.md's seventh round), 2 x 8 x 2 on a CPU device
@@ -112,6 +131,8 @@ struct DeviceInfo {
 void choose_matvec_down_shape(DeviceInfo& info);
 // Reads REDWING_GPU_QMATMUL into info.matmul; throws std::invalid_argument on a malformed value.
 void choose_matmul_policy(DeviceInfo& info);
+// Reads REDWING_GPU_KNOCKOUT into info.knockout (parse_knockout).
+void choose_knockout(DeviceInfo& info);
 
 // A prefill product's kernel and tile: tiled, qmatmul_tiled with `rows` x `tokens` tiles (its
 // push constant tile_rows = rows); else qmatmul's 16 x 8.

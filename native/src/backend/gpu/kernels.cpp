@@ -142,6 +142,44 @@ void choose_matmul_policy(DeviceInfo& info) {
   info.matmul = policy;
 }
 
+bool Knockout::any() const {
+  if (barriers) return true;
+  for (bool k : kernels)
+    if (k) return true;
+  return false;
+}
+
+Knockout parse_knockout(const std::string& value) {
+  Knockout out;
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t end = std::min(value.find(',', start), value.size());
+    std::string word = value.substr(start, end - start);
+    start = end + 1;
+    if (word.empty()) continue;
+    const bool keep = word[0] == '-';
+    if (keep) word.erase(0, 1);
+    if (word == "barriers" && !keep) {
+      out.barriers = true;
+    } else if (word == "all" && !keep) {
+      out.kernels.fill(true);
+    } else {
+      size_t i = 0;
+      while (i < std::size(kKernels) && word != kKernels[i].name) ++i;
+      if (i == std::size(kKernels))
+        throw std::invalid_argument("REDWING_GPU_KNOCKOUT: unknown word '" + word +
+                                    "' (expected barriers, all, a kernel's name or -name)");
+      out.kernels[i] = !keep;
+    }
+  }
+  return out;
+}
+
+void choose_knockout(DeviceInfo& info) {
+  const char* value = std::getenv("REDWING_GPU_KNOCKOUT");
+  info.knockout = parse_knockout(value ? value : "");
+}
+
 namespace {
 
 // The register tile fitted to `tokens` (REDWING_GPU_QMATMUL's rows where forced): the square one

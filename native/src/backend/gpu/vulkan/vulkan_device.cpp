@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -360,6 +361,11 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
       workgroup_threads != 0 ? workgroup_threads : choose_workgroup_threads(info_.software);
   choose_matvec_down_shape(info_);
   choose_matmul_policy(info_);
+  choose_knockout(info_);
+  if (info_.knockout.any())
+    std::fprintf(stderr,
+                 "redwing: REDWING_GPU_KNOCKOUT is set: work is dropped, results are wrong "
+                 "(a timing diagnostic)\n");
   spin_wait_ = wait == WaitMode::spin || (wait == WaitMode::automatic && !info_.software);
   vkGetPhysicalDeviceMemoryProperties(physical_, &memory_props_);
   const int family = compute_queue_family(physical_);
@@ -793,7 +799,7 @@ VkPipeline VulkanDevice::pipeline(Kernel k) {
 
 void VulkanDevice::dispatch(Kernel kernel, std::span<const Binding> bindings, const void* push,
                             size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
-  if (gx == 0 || gy == 0 || gz == 0) return;
+  if (gx == 0 || gy == 0 || gz == 0 || info_.knockout.drops(kernel)) return;
   if (bindings.size() > kMaxBindings || push_bytes > kMaxPushBytes)
     throw std::logic_error("gpu dispatch: too many bindings or push constants");
   if ((!push_descriptors_ && sets_used_ == kSetsPerPool) ||
@@ -861,6 +867,7 @@ void VulkanDevice::dispatch(Kernel kernel, std::span<const Binding> bindings, co
 }
 
 void VulkanDevice::barrier() {
+  if (info_.knockout.barriers) return;
   HostTimer timer(host_.record_ms);
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
