@@ -1202,6 +1202,43 @@ TEST_CASE("gpu: KV store and attention match the CPU (f32 and f16, windows, ring
   }
 }
 
+// Decode attention split other ways (REDWING_GPU_ATTENTION: a GPU's default 1,024 x 16, many
+// short splits, one long split per row and head, odd minimums) still matches the CPU: the
+// combine is exact for any split. A malformed setting is refused.
+TEST_CASE("gpu: decode attention matches the CPU however its keys are split") {
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;  // the Metal device keeps the default split
+  check_setting_refused("REDWING_GPU_ATTENTION", {"0,32", "256,0", "256,257", "256", "256,32,1"});
+  auto cpu = make_cpu_backend(2);
+  const int kv_heads = 2, heads = 4, d = 64;
+  const int64_t width = kv_heads * d, total = 90;
+  const auto k = randn(static_cast<size_t>(total * width), 41);
+  const auto v = randn(static_cast<size_t>(total * width), 42);
+  const auto q = randn(static_cast<size_t>(heads * d), 43);
+  for (const char* split : {"", "1024,16", "4096,8", "2048,1", "1,256", "96,48"}) {
+    CAPTURE(std::string(split));
+    setenv("REDWING_GPU_ATTENTION", split, 1);
+    auto gpu = gpu_backend(64);
+    unsetenv("REDWING_GPU_ATTENTION");
+    std::vector<float> outs[2];
+    int which = 0;
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      auto kc = b->alloc(static_cast<size_t>(total * width) * 2);
+      auto vc = b->alloc(static_cast<size_t>(total * width) * 2);
+      KvLayerView kv{kc.get(), vc.get(), total, false, 0, kv_heads, d, KvDType::f16};
+      auto kb = put(*b, k), vb = put(*b, v), qb = put(*b, q);
+      auto ob = b->alloc(q.size() * 4);
+      b->kv_store(kv, Mat{kb.get(), 0, total, width, width}, Mat{vb.get(), 0, total, width, width},
+                  0);
+      // The last position's query: one decode row seeing all 90 keys.
+      b->attention(Mat{qb.get(), 0, 1, heads * d, heads * d}, kv, total - 1, heads, 0.125f,
+                   Mat{ob.get(), 0, 1, heads * d, heads * d});
+      outs[which++] = get(*b, *ob);
+    }
+    CHECK(max_rel(outs[1], outs[0]) < 1e-5);
+  }
+}
+
 TEST_CASE("gpu: backend selection") {
   test_support::use_lavapipe();
   const auto all = available_backends();

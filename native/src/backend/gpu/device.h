@@ -82,6 +82,17 @@ struct MatmulPolicy {
   uint32_t tile_rows = 0;  // with tiled: the forced BM, 0 to fit it to the tokens
 };
 
+// How decode attention splits a row's keys (attention_partial.comp, then an exact combine): about
+// `workgroups` workgroups in all (rows x heads x splits), each split at least `min_keys` keys
+// and at most the kernel's 256. The defaults are a GPU's: on the H200 1,024 x 16 decoded 5-7%
+// faster than 256 x 32 (docs/gpu.md, "Tenth round"); a CPU device (lavapipe) keeps 256 x 32,
+// since every workgroup there costs a core's time. REDWING_GPU_ATTENTION = "workgroups,min_keys"
+// forces both (A/B runs).
+struct AttentionSplit {
+  uint32_t workgroups = 1024;
+  uint32_t min_keys = 16;
+};
+
 // A leave-one-out diagnostic for real GPUs (REDWING_GPU_KNOCKOUT, docs/gpu.md "Knockout runs"):
 // work the device drops from what it records, so that a run's time without it says what it costs
 // on the GPU's critical path. Per-dispatch timestamps cannot say that: each pair waits for the
@@ -119,6 +130,8 @@ struct DeviceInfo {
   MatvecShape matvec_down;
   // Which kernel the prefill products take (choose_matmul_tile).
   MatmulPolicy matmul;
+  // Decode attention's splits (choose_attention_split).
+  AttentionSplit attention;
   // What the device drops (REDWING_GPU_KNOCKOUT; nothing unless set).
   Knockout knockout;
 };
@@ -133,6 +146,9 @@ void choose_matvec_down_shape(DeviceInfo& info);
 void choose_matmul_policy(DeviceInfo& info);
 // Reads REDWING_GPU_KNOCKOUT into info.knockout (parse_knockout).
 void choose_knockout(DeviceInfo& info);
+// Reads REDWING_GPU_ATTENTION into info.attention ("workgroups,min_keys": workgroups 1 to 65,536,
+// min_keys 1 to 256); throws std::invalid_argument on a malformed value.
+void choose_attention_split(DeviceInfo& info);
 
 // A prefill product's kernel and tile: tiled, qmatmul_tiled with `rows` x `tokens` tiles (its
 // push constant tile_rows = rows); else qmatmul's 16 x 8.

@@ -173,12 +173,11 @@ constexpr int kMaxSampleK = 64;          // topk_partial.comp's MAX_K
 constexpr uint32_t kSampleChunk = 1024;  // logits per topk_partial workgroup
 enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, kSoftcap };
 
-constexpr int64_t kAttentionSplit = 256;       // attention_partial.comp's SPLIT
-constexpr int64_t kAttentionWorkgroups = 256;  // attention workgroups a split aims for
-constexpr int kMaxHeadDim = 512;               // attention_partial.comp's MAX_HEAD_DIM
-constexpr int kMaxTopK = 32;                   // route.comp's MAX_TOP_K
-constexpr int kMaxExperts = 512;               // route.comp's MAX_EXPERTS
-constexpr int64_t kMatvecMaxTokens = 4;        // more tokens: the tiled qmatmul kernel
+constexpr int64_t kAttentionSplit = 256;    // attention_partial.comp's SPLIT
+constexpr int kMaxHeadDim = 512;            // attention_partial.comp's MAX_HEAD_DIM
+constexpr int kMaxTopK = 32;                // route.comp's MAX_TOP_K
+constexpr int kMaxExperts = 512;            // route.comp's MAX_EXPERTS
+constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
@@ -638,11 +637,14 @@ class GpuBackend final : public Backend {
     if (kv.ring && most > kv.capacity) throw std::logic_error("attention: window exceeds the ring");
     // Keys per split: at most kAttentionSplit, fewer where rows x heads x splits would leave
     // most of a large GPU idle (decode on a short context: one workgroup per head); a multiple
-    // of 32. The combine is exact for any split.
+    // of the device's minimum (DeviceInfo::attention). The combine is exact for any split.
     const int64_t rows_heads = q.rows * n_heads;
-    const int64_t splits_wanted = std::max<int64_t>(1, kAttentionWorkgroups / rows_heads);
+    const gpu::AttentionSplit& shape = dev_->info().attention;
+    const int64_t min_keys = shape.min_keys;
+    const int64_t splits_wanted = std::max<int64_t>(1, shape.workgroups / rows_heads);
     const int64_t split_len = std::clamp<int64_t>(
-        ((most + splits_wanted - 1) / splits_wanted + 31) / 32 * 32, 32, kAttentionSplit);
+        ((most + splits_wanted - 1) / splits_wanted + min_keys - 1) / min_keys * min_keys, min_keys,
+        kAttentionSplit);
     const int64_t splits = (most + split_len - 1) / split_len;
     const size_t partial_bytes =
         static_cast<size_t>(q.rows * n_heads * splits * (d + 2)) * sizeof(float);

@@ -175,6 +175,23 @@ Knockout parse_knockout(const std::string& value) {
   return out;
 }
 
+void choose_attention_split(DeviceInfo& info) {
+  AttentionSplit split;
+  if (info.software) split = AttentionSplit{256, 32};
+  const char* value = std::getenv("REDWING_GPU_ATTENTION");
+  if (value && *value) {
+    unsigned workgroups = 0, min_keys = 0;
+    char rest = 0;
+    if (std::sscanf(value, "%u,%u%c", &workgroups, &min_keys, &rest) != 2 || workgroups < 1 ||
+        workgroups > 65536 || min_keys < 1 || min_keys > 256)
+      throw std::invalid_argument(std::string("REDWING_GPU_ATTENTION=") + value +
+                                  ": expected workgroups,min_keys (1-65536, 1-256)");
+    split.workgroups = workgroups;
+    split.min_keys = min_keys;
+  }
+  info.attention = split;
+}
+
 void choose_knockout(DeviceInfo& info) {
   const char* value = std::getenv("REDWING_GPU_KNOCKOUT");
   info.knockout = parse_knockout(value ? value : "");

@@ -362,6 +362,7 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
   choose_matvec_down_shape(info_);
   choose_matmul_policy(info_);
   choose_knockout(info_);
+  choose_attention_split(info_);
   if (info_.knockout.any())
     std::fprintf(stderr,
                  "redwing: REDWING_GPU_KNOCKOUT is set: work is dropped, results are wrong "
