@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iterator>
 #include <stdexcept>
 #include <string>
@@ -142,12 +143,7 @@ void choose_matmul_policy(DeviceInfo& info) {
   info.matmul = policy;
 }
 
-bool Knockout::any() const {
-  if (barriers) return true;
-  for (bool k : kernels)
-    if (k) return true;
-  return false;
-}
+bool Knockout::any() const { return barriers || std::ranges::any_of(kernels, std::identity{}); }
 
 Knockout parse_knockout(const std::string& value) {
   Knockout out;
