@@ -1,8 +1,13 @@
 // Attention, first pass: for query row t, head h and split s, the keys i in
 // [s * split_len, (s + 1) * split_len) of the visible range (kv_visible in backend.h) give
 //   m = max_i score_i, l = sum_i exp(score_i - m), o = sum_i exp(score_i - m) v_i
-// with score_i = scale * q . k_i, written to partials[(t, h, s)] as [m, l, o[0..d)].
-// attention_combine.comp merges the splits exactly. The same kernels serve decode (one row,
+// with score_i = scale * q . k_i, written to partials[(t, h, s)] as [m, l, o[0..d)], and
+// merged exactly into out[t, h] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s (M = max_s m_s).
+// Who merges (p.combine): 0, attention_combine.comp in a second dispatch; 1, the last workgroup
+// of each (t, h) to finish, in this dispatch (a counter per (t, h) says which is last; with one
+// split that workgroup writes out at once). Merging here saves a dispatch and the barrier before
+// it on every layer's critical path (docs/gpu.md, "Eleventh round"); the arithmetic and its order
+// are attention_combine's, so both give the same bits. The same kernel serves decode (one row,
 // many splits over a long context) and prefill (many rows); no score matrix larger than one
 // split is ever held.
 #version 450
@@ -21,7 +26,11 @@ const uint UNROLL = 8u;
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer KCache { uint k_cache[]; };
 layout(std430, set = 0, binding = 2) readonly buffer VCache { uint v_cache[]; };
-layout(std430, set = 0, binding = 3) writeonly buffer Partials { float partials[]; };
+// coherent: the last workgroup of a (t, h) reads what the others wrote in this dispatch.
+layout(std430, set = 0, binding = 3) coherent buffer Partials { float partials[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer Out { float out_values[]; };
+// One arrival counter per (t, h), 0 between dispatches: the last arrival resets it.
+layout(std430, set = 0, binding = 5) coherent buffer Counters { uint counters[]; };
 layout(push_constant) uniform Params {
   uint rows;
   uint n_heads;
@@ -39,6 +48,10 @@ layout(push_constant) uniform Params {
   float scale;
   uint split_len;  // keys per split, at most SPLIT (the host picks fewer for few rows: more
                    // workgroups on a short decode context)
+  uint combine;     // 1: merge in the last workgroup of each (t, h); 0: leave it to
+                    // attention_combine.comp
+  uint out_offset;  // out's element of (t = 0, h = 0, j = 0), with combine
+  uint out_stride;  // between rows t of out
 } p;
 
 const uint SPLIT = 256u;  // the most keys of one split (scores' size)
@@ -46,6 +59,7 @@ const uint MAX_HEAD_DIM = 512u;
 shared float qs[MAX_HEAD_DIM];
 shared float scores[SPLIT];
 shared float reduce[256];  // THREADS at most
+shared uint merges;  // 1: this workgroup is its (t, h)'s last to finish
 
 float cache_value(uint word_index_f32, bool is_k) {
   // Element e of the cache as float32 (f16 caches hold two halves per word).
@@ -126,6 +140,10 @@ void main() {
   }
   const float l = reduce[0];
 
+  // With one split and the merge here, o / l is the output (the merge's arithmetic for one
+  // split: exp(m - m) = 1).
+  const bool alone = p.combine != 0u && p.splits == 1u;
+  const uint out_base_t = p.out_offset + t * p.out_stride + h * d;
   for (uint j = tid; j < d; j += THREADS) {
     float o = 0.0;
     for (uint i1 = 0u; i1 < count; i1 += UNROLL) {
@@ -138,10 +156,96 @@ void main() {
         }
       }
     }
-    partials[out_base + 2u + j] = o;
+    if (alone)
+      out_values[out_base_t + j] = o * (1.0 / l);
+    else
+      partials[out_base + 2u + j] = o;
+  }
+  if (alone || p.combine == 0u) {
+    if (tid == 0u && !alone) {
+      partials[out_base] = count > 0u ? m : -3.402823466e38;
+      partials[out_base + 1u] = l;
+    }
+    return;
   }
   if (tid == 0u) {
     partials[out_base] = count > 0u ? m : -3.402823466e38;
     partials[out_base + 1u] = l;
   }
+
+  // Count this workgroup in: once every thread's partials are visible device-wide, one atomic;
+  // the workgroup that brings the count to `splits` is the last and merges.
+  const uint head_id = t * p.n_heads + h;
+  memoryBarrierBuffer();
+  barrier();
+  if (tid == 0u) {
+    const uint before = atomicAdd(counters[head_id], 1u);
+    merges = before == p.splits - 1u ? 1u : 0u;
+    // Every other arrival is in: 0 again for the next dispatch.
+    if (merges != 0u) atomicExchange(counters[head_id], 0u);
+  }
+  barrier();
+  if (merges == 0u) return;  // uniform over the workgroup
+  memoryBarrierBuffer();  // the other workgroups' partials, as their atomics published them
+
+  // attention_combine.comp's merge: the same expressions in the same order of accumulation, so
+  // the same bits (a sum written differently, a rounded product then an add where the combine
+  // has one fused multiply-add, changed greedy tokens on the H200). Its loads are spread over the
+  // workgroup: each thread loads one split's m and l, the weights exp(m_s - M) and the l_s go
+  // through shared memory (scores and reduce, free now), and each output element's UNROLL loads
+  // are issued before any is used (a first version that read every split's m and l in every
+  // thread, one dependent load after another, was 7% slower than two dispatches after 512
+  // tokens). Per chunk of SPLIT splits.
+  const uint base = head_id * p.splits * (d + 2u);
+  float local_m = -3.402823466e38;
+  for (uint s2 = tid; s2 < p.splits; s2 += THREADS) {
+    if (partials[base + s2 * (d + 2u) + 1u] > 0.0)
+      local_m = max(local_m, partials[base + s2 * (d + 2u)]);
+  }
+  reduce[tid] = local_m;
+  barrier();
+  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
+    if (tid < r) reduce[tid] = max(reduce[tid], reduce[tid + r]);
+    barrier();
+  }
+  const float mm = reduce[0];  // max is exact in any order
+  float denominator = 0.0;    // thread 0's, in ascending split order
+  for (uint j = tid; j < d; j += THREADS) qs[j] = 0.0;  // the output's sums (qs is free now)
+  for (uint c0 = 0u; c0 < p.splits; c0 += SPLIT) {
+    const uint n_chunk = min(SPLIT, p.splits - c0);
+    barrier();  // the previous chunk's weights and terms are used; M read from reduce[0]
+    for (uint i = tid; i < n_chunk; i += THREADS) {
+      const uint b = base + (c0 + i) * (d + 2u);
+      const float l_s = partials[b + 1u];
+      // A split without keys (l = 0) adds nothing: weight 0 on its zero sums, as the combine
+      // skips it.
+      const float weight = l_s > 0.0 ? exp(partials[b] - mm) : 0.0;
+      scores[i] = weight;
+      reduce[i] = l_s;
+    }
+    barrier();
+    if (tid == 0u) {
+      // The combine's expression, so that a compiler contracts it the same way (one fma).
+      for (uint i = 0u; i < n_chunk; ++i)
+        if (reduce[i] > 0.0) denominator += scores[i] * reduce[i];
+    }
+    for (uint j = tid; j < d; j += THREADS) {
+      float o = qs[j];
+      for (uint i1 = 0u; i1 < n_chunk; i1 += UNROLL) {
+        float values[UNROLL];
+        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+          const uint i = min(i1 + u, n_chunk - 1u);
+          values[u] = partials[base + (c0 + i) * (d + 2u) + 2u + j];
+        }
+        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+          if (i1 + u < n_chunk && scores[i1 + u] > 0.0) o += scores[i1 + u] * values[u];
+        }
+      }
+      qs[j] = o;
+    }
+  }
+  if (tid == 0u) reduce[0] = denominator;
+  barrier();
+  const float inv = 1.0 / reduce[0];
+  for (uint j = tid; j < d; j += THREADS) out_values[out_base_t + j] = qs[j] * inv;
 }

@@ -3,7 +3,8 @@
 // Portability rules (docs/gpu.md): no 16-bit storage types (16-bit data is read and written as
 // uint32 words), no subgroup operations except the experts' down product's subgroupAdd, behind a
 // specialization constant with a shared-memory fallback (matvec_teams.glsl; no subgroup size
-// assumed), no 64-bit types, specialization constants never as array sizes (constant_id 0:
+// assumed), no 64-bit types or atomics (32-bit ones only: decode attention's arrival counters),
+// specialization constants never as array sizes (constant_id 0:
 // threads per workgroup, chosen per device; 1-4: the down product's shape), every binding in
 // set 0.
 

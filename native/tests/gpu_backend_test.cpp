@@ -1208,34 +1208,67 @@ TEST_CASE("gpu: KV store and attention match the CPU (f32 and f16, windows, ring
 TEST_CASE("gpu: decode attention matches the CPU however its keys are split") {
   if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
     return;  // the Metal device keeps the default split
-  check_setting_refused("REDWING_GPU_ATTENTION", {"0,32", "256,0", "256,257", "256", "256,32,1"});
+  check_setting_refused("REDWING_GPU_ATTENTION",
+                        {"0,32", "256,0", "256,257", "256", "256,32,1", "256,32,", "256,32,lastly",
+                         "256,,32", "256,32,last,x", "-1,32"});
   auto cpu = make_cpu_backend(2);
   const int kv_heads = 2, heads = 4, d = 64;
-  const int64_t width = kv_heads * d, total = 90;
-  const auto k = randn(static_cast<size_t>(total * width), 41);
-  const auto v = randn(static_cast<size_t>(total * width), 42);
-  const auto q = randn(static_cast<size_t>(heads * d), 43);
-  for (const char* split : {"", "1024,16", "4096,8", "2048,1", "1,256", "96,48"}) {
-    CAPTURE(std::string(split));
-    setenv("REDWING_GPU_ATTENTION", split, 1);
+  const int64_t width = kv_heads * d;
+  struct Case {
+    const char* split;
+    int64_t keys;
+  };
+  // 300 keys in splits of one: more splits than the merge's chunk of 256.
+  for (const Case c : {Case{"", 90},
+                       {"1024,16", 90},
+                       {"1024,16,separate", 90},
+                       {"4096,8", 90},
+                       {"4096,8,separate", 90},
+                       {"2048,1", 90},
+                       {"2048,1,last", 90},
+                       {"1,256", 90},
+                       {"1,256,last", 90},
+                       {"96,48", 90},
+                       {"96,48,separate", 90},
+                       {"65536,1,last", 300},
+                       {"65536,1,separate", 300}}) {
+    CAPTURE(std::string(c.split));
+    const int64_t total = c.keys;
+    const auto k = randn(static_cast<size_t>(total * width), 41);
+    const auto v = randn(static_cast<size_t>(total * width), 42);
+    // Two decode rows (the last position, twice with other queries: the arrival counters must be
+    // back at zero for the second), then 5 prefill rows whose visible ranges differ (some of the
+    // first rows' splits hold no key).
+    const auto q1 = randn(static_cast<size_t>(heads * d), 43);
+    const auto q2 = randn(static_cast<size_t>(heads * d), 44);
+    const auto q5 = randn(static_cast<size_t>(5 * heads * d), 45);
+    setenv("REDWING_GPU_ATTENTION", c.split, 1);
     auto gpu = gpu_backend(64);
     unsetenv("REDWING_GPU_ATTENTION");
-    std::vector<float> outs[2];
+    std::vector<float> outs[2][3];
     int which = 0;
     for (Backend* b : {cpu.get(), gpu.get()}) {
       auto kc = b->alloc(static_cast<size_t>(total * width) * 2);
       auto vc = b->alloc(static_cast<size_t>(total * width) * 2);
       KvLayerView kv{kc.get(), vc.get(), total, false, 0, kv_heads, d, KvDType::f16};
-      auto kb = put(*b, k), vb = put(*b, v), qb = put(*b, q);
-      auto ob = b->alloc(q.size() * 4);
+      auto kb = put(*b, k), vb = put(*b, v);
       b->kv_store(kv, Mat{kb.get(), 0, total, width, width}, Mat{vb.get(), 0, total, width, width},
                   0);
-      // The last position's query: one decode row seeing all 90 keys.
-      b->attention(Mat{qb.get(), 0, 1, heads * d, heads * d}, kv, total - 1, heads, 0.125f,
-                   Mat{ob.get(), 0, 1, heads * d, heads * d});
-      outs[which++] = get(*b, *ob);
+      int call = 0;
+      for (const auto* q : {&q1, &q2, &q5}) {
+        const int64_t rows = static_cast<int64_t>(q->size()) / (heads * d);
+        auto qb = put(*b, *q);
+        auto ob = b->alloc(q->size() * 4);
+        b->attention(Mat{qb.get(), 0, rows, heads * d, heads * d}, kv, total - rows, heads, 0.125f,
+                     Mat{ob.get(), 0, rows, heads * d, heads * d});
+        outs[which][call++] = get(*b, *ob);
+      }
+      ++which;
     }
-    CHECK(max_rel(outs[1], outs[0]) < 1e-5);
+    for (int call = 0; call < 3; ++call) {
+      CAPTURE(call);
+      CHECK(max_rel(outs[1][call], outs[0][call]) < 1e-5);
+    }
   }
 }
 

@@ -150,6 +150,14 @@ class Gemma4 final : public Model {
         observe_router(i + 1, RoutingSource::after_attention, x);
       }
       if (banked) {
+        // The feed-forward norms first: they and the router's product read only x, so a GPU runs
+        // them side by side, and the dense MLP's products (recorded after `route`) beside it:
+        // one dependent step less a layer than norms after the routing.
+        timed(parts_.dense_mlp_ms, [&] {
+          e_in = scratch_.get(kExpertIn, T, hidden);
+          backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
+                                 e_in);
+        });
         timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
       } else if (hybrid) {
         timed(parts_.router_ms, [&] {
@@ -173,7 +181,7 @@ class Gemma4 final : public Model {
       }
       Mat m = scratch_.get(kFfnOut, T, hidden);
       timed(parts_.dense_mlp_ms, [&] {
-        if (hybrid) {
+        if (hybrid || banked) {
           // normed above, with the experts' input
         } else if (moe) {
           e_in = scratch_.get(kExpertIn, T, hidden);

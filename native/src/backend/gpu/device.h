@@ -86,11 +86,15 @@ struct MatmulPolicy {
 // `workgroups` workgroups in all (rows x heads x splits), each split at least `min_keys` keys
 // and at most the kernel's 256. The defaults are a GPU's: on the H200 1,024 x 16 decoded 5-7%
 // faster than 256 x 32 (docs/gpu.md, "Tenth round"); a CPU device (lavapipe) keeps 256 x 32,
-// since every workgroup there costs a core's time. REDWING_GPU_ATTENTION = "workgroups,min_keys"
-// forces both (A/B runs).
+// since every workgroup there costs a core's time. The splits are merged by the last workgroup
+// of each (row, head) in the same dispatch (an arrival counter in device memory: docs/gpu.md,
+// "Eleventh round"), or by attention_combine.comp in a second dispatch where the device layer
+// does not promise that one workgroup sees another's writes within a dispatch (Metal).
+// REDWING_GPU_ATTENTION = "workgroups,min_keys[,last|separate]" forces them (A/B runs).
 struct AttentionSplit {
   uint32_t workgroups = 1024;
   uint32_t min_keys = 16;
+  bool merge_in_last_workgroup = true;
 };
 
 // A leave-one-out diagnostic for real GPUs (REDWING_GPU_KNOCKOUT, docs/gpu.md "Knockout runs"):
@@ -146,8 +150,9 @@ void choose_matvec_down_shape(DeviceInfo& info);
 void choose_matmul_policy(DeviceInfo& info);
 // Reads REDWING_GPU_KNOCKOUT into info.knockout (parse_knockout).
 void choose_knockout(DeviceInfo& info);
-// Reads REDWING_GPU_ATTENTION into info.attention ("workgroups,min_keys": workgroups 1 to 65,536,
-// min_keys 1 to 256); throws std::invalid_argument on a malformed value.
+// Reads REDWING_GPU_ATTENTION into info.attention ("workgroups,min_keys[,last|separate]":
+// workgroups 1 to 65,536, min_keys 1 to 256, who merges the splits); throws
+// std::invalid_argument on a malformed value.
 void choose_attention_split(DeviceInfo& info);
 
 // A prefill product's kernel and tile: tiled, qmatmul_tiled with `rows` x `tokens` tiles (its

@@ -140,7 +140,7 @@ struct AttentionParams {
   uint32_t rows, n_heads, group, head_dim, width, q_offset, q_stride, pos0, capacity, ring, window,
       f16, splits;
   float scale;
-  uint32_t split_len;
+  uint32_t split_len, combine, out_offset, out_stride;
 };
 struct CombineParams {
   uint32_t rows, n_heads, head_dim, splits, out_offset, out_stride;
@@ -240,6 +240,7 @@ class GpuBackend final : public Backend {
     release_default_scratch();
     ring_.reset();
     partials_.reset();
+    attention_counters_.reset();
     route_out_.reset();
   }
 
@@ -667,9 +668,28 @@ class GpuBackend final : public Backend {
                       kv.dtype == KvDType::f16 ? 1u : 0u,
                       u32(splits),
                       scale,
-                      u32(split_len)};
-    touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
+                      u32(split_len),
+                      0,
+                      0,
+                      0};
     const Binding pb{partials_.get(), 0, partial_bytes};
+    if (shape.merge_in_last_workgroup) {
+      // One dispatch: the last workgroup of each (row, head) merges its splits (one arrival
+      // counter each, zero between dispatches: create_buffer zeroes, the merger resets).
+      const size_t counter_bytes = static_cast<size_t>(rows_heads) * sizeof(uint32_t);
+      if (!attention_counters_ || attention_counters_->size_bytes() < counter_bytes)
+        attention_counters_ = dev_->create_buffer(std::max<size_t>(counter_bytes, 4096));
+      p.combine = 1;
+      p.out_offset = vo.offset;
+      p.out_stride = u32(out.stride);
+      touch({vq.b.buffer, &kc, &vc}, {partials_.get(), attention_counters_.get(), vo.b.buffer});
+      const Binding binds[] = {vq.b, whole(kc), whole(vc),
+                               pb,   vo.b,      {attention_counters_.get(), 0, counter_bytes}};
+      dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
+                      static_cast<uint64_t>(q.rows) * n_heads * splits);
+      return;
+    }
+    touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
     const Binding binds[] = {vq.b, whole(kc), whole(vc), pb};
     dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
                     static_cast<uint64_t>(q.rows) * n_heads * splits);
@@ -1571,6 +1591,7 @@ class GpuBackend final : public Backend {
   size_t ring_used_ = 0;
   uint64_t ring_epoch_ = UINT64_MAX;
   std::unique_ptr<DeviceBuffer> partials_;
+  std::unique_ptr<DeviceBuffer> attention_counters_;  // attention's arrival counters (merge)
   std::unique_ptr<DeviceBuffer> route_out_;
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
   bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)

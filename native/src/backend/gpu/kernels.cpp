@@ -7,6 +7,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backend/gpu/device.h"
 #include "gpu_kernels/attention_combine.h"
@@ -173,17 +174,39 @@ Knockout parse_knockout(const std::string& value) {
 
 void choose_attention_split(DeviceInfo& info) {
   AttentionSplit split;
-  if (info.software) split = AttentionSplit{256, 32};
+  if (info.software) {
+    split.workgroups = 256;
+    split.min_keys = 32;
+  }
   const char* value = std::getenv("REDWING_GPU_ATTENTION");
   if (value && *value) {
-    unsigned workgroups = 0, min_keys = 0;
-    char rest = 0;
-    if (std::sscanf(value, "%u,%u%c", &workgroups, &min_keys, &rest) != 2 || workgroups < 1 ||
-        workgroups > 65536 || min_keys < 1 || min_keys > 256)
-      throw std::invalid_argument(std::string("REDWING_GPU_ATTENTION=") + value +
-                                  ": expected workgroups,min_keys (1-65536, 1-256)");
-    split.workgroups = workgroups;
-    split.min_keys = min_keys;
+    const std::string text = value;
+    const auto refuse = [&] {
+      return std::invalid_argument("REDWING_GPU_ATTENTION=" + text +
+                                   ": expected workgroups,min_keys[,last|separate] "
+                                   "(1-65536, 1-256)");
+    };
+    std::vector<std::string> words;
+    for (size_t start = 0;;) {
+      const size_t comma = text.find(',', start);
+      words.push_back(text.substr(start, comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    const auto number = [&](const std::string& w, unsigned long low, unsigned long high) {
+      if (w.empty() || w.size() > 6 || w.find_first_not_of("0123456789") != std::string::npos)
+        throw refuse();
+      const unsigned long n = std::stoul(w);
+      if (n < low || n > high) throw refuse();
+      return static_cast<uint32_t>(n);
+    };
+    if (words.size() != 2 && words.size() != 3) throw refuse();
+    split.workgroups = number(words[0], 1, 65536);
+    split.min_keys = number(words[1], 1, 256);
+    if (words.size() == 3) {
+      if (words[2] != "last" && words[2] != "separate") throw refuse();
+      split.merge_in_last_workgroup = words[2] == "last";
+    }
   }
   info.attention = split;
 }

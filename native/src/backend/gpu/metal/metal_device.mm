@@ -83,6 +83,10 @@ DeviceInfo describe(id<MTLDevice> device) {
   info.max_binding_bytes = std::min<uint64_t>(device.maxBufferLength, 0xffffffffull);
   // The strictest offset rule Metal has for buffer arguments (constant buffers on macOS).
   info.binding_alignment = 256;
+  // Decode attention's splits merged by a second dispatch: the one-dispatch merge relies on one
+  // workgroup seeing another's device-memory writes within a dispatch, which this device has not
+  // been measured or tested on (docs/gpu.md, "Eleventh round").
+  info.attention.merge_in_last_workgroup = false;
   return info;
 }
 
