@@ -360,6 +360,43 @@ TEST_CASE("gpu: norms folded into the decode products match the CPU's norm then 
   }
 }
 
+// REDWING_GPU_FOLD_NORMS=small folds a norm only into products of at most 1,024 rows in all (the
+// router's): one dispatch for a 128-row product, the norm's dispatch then the product for a
+// 1,100-row one; both match the CPU. Malformed values are refused.
+TEST_CASE("gpu: the small-product norm fold takes only small products") {
+  check_setting_refused("REDWING_GPU_FOLD_NORMS", {"yes", "2", "small,1"});
+  auto cpu = make_cpu_backend(2);
+  setenv("REDWING_GPU_FOLD_NORMS", "small", 1);
+  auto gpu = gpu_backend(64);
+  unsetenv("REDWING_GPU_FOLD_NORMS");
+  const int64_t cols = 256;
+  const auto nw = randn(static_cast<size_t>(cols), 901, 0.3f);
+  for (const int64_t rows : {int64_t{128}, int64_t{1100}}) {
+    CAPTURE(rows);
+    HostQuant q(rows, cols, 4, 64, DType::bf16, static_cast<uint64_t>(902 + rows));
+    auto wc = cpu->import_qweight(q.m), wg = gpu->import_qweight(q.m);
+    const auto x = randn(static_cast<size_t>(cols), 903, 2.0f);
+    std::vector<float> y(static_cast<size_t>(rows), 0.0f), normed(static_cast<size_t>(cols), 0.0f);
+    uint64_t dispatches = 0;
+    const double d = compare(*cpu, *gpu, {x, nw, y, normed}, [&](Backend& b, auto& bufs) {
+      const bool on_cpu = &b == cpu.get();
+      Backend::InputNorm norm;  // the router's form: weightless norm, times a vector and a scalar
+      norm.weight = bufs[1].get();
+      norm.eps = 1e-6f;
+      norm.mul_cols = 0.0625f;
+      const Mat h{bufs[3].get(), 0, 1, cols, cols};
+      const Backend::QProduct products[] = {
+          {on_cpu ? wc.get() : wg.get(), h, Mat{bufs[2].get(), 0, 1, rows, rows}}};
+      const uint64_t before = b.work_counters().dispatches;
+      b.qmatmul_normed(Mat{bufs[0].get(), 0, 1, cols, cols}, norm, h, products);
+      if (!on_cpu) dispatches = b.work_counters().dispatches - before;
+      b.fill_zero(h);  // left unwritten by the folded path
+    });
+    CHECK(d < 3e-4);
+    CHECK(dispatches == (rows <= 1024 ? 1u : 2u));
+  }
+}
+
 // A gated MLP's end: gate and up side by side from one batched product, then the down product
 // over GeGLU(gate, up), which the GPU computes in its staging on the decode path (1 and 3
 // tokens; 9 run the separate ops there too).
@@ -1199,6 +1236,74 @@ TEST_CASE("gpu: KV store and attention match the CPU (f32 and f16, windows, ring
       outs[which++] = get(*b, *ob);
     }
     CHECK(max_rel(outs[1], outs[0]) < 1e-5);
+  }
+}
+
+// store_kv_normed: the GPU's one-dispatch k norm + RoPE, v norm and store (kv_norm_store.comp)
+// writes the caches bit for bit as its separate ops do (REDWING_GPU_UNFUSED=kv), over f32 and f16
+// caches, a ring, with and without the v norm and the k weight, 1 and 5 rows, head_dim 40 and
+// 512; and attention over what it stored matches the CPU's ops.
+TEST_CASE("gpu: the keys' and values' norms and store in one dispatch match the separate ops") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  auto fused = gpu_backend(threads);
+  setenv("REDWING_GPU_UNFUSED", "kv", 1);
+  auto unfused = gpu_backend(threads);
+  unsetenv("REDWING_GPU_UNFUSED");
+  struct Case {
+    int d;
+    KvDType dtype;
+    bool ring, v_norm, k_weight;
+    int64_t rows;
+  };
+  const RopeParams rope{10000, 0, 0, 1.0};
+  for (const Case c :
+       {Case{40, KvDType::f32, false, true, true, 1}, Case{40, KvDType::f16, false, true, true, 5},
+        Case{40, KvDType::f16, true, false, true, 5},
+        Case{512, KvDType::f16, false, true, false, 1},
+        Case{512, KvDType::f32, true, true, true, 5}}) {
+    CAPTURE(c.d);
+    CAPTURE(c.rows);
+    CAPTURE(c.ring);
+    const int kv_heads = 2, heads = 4;
+    const int64_t width = kv_heads * c.d, capacity = 8, pos0 = 6;
+    RopeParams rp = rope;
+    rp.rotary_pairs = c.d / 2;
+    rp.freq_dim = c.d;
+    const size_t elem = c.dtype == KvDType::f32 ? 4 : 2;
+    const auto k = randn(static_cast<size_t>(c.rows * width), 61, 2.0f);
+    const auto v = randn(static_cast<size_t>(c.rows * width), 62, 2.0f);
+    const auto kw = randn(static_cast<size_t>(c.d), 63, 0.3f);
+    const auto q = randn(static_cast<size_t>(c.rows * heads * c.d), 64);
+    std::vector<float> caches[2][2], outs[3];
+    int which = 0;
+    for (Backend* b : {fused.get(), unfused.get(), cpu.get()}) {
+      auto kc = b->alloc(static_cast<size_t>(capacity * width) * elem);
+      auto vc = b->alloc(static_cast<size_t>(capacity * width) * elem);
+      const auto words = static_cast<int64_t>(capacity * width * static_cast<int64_t>(elem) / 4);
+      b->fill_zero(Mat{kc.get(), 0, 1, words, words});
+      b->fill_zero(Mat{vc.get(), 0, 1, words, words});
+      KvLayerView kv{kc.get(), vc.get(), capacity, c.ring, c.ring ? capacity : 0,
+                     kv_heads, c.d,      c.dtype};
+      auto kb = put(*b, k), vb = put(*b, v), wb = put(*b, kw), qb = put(*b, q);
+      const int64_t p0 = c.ring ? pos0 : 0;  // a ring wraps: positions 6.. go to rows 6, 7, 0..
+      b->store_kv_normed(kv, Mat{kb.get(), 0, c.rows, width, width},
+                         Mat{vb.get(), 0, c.rows, width, width}, c.k_weight ? wb.get() : nullptr,
+                         1.0f, 1e-6f, rp, c.v_norm, p0);
+      auto ob = b->alloc(q.size() * 4);
+      b->attention(Mat{qb.get(), 0, c.rows, heads * c.d, heads * c.d}, kv, p0, heads, 0.125f,
+                   Mat{ob.get(), 0, c.rows, heads * c.d, heads * c.d});
+      outs[which] = get(*b, *ob);
+      if (which < 2) {
+        caches[which][0] = get(*b, *kc);
+        caches[which][1] = get(*b, *vc);
+      }
+      ++which;
+    }
+    CHECK(caches[0][0] == caches[1][0]);
+    CHECK(caches[0][1] == caches[1][1]);
+    CHECK(max_rel(outs[0], outs[1]) == 0.0);
+    CHECK(max_rel(outs[0], outs[2]) < 1e-5);
   }
 }
 

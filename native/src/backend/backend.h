@@ -347,6 +347,17 @@ class Backend {
   // Stores the keys and values of positions pos0 .. pos0 + k.rows - 1 (rows of k and v are
   // num_kv_heads * head_dim values), converting to the cache's dtype.
   virtual void kv_store(const KvLayerView& kv, Mat k, Mat v, int64_t pos0) = 0;
+  // Attention's keys and values into the cache: the keys normed per head (k_norm, as
+  // rms_norm_rope) and rotated, the values normed per head without a weight where v_norm, then
+  // stored (kv_store). k and v hold unspecified values afterwards. The default runs those ops in
+  // place; a GPU does it in one dispatch that writes only the cache.
+  virtual void store_kv_normed(const KvLayerView& kv, Mat k, Mat v, const Buffer* k_norm,
+                               float weight_offset, float eps, const RopeParams& rope, bool v_norm,
+                               int64_t pos0) {
+    rms_norm_rope(k, kv.num_kv_heads, kv.head_dim, k_norm, weight_offset, eps, rope, pos0);
+    if (v_norm) rms_norm(v.split_rows(kv.head_dim), nullptr, 0.0f, eps, v.split_rows(kv.head_dim));
+    kv_store(kv, k, v, pos0);
+  }
   // For each row t of q (n_heads * head_dim values, query position pos0 + t) and head h:
   // softmax over visible keys (kv_visible) of scale * q_h . k, in float32, times V; head h
   // reads KV head h / (n_heads / num_kv_heads). Writes out[t] (n_heads * head_dim values).

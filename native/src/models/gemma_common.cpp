@@ -92,10 +92,7 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
                          std::span(qkv, lc.k_eq_v ? 2 : 3));
   if (lc.k_eq_v) backend.copy(k, v);  // the raw projection, before k_norm and RoPE
   backend.rms_norm_rope(q, heads, d, w.q_norm.get(), off, eps, rope, pos0);
-  backend.rms_norm_rope(k, lc.num_kv_heads, d, w.k_norm.get(), off, eps, rope, pos0);
-  if (arch.v_norm) backend.rms_norm(v.split_rows(d), nullptr, 0.0f, eps, v.split_rows(d));
-
-  backend.kv_store(kv, k, v, pos0);
+  backend.store_kv_normed(kv, k, v, w.k_norm.get(), off, eps, rope, arch.v_norm, pos0);
   Mat a = scratch.get(kAttnOut, T, static_cast<int64_t>(heads) * d);
   backend.attention(q, kv, pos0, heads, arch.attention_scale, a);
 

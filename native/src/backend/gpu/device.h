@@ -53,6 +53,9 @@ enum class Kernel : int {
   // moe_matmul_tiled the same over qmatmul_tiled's register tiles (choose_grouped_matmul_tile).
   moe_matmul,
   moe_matmul_tiled,
+  // The k norm and RoPE, the v norm and the cache store of a layer in one pass
+  // (kv_norm_store.comp: norm_rope's, rms_norm's and kv_store's arithmetic).
+  kv_norm_store,
   count,
 };
 // The name a profile shows.

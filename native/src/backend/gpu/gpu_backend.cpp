@@ -123,6 +123,11 @@ struct NormRopeParams {
   uint32_t rows, n_heads, half_dim, x_offset, x_stride, has_weight;
   float weight_offset, eps;
 };
+struct KvNormStoreParams {
+  uint32_t rows, kv_heads, half_dim, k_offset, k_stride, v_offset, v_stride, has_weight;
+  float weight_offset, eps;
+  uint32_t v_norm, pos0, capacity, ring, f16;
+};
 struct ElementParams {
   uint32_t op, rows, cols, a_offset, a_stride, b_offset, b_stride, out_offset, out_stride;
   float s;
@@ -207,14 +212,18 @@ class GpuBackend final : public Backend {
     // REDWING_GPU_PROFILE=1: per-kernel GPU time, printed to stderr when the backend closes.
     const char* profile = std::getenv("REDWING_GPU_PROFILE");
     profile_ = profile != nullptr && std::string(profile) == "1";
-    // REDWING_GPU_UNFUSED=geglu,tail: run those fusions as separate ops (A/B measurements).
+    // REDWING_GPU_UNFUSED=geglu,tail,kv: run those fusions as separate ops (A/B measurements).
     // REDWING_GPU_FOLD_NORMS=1: fold input norms into the decode products (qmatmul_normed). Off
     // by default: on the H200 it cut 61 dispatches per token but made the products slower than
-    // the norm dispatches it saved (docs/gpu.md, fifth round).
+    // the norm dispatches it saved (docs/gpu.md, fifth round). "small": only into products of at
+    // most kFoldSmallRows rows in all (the router's), where the few workgroups that each
+    // recompute the norm leave the GPU mostly idle anyway, so the fold only saves the norm's
+    // dependent step (eleventh round: built and tested, not yet measured on a GPU).
     if (const char* unfused = std::getenv("REDWING_GPU_UNFUSED")) {
       const std::string u = unfused;
       fold_geglu_ = u.find("geglu") == std::string::npos;
       fuse_tail_ = u.find("tail") == std::string::npos;
+      fuse_kv_ = u.find("kv") == std::string::npos;
     }
     // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
     // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
@@ -226,8 +235,12 @@ class GpuBackend final : public Backend {
                                     ": expected grouped or per-expert");
       grouped_experts_ = m == "grouped";
     }
-    const char* fold = std::getenv("REDWING_GPU_FOLD_NORMS");
-    fold_norms_ = fold != nullptr && std::string(fold) == "1";
+    if (const char* fold = std::getenv("REDWING_GPU_FOLD_NORMS"); fold && *fold) {
+      const std::string f = fold;
+      if (f != "0" && f != "1" && f != "small")
+        throw std::invalid_argument("REDWING_GPU_FOLD_NORMS=" + f + ": expected 0, 1 or small");
+      fold_norms_ = f == "1" ? FoldNorms::all : f == "small" ? FoldNorms::small : FoldNorms::none;
+    }
     dev_->enable_timestamps(profile_);
   }
   ~GpuBackend() override {
@@ -436,7 +449,11 @@ class GpuBackend final : public Backend {
     for (const QProduct& p : products)
       fold = fold && p.x.buf == normed.buf && p.x.offset == normed.offset && p.x.rows == x.rows &&
              p.x.cols == x.cols;
-    if ((norm.mul_cols && !norm.weight) || !fold_norms_) fold = false;
+    int64_t rows = 0;
+    for (const QProduct& p : products) rows += p.w->rows;
+    const bool allowed = fold_norms_ == FoldNorms::all ||
+                         (fold_norms_ == FoldNorms::small && rows <= kFoldSmallRows);
+    if ((norm.mul_cols && !norm.weight) || !allowed) fold = false;
     if (!fold) return Backend::qmatmul_normed(x, norm, normed, products);
     check_same_shape(x, normed, "qmatmul_normed");
     if (norm.weight && norm.weight->size_bytes() < sizeof(float) * x.cols)
@@ -624,6 +641,44 @@ class GpuBackend final : public Backend {
     const Binding binds[] = {vk.b, vv.b, whole(kc), whole(vc)};
     dispatch_linear(Kernel::kv_store, binds, &p, sizeof p,
                     (static_cast<uint64_t>(k.rows) * (width / 2) + 63) / 64);
+  }
+
+  void store_kv_normed(const KvLayerView& kv, Mat k, Mat v, const Buffer* k_norm,
+                       float weight_offset, float eps, const RopeParams& rp, bool v_norm,
+                       int64_t pos0) override {
+    const int d = kv.head_dim;
+    if (!fuse_kv_ || d > kMaxHeadDim || d % 2 != 0)
+      return Backend::store_kv_normed(kv, k, v, k_norm, weight_offset, eps, rp, v_norm, pos0);
+    check_kv_store_args(kv, k, v, pos0);
+    if (k_norm && k_norm->size_bytes() < sizeof(float) * static_cast<size_t>(d))
+      throw std::logic_error("store_kv_normed: k norm weight too short");
+    if (k.rows == 0) return;
+    const Binding tb = rope_table(k.rows, d, rp, pos0);
+    const View vk = view(k), vv = view(v);
+    const DeviceBuffer& kc = dev_of(*kv.k);
+    const DeviceBuffer& vc = dev_of(*kv.v);
+    KvNormStoreParams p{u32(k.rows),
+                        u32(kv.num_kv_heads),
+                        u32(d / 2),
+                        vk.offset,
+                        u32(k.stride),
+                        vv.offset,
+                        u32(v.stride),
+                        k_norm ? 1u : 0u,
+                        weight_offset,
+                        eps,
+                        v_norm ? 1u : 0u,
+                        u32(pos0),
+                        u32(kv.capacity),
+                        kv.ring ? 1u : 0u,
+                        kv.dtype == KvDType::f16 ? 1u : 0u};
+    const Binding wb = k_norm ? whole(dev_of(*k_norm)) : Binding{};
+    std::vector<const DeviceBuffer*> reads{vk.b.buffer, vv.b.buffer, tb.buffer};
+    if (k_norm) reads.push_back(&dev_of(*k_norm));
+    touch(reads, {&kc, &vc});
+    const Binding binds[] = {vk.b, vv.b, wb, tb, whole(kc), whole(vc)};
+    dispatch_linear(Kernel::kv_norm_store, binds, &p, sizeof p,
+                    static_cast<uint64_t>(k.rows) * kv.num_kv_heads * 2);
   }
 
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
@@ -1580,7 +1635,10 @@ class GpuBackend final : public Backend {
   }
 
   bool profile_ = false;
-  bool fold_norms_ = false, fold_geglu_ = true, fuse_tail_ = true;
+  enum class FoldNorms { none, small, all };
+  static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
+  FoldNorms fold_norms_ = FoldNorms::none;
+  bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;

@@ -16,6 +16,7 @@
 #include "gpu_kernels/embed.h"
 #include "gpu_kernels/ffn_tail.h"
 #include "gpu_kernels/gather_rows.h"
+#include "gpu_kernels/kv_norm_store.h"
 #include "gpu_kernels/kv_store.h"
 #include "gpu_kernels/moe_combine.h"
 #include "gpu_kernels/moe_matmul.h"
@@ -68,6 +69,7 @@ const KernelCode kKernels[] = {
     {"qmatmul_tiled", spirv_qmatmul_tiled},
     {"moe_matmul", spirv_moe_matmul},
     {"moe_matmul_tiled", spirv_moe_matmul_tiled},
+    {"kv_norm_store", spirv_kv_norm_store},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
