@@ -149,28 +149,23 @@ class Gemma4 final : public Model {
         observe_router(i, RoutingSource::own, x);
         observe_router(i + 1, RoutingSource::after_attention, x);
       }
-      if (banked) {
-        // The feed-forward norms first: they and the router's product read only x, so a GPU runs
-        // them side by side, and the dense MLP's products (recorded after `route`) beside it:
-        // one dependent step less a layer than norms after the routing.
+      if (moe) {
+        // The feed-forward norms before the routing: they and the router's product read only x,
+        // so a GPU runs them side by side, and the dense MLP's products (recorded after `route`)
+        // beside it: one dependent step less a layer than norms after the routing. Where the
+        // host computes some of the experts (hybrid), their input comes back with the routes.
         timed(parts_.dense_mlp_ms, [&] {
-          e_in = scratch_.get(kExpertIn, T, hidden);
+          e_in = hybrid ? expert_input_beside_routes(T) : scratch_.get(kExpertIn, T, hidden);
           backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
                                  e_in);
         });
+      }
+      if (banked) {
         timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
-      } else if (hybrid) {
-        timed(parts_.router_ms, [&] {
-          // The host computes some of the experts: their input comes back with the routes.
-          e_in = expert_input_beside_routes(T);
-          backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
-                                 e_in);
-          slot_routing = route_to_host(i, l, x, e_in);  // the layer's one host round trip
-          experts_->prefetch(i, slot_routing.distinct);
-        });
       } else if (slotted) {
         timed(parts_.router_ms, [&] {
-          slot_routing = route_to_host(i, l, x);  // the layer's one host round trip
+          // The layer's one host round trip.
+          slot_routing = hybrid ? route_to_host(i, l, x, e_in) : route_to_host(i, l, x);
           experts_->prefetch(i, slot_routing.distinct);
         });
       } else if (moe) {
@@ -181,15 +176,7 @@ class Gemma4 final : public Model {
       }
       Mat m = scratch_.get(kFfnOut, T, hidden);
       timed(parts_.dense_mlp_ms, [&] {
-        if (hybrid || banked) {
-          // normed above, with the experts' input
-        } else if (moe) {
-          e_in = scratch_.get(kExpertIn, T, hidden);
-          backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
-                                 e_in);
-        } else {
-          backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);
-        }
+        if (!moe) backend_.rms_norm(x, l.pre_ffn_norm.get(), off, eps, h);  // MoE: normed above
         gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
       });
       if (moe) {

@@ -728,26 +728,27 @@ class GpuBackend final : public Backend {
                       0,
                       0};
     const Binding pb{partials_.get(), 0, partial_bytes};
-    if (shape.merge_in_last_workgroup) {
-      // One dispatch: the last workgroup of each (row, head) merges its splits (one arrival
-      // counter each, zero between dispatches: create_buffer zeroes, the merger resets).
+    // Merged in this dispatch by the last workgroup of each (row, head) (one arrival counter
+    // each, zero between dispatches: create_buffer zeroes, the merger resets), else by
+    // attention_combine.
+    const bool merge = shape.merge_in_last_workgroup;
+    Binding counters{};
+    if (merge) {
       const size_t counter_bytes = static_cast<size_t>(rows_heads) * sizeof(uint32_t);
       if (!attention_counters_ || attention_counters_->size_bytes() < counter_bytes)
         attention_counters_ = dev_->create_buffer(std::max<size_t>(counter_bytes, 4096));
+      counters = {attention_counters_.get(), 0, counter_bytes};
       p.combine = 1;
       p.out_offset = vo.offset;
       p.out_stride = u32(out.stride);
-      touch({vq.b.buffer, &kc, &vc}, {partials_.get(), attention_counters_.get(), vo.b.buffer});
-      const Binding binds[] = {vq.b, whole(kc), whole(vc),
-                               pb,   vo.b,      {attention_counters_.get(), 0, counter_bytes}};
-      dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
-                      static_cast<uint64_t>(q.rows) * n_heads * splits);
-      return;
+      touch({vq.b.buffer, &kc, &vc}, {partials_.get(), counters.buffer, vo.b.buffer});
+    } else {
+      touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
     }
-    touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
-    const Binding binds[] = {vq.b, whole(kc), whole(vc), pb};
+    const Binding binds[] = {vq.b, whole(kc), whole(vc), pb, merge ? vo.b : Binding{}, counters};
     dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
                     static_cast<uint64_t>(q.rows) * n_heads * splits);
+    if (merge) return;
     CombineParams c{u32(q.rows), u32(n_heads), u32(d), u32(splits), vo.offset, u32(out.stride)};
     touch({partials_.get()}, {vo.b.buffer});
     const Binding cbinds[] = {pb, vo.b};

@@ -75,6 +75,21 @@ static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
 }  // namespace
 
+namespace {
+
+// The comma-separated words of an environment setting, empty ones included ("a,,b" is three).
+std::vector<std::string> comma_words(const std::string& text) {
+  std::vector<std::string> words;
+  for (size_t start = 0;;) {
+    const size_t comma = text.find(',', start);
+    words.push_back(text.substr(start, comma - start));  // to the end when no comma is left
+    if (comma == std::string::npos) return words;
+    start = comma + 1;
+  }
+}
+
+}  // namespace
+
 bool valid_workgroup_threads(uint32_t n) { return n == 64 || n == 128 || n == 256; }
 
 uint32_t choose_workgroup_threads(bool software) {
@@ -150,11 +165,7 @@ bool Knockout::any() const { return barriers || std::ranges::any_of(kernels, std
 
 Knockout parse_knockout(const std::string& value) {
   Knockout out;
-  size_t start = 0;
-  while (start <= value.size()) {
-    const size_t end = std::min(value.find(',', start), value.size());
-    std::string word = value.substr(start, end - start);
-    start = end + 1;
+  for (std::string word : comma_words(value)) {
     if (word.empty()) continue;
     const bool keep = word[0] == '-';
     if (keep) word.erase(0, 1);
@@ -188,13 +199,7 @@ void choose_attention_split(DeviceInfo& info) {
                                    ": expected workgroups,min_keys[,last|separate] "
                                    "(1-65536, 1-256)");
     };
-    std::vector<std::string> words;
-    for (size_t start = 0;;) {
-      const size_t comma = text.find(',', start);
-      words.push_back(text.substr(start, comma - start));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
+    const std::vector<std::string> words = comma_words(text);
     const auto number = [&](const std::string& w, unsigned long low, unsigned long high) {
       if (w.empty() || w.size() > 6 || w.find_first_not_of("0123456789") != std::string::npos)
         throw refuse();
