@@ -541,19 +541,37 @@ TEST_CASE(
     });
     CHECK(d < 1e-6);
   }
-  // The MoE feed-forward's tail (three norms, two adds and the layer scalar in one dispatch)
-  // against the CPU's rms_norm, add_rms_norm and add_rms_norm; m and the experts' sum are left
-  // undefined, so they are cleared before the comparison. 77 columns, and a row wider than one
-  // register pass of the 64-thread shape (1,024 columns), which takes the separate ops there.
+  // The MoE feed-forward's tail (three norms, two adds and the layer scalar in one dispatch,
+  // with or without the next layer's input norm of the result) against the CPU's rms_norm,
+  // add_rms_norm, add_rms_norm and rms_norm; m and the experts' sum are left undefined, so they
+  // are cleared before the comparison. 77 columns, and a row wider than one register pass of the
+  // 64-thread shape (1,024 columns), which takes the separate ops there.
   const auto v3 = randn(static_cast<size_t>(cols), 37);
+  const auto v4 = randn(static_cast<size_t>(cols), 42);
+  const auto next0 = randn(static_cast<size_t>(rows * stride), 43);
   for (const float scalar : {1.0f, 0.7f}) {
-    CAPTURE(scalar);
-    const double d = compare(*cpu, *gpu, {a, b, a, v, v2, v3}, [&](Backend& be, auto& x) {
-      be.moe_ffn_tail(m(x, 0), m(x, 1), *x[3], *x[4], *x[5], 1.0f, 1e-6f, m(x, 2), scalar);
-      be.fill_zero(m(x, 0));
-      be.fill_zero(m(x, 1));
-    });
-    CHECK(d < 1e-5);
+    for (const bool next : {false, true}) {
+      CAPTURE(scalar);
+      CAPTURE(next);
+      const double d =
+          compare(*cpu, *gpu, {a, b, a, v, v2, v3, v4, next0}, [&](Backend& be, auto& x) {
+            Backend::FfnTail t{.m = m(x, 0),
+                               .dense_norm = x[3].get(),
+                               .experts_norm = x[4].get(),
+                               .ffn_norm = x[5].get(),
+                               .weight_offset = 1.0f,
+                               .eps = 1e-6f,
+                               .x = m(x, 2),
+                               .layer_scalar = scalar,
+                               .next_norm = nullptr,
+                               .next = {}};
+            if (next) t.next_norm = x[6].get(), t.next = m(x, 7);
+            be.moe_ffn_tail(m(x, 1), t);
+            be.fill_zero(m(x, 0));
+            be.fill_zero(m(x, 1));
+          });
+      CHECK(d < 1e-5);
+    }
   }
   {
     const int64_t wide = 2816;
@@ -561,13 +579,26 @@ TEST_CASE(
     const auto we = randn(static_cast<size_t>(2 * wide), 39);
     const auto wx = randn(static_cast<size_t>(2 * wide), 40);
     const auto ww = randn(static_cast<size_t>(wide), 41);
-    const double d = compare(*cpu, *gpu, {wm, we, wx, ww}, [&](Backend& be, auto& x) {
+    const double d = compare(*cpu, *gpu, {wm, we, wx, ww, wx}, [&](Backend& be, auto& x) {
       auto w = [&](int i) { return Mat{x[i].get(), 0, 2, wide, wide}; };
-      be.moe_ffn_tail(w(0), w(1), *x[3], *x[3], *x[3], 0.0f, 1e-6f, w(2), 0.5f);
+      Backend::FfnTail t{w(0),  x[3].get(), x[3].get(), x[3].get(), 0.0f,
+                         1e-6f, w(2),       0.5f,       x[3].get(), w(4)};
+      be.moe_ffn_tail(w(1), t);
       be.fill_zero(w(0));
       be.fill_zero(w(1));
     });
     CHECK(d < 1e-5);
+  }
+  {
+    // A missing norm weight and a next row of another shape are refused.
+    auto gm = put(*gpu, a), gx = put(*gpu, b), gw = put(*gpu, v);
+    const Mat mm{gm.get(), 2, rows - 1, cols, stride}, mx{gx.get(), 2, rows - 1, cols, stride};
+    CHECK_THROWS_AS(gpu->moe_ffn_tail(
+                        mm, {mm, gw.get(), nullptr, gw.get(), 0.0f, 1e-6f, mx, 1.0f, nullptr, {}}),
+                    std::logic_error);
+    CHECK_THROWS_AS(gpu->moe_ffn_tail(mm, {mm, gw.get(), gw.get(), gw.get(), 0.0f, 1e-6f, mx, 1.0f,
+                                           gw.get(), mx.row_range(0, 1)}),
+                    std::logic_error);
   }
   auto g = put(*gpu, a);
   const Mat same{g.get(), 2, rows - 1, cols, stride};
@@ -678,6 +709,49 @@ TEST_CASE("gpu: routing kept on the device and the routed experts match the CPU"
         CHECK(ic == ig);
         CHECK(max_rel(wg, wc) < 1e-5);
         CHECK(max_rel(get(*gpu, *og), get(*cpu, *oc)) < 1e-4);
+
+        // The experts and the feed-forward's end (with the next layer's input norm) in one call:
+        // on the device path the tail's dispatch sums the products, so it records one dispatch
+        // less than routed_experts then moe_ffn_tail, and matches the CPU's separate ops.
+        // (Seeds of their own: the cases above keep their data.)
+        const auto tail_seed = static_cast<uint64_t>(7000 + seed);
+        const auto mv = randn(static_cast<size_t>(t * hidden), tail_seed);
+        const auto res = randn(static_cast<size_t>(t * hidden), tail_seed + 1);
+        const auto norms = randn(static_cast<size_t>(4 * hidden), tail_seed + 2);
+        auto tail_run = [&](Backend& be, const ExpertBank& bank, Buffer& routes, Buffer& xb,
+                            bool fused) {
+          auto mb = put(be, mv), rb = put(be, res);
+          auto next = be.alloc(static_cast<size_t>(t * hidden) * 4);
+          auto sum = be.alloc(static_cast<size_t>(t * hidden) * 4);
+          auto rows = [&](Buffer& b, int64_t first = 0) {
+            return Mat{&b, first * hidden, t, hidden, hidden};
+          };
+          // The dense, experts', feed-forward and next input norms' weights.
+          std::vector<std::unique_ptr<Buffer>> w;
+          for (int i = 0; i < 4; ++i) {
+            const auto part =
+                std::vector<float>(norms.begin() + i * hidden, norms.begin() + (i + 1) * hidden);
+            w.push_back(put(be, part));
+          }
+          const Backend::FfnTail tail{rows(*mb), w[0].get(), w[1].get(), w[2].get(), 1.0f,
+                                      1e-6f,     rows(*rb),  0.8f,       w[3].get(), rows(*next)};
+          const uint64_t before = be.work_counters().dispatches;
+          if (fused) {
+            be.routed_experts_tail(bank, rows(xb), routes, top_k, rows(*sum), tail);
+          } else {
+            be.routed_experts(bank, rows(xb), routes, top_k, rows(*sum));
+            be.moe_ffn_tail(rows(*sum), tail);
+          }
+          const uint64_t dispatches = be.work_counters().dispatches - before;
+          return std::tuple{get(be, *rb), get(be, *next), dispatches};
+        };
+        const auto [x_cpu, next_cpu, d_cpu] = tail_run(*cpu, *bank_cpu, *rc, *xc, true);
+        const auto [x_gpu, next_gpu, d_fused] = tail_run(*gpu, *bank_gpu, *rg, *xg, true);
+        const auto [x_sep, next_sep, d_sep] = tail_run(*gpu, *bank_gpu, *rg, *xg, false);
+        CHECK(max_rel(x_gpu, x_cpu) < 1e-4);
+        CHECK(max_rel(next_gpu, next_cpu) < 1e-4);
+        CHECK(max_rel(x_sep, x_cpu) < 1e-4);
+        if (t <= 3) CHECK(d_fused + 1 == d_sep);
       }
       // A bank belongs to the backend that imported it.
       auto r = gpu->alloc(route_buffer_bytes(top_k));

@@ -261,16 +261,33 @@ class Backend {
     add(acc, x, acc);
     if (acc_scale != 1.0f) scale(acc, acc_scale);
   }
-  // The end of a Gemma 4 MoE layer's feed-forward: m = rms_norm(m, w1), then
-  // add_rms_norm(experts, w2, m), then add_rms_norm(m, w3, x, layer_scalar), i.e.
-  // x = (x + rms_norm(rms_norm(m, w1) + rms_norm(experts, w2), w3)) * layer_scalar. m and experts
-  // are left undefined. The default runs those three ops; a GPU fuses them into one dispatch.
-  virtual void moe_ffn_tail(Mat m, Mat experts, const Buffer& w1, const Buffer& w2,
-                            const Buffer& w3, float weight_offset, float eps, Mat x,
-                            float layer_scalar) {
-    rms_norm(m, &w1, weight_offset, eps, m);
-    add_rms_norm(experts, &w2, weight_offset, eps, m);
-    add_rms_norm(m, &w3, weight_offset, eps, x, layer_scalar);
+  // The end of a Gemma 4 MoE layer's feed-forward, after its dense MLP (m) and its experts.
+  struct FfnTail {
+    Mat m;                                 // the dense MLP's output (left undefined)
+    const Buffer* dense_norm = nullptr;    // post_feedforward_layernorm_1
+    const Buffer* experts_norm = nullptr;  // post_feedforward_layernorm_2
+    const Buffer* ffn_norm = nullptr;      // post_feedforward_layernorm
+    float weight_offset = 0.0f;
+    float eps = 0.0f;
+    Mat x;  // the residual, updated
+    float layer_scalar = 1.0f;
+    // Optional: next = rms_norm(the updated x, next_norm), the next layer's input norm (so that
+    // a GPU computes it while it holds x, not in a dependent step of its own).
+    const Buffer* next_norm = nullptr;
+    Mat next;
+  };
+  // m = rms_norm(m, dense_norm), then add_rms_norm(experts, experts_norm, m), then
+  // add_rms_norm(m, ffn_norm, x, layer_scalar), i.e. x = (x + rms_norm(rms_norm(m, w1) +
+  // rms_norm(experts, w2), w3)) * layer_scalar; then next = rms_norm(x, next_norm) when asked.
+  // m and experts are left undefined. The default runs those ops; a GPU fuses them into one
+  // dispatch.
+  virtual void moe_ffn_tail(Mat experts, const FfnTail& t) {
+    if (!t.dense_norm || !t.experts_norm || !t.ffn_norm)
+      throw std::logic_error("moe_ffn_tail: a norm weight is missing");
+    rms_norm(t.m, t.dense_norm, t.weight_offset, t.eps, t.m);
+    add_rms_norm(experts, t.experts_norm, t.weight_offset, t.eps, t.m);
+    add_rms_norm(t.m, t.ffn_norm, t.weight_offset, t.eps, t.x, t.layer_scalar);
+    if (t.next_norm) rms_norm(t.x, t.next_norm, t.weight_offset, t.eps, t.next);
   }
   // rms_norm over each head of x (rows of n_heads * head_dim values; weight has head_dim values),
   // then rope: the q/k norm and rotation of attention. The default runs the two ops; a GPU fuses
@@ -394,6 +411,14 @@ class Backend {
   // the routes and runs each chosen expert once over the rows that picked it.
   virtual void routed_experts(const ExpertBank& bank, Mat x, const Buffer& routes, int top_k,
                               Mat out);
+  // routed_experts into out, then moe_ffn_tail(out, tail): a layer's experts and the end of its
+  // feed-forward (out is left undefined). A GPU sums the experts' products in the tail's
+  // dispatch, one dependent step less than the two ops.
+  virtual void routed_experts_tail(const ExpertBank& bank, Mat x, const Buffer& routes, int top_k,
+                                   Mat out, const FfnTail& tail) {
+    routed_experts(bank, x, routes, top_k, out);
+    moe_ffn_tail(out, tail);
+  }
 
   // ---- streamed experts in backend memory: a few expert slots per MoE layer ----
   // When the experts are streamed (runtime/expert_store.h), a backend with memory of its own (a

@@ -128,11 +128,14 @@ class Gemma4 final : public Model {
     Mat x = scratch_.get(gemma::kResidual, T, hidden);
     timed(parts_.embed_ms, [&] { backend_.embed(*embed_, tokens, arch_.embed_scale, x); });
 
+    bool input_normed = false;  // the previous layer's end wrote this layer's input norm
     for (int i = 0; i < arch_.num_layers; ++i) {
       const Layer& l = layers_[static_cast<size_t>(i)];
       timed(parts_.attention_ms, [&] {
-        gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_);
+        gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_,
+                               input_normed);
       });
+      input_normed = false;
 
       // Feed-forward: x is the residual r from here on.
       // MoE layers route first and announce their experts, so a streaming expert source
@@ -180,16 +183,35 @@ class Gemma4 final : public Model {
         gemma::gated_mlp(backend_, l.mlp, h, m, scratch_);
       });
       if (moe) {
-        Mat sum;
+        // x = (x + post_ffn_norm(post_ffn_norm_1(m) + post_ffn_norm_2(sum))) * layer_scalar,
+        // and the next layer's input norm of it while the backend holds x.
+        Backend::FfnTail tail{.m = m,
+                              .dense_norm = l.post_ffn_norm_1.get(),
+                              .experts_norm = l.post_ffn_norm_2.get(),
+                              .ffn_norm = l.post_ffn_norm.get(),
+                              .weight_offset = off,
+                              .eps = eps,
+                              .x = x,
+                              .layer_scalar = l.layer_scalar,
+                              .next_norm = nullptr,
+                              .next = {}};
+        if (i + 1 < arch_.num_layers) {
+          tail.next_norm = layers_[static_cast<size_t>(i) + 1].attn.input_norm.get();
+          tail.next = scratch_.get(gemma::kNormed, T, hidden);  // attention_block's h
+          input_normed = true;
+        }
         timed(parts_.experts_ms, [&] {
-          sum = banked    ? banked_experts(i, e_in)
-                : hybrid  ? hybrid_experts(i, e_in, slot_routing)
-                : slotted ? slotted_experts(i, e_in, slot_routing)
-                          : moe_branch(i, e_in, routing);
+          if (banked) {
+            backend_.routed_experts_tail(*banks_[static_cast<size_t>(i)], e_in, *routes_,
+                                         arch_.moe->top_k,
+                                         scratch_.get(kExpertSum, e_in.rows, hidden), tail);
+            return;
+          }
+          const Mat sum = hybrid    ? hybrid_experts(i, e_in, slot_routing)
+                          : slotted ? slotted_experts(i, e_in, slot_routing)
+                                    : moe_branch(i, e_in, routing);
+          backend_.moe_ffn_tail(sum, tail);
         });
-        // x = (x + post_ffn_norm(post_ffn_norm_1(m) + post_ffn_norm_2(sum))) * layer_scalar
-        backend_.moe_ffn_tail(m, sum, *l.post_ffn_norm_1, *l.post_ffn_norm_2, *l.post_ffn_norm, off,
-                              eps, x, l.layer_scalar);
       } else {
         // x = (x + post_ffn_norm(m)) * layer_scalar
         backend_.add_rms_norm(m, l.post_ffn_norm.get(), off, eps, x, l.layer_scalar);
@@ -294,14 +316,6 @@ class Gemma4 final : public Model {
       if (routing_observer_ != nullptr)
         routing_observer_->routed(layer, r.rows, moe.top_k, moe.num_experts, idx.data());
     }
-  }
-
-  // moe_branch's sum with the layer's experts in one bank and the routing in routes_.
-  Mat banked_experts(int layer, Mat e_in) {
-    Mat sum = scratch_.get(kExpertSum, e_in.rows, arch_.hidden_size);
-    backend_.routed_experts(*banks_[static_cast<size_t>(layer)], e_in, *routes_, arch_.moe->top_k,
-                            sum);
-    return sum;
   }
 
   // The routing in routes_, also on the host, for streamed experts in backend slots.

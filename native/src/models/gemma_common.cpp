@@ -72,7 +72,7 @@ MlpWeights load_mlp(Backend& backend, const ModelDir& dir, const std::string& pr
 
 void attention_block(Backend& backend, const Architecture& arch, int layer,
                      const AttentionWeights& w, const KvLayerView& kv, Mat x, int64_t pos0,
-                     Scratch& scratch) {
+                     Scratch& scratch, bool input_normed) {
   const LayerConfig& lc = arch.layers[static_cast<size_t>(layer)];
   const int64_t T = x.rows;
   const int heads = arch.num_attention_heads;
@@ -88,8 +88,11 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
   Mat v = scratch.get(kValue, T, static_cast<int64_t>(lc.num_kv_heads) * d);
   const Backend::QProduct qkv[] = {
       {w.q_proj.get(), h, q}, {w.k_proj.get(), h, k}, {w.v_proj.get(), h, v}};
-  backend.qmatmul_normed(x, {w.input_norm.get(), off, eps, std::nullopt}, h,
-                         std::span(qkv, lc.k_eq_v ? 2 : 3));
+  const std::span<const Backend::QProduct> products(qkv, lc.k_eq_v ? 2 : 3);
+  if (input_normed)
+    backend.qmatmul_batch(products);
+  else
+    backend.qmatmul_normed(x, {w.input_norm.get(), off, eps, std::nullopt}, h, products);
   if (lc.k_eq_v) backend.copy(k, v);  // the raw projection, before k_norm and RoPE
   backend.rms_norm_rope(q, heads, d, w.q_norm.get(), off, eps, rope, pos0);
   backend.store_kv_normed(kv, k, v, w.k_norm.get(), off, eps, rope, arch.v_norm, pos0);

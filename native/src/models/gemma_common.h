@@ -77,9 +77,11 @@ MlpWeights load_mlp(Backend& backend, const ModelDir& dir, const std::string& pr
 //   v = v_proj h, or the raw k_proj h on k_eq_v layers; then a weightless RMSNorm if v_norm
 //   store k, v; a = softmax(scale * q k^T over visible keys) v     (GQA)
 //   x += post_attention_layernorm(o_proj a)
+// input_normed: h (scratch slot kNormed) already holds input_layernorm(x), written by the
+// previous layer's end (Backend::FfnTail::next).
 void attention_block(Backend& backend, const Architecture& arch, int layer,
                      const AttentionWeights& w, const KvLayerView& kv, Mat x, int64_t pos0,
-                     Scratch& scratch);
+                     Scratch& scratch, bool input_normed = false);
 
 // out = down(gelu_tanh(gate in) * up in). `out` may not alias `in`.
 void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& scratch);

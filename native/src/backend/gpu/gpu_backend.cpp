@@ -118,6 +118,7 @@ struct NormParams {
 struct FfnTailParams {
   uint32_t rows, cols, m_offset, m_stride, e_offset, e_stride, x_offset, x_stride;
   float weight_offset, eps, layer_scalar;
+  uint32_t top_k, has_next, h_offset, h_stride;
 };
 struct NormRopeParams {
   uint32_t rows, n_heads, half_dim, x_offset, x_stride, has_weight;
@@ -213,12 +214,12 @@ class GpuBackend final : public Backend {
     const char* profile = std::getenv("REDWING_GPU_PROFILE");
     profile_ = profile != nullptr && std::string(profile) == "1";
     // REDWING_GPU_UNFUSED=geglu,tail,kv: run those fusions as separate ops (A/B measurements).
-    // REDWING_GPU_FOLD_NORMS=1: fold input norms into the decode products (qmatmul_normed). Off
-    // by default: on the H200 it cut 61 dispatches per token but made the products slower than
-    // the norm dispatches it saved (docs/gpu.md, fifth round). "small": only into products of at
-    // most kFoldSmallRows rows in all (the router's), where the few workgroups that each
-    // recompute the norm leave the GPU mostly idle anyway, so the fold only saves the norm's
-    // dependent step (eleventh round: built and tested, not yet measured on a GPU).
+    // REDWING_GPU_FOLD_NORMS=small (the default): fold input norms into the decode products
+    // (qmatmul_normed) of at most kFoldSmallRows rows in all (the router's), where the few
+    // workgroups that each recompute the norm leave the GPU mostly idle anyway, so the fold only
+    // saves the norm's dependent step (H200: 3 of 3 runs faster, docs/gpu.md "Twelfth round").
+    // "1": into every decode product: on the H200 it cut 61 dispatches per token but made the
+    // products slower than the norm dispatches it saved (fifth round). "0": none.
     if (const char* unfused = std::getenv("REDWING_GPU_UNFUSED")) {
       const std::string u = unfused;
       fold_geglu_ = u.find("geglu") == std::string::npos;
@@ -384,26 +385,61 @@ class GpuBackend final : public Backend {
     norm(x, weight, offset, eps, acc, true, acc_scale);
   }
 
-  void moe_ffn_tail(Mat m, Mat experts, const Buffer& w1, const Buffer& w2, const Buffer& w3,
-                    float offset, float eps, Mat x, float layer_scalar) override {
-    check_same_shape(m, experts, "moe_ffn_tail");
-    check_same_shape(m, x, "moe_ffn_tail");
-    // ffn_tail.comp holds a row in registers: wider rows take the separate ops.
-    if (m.cols > kNormHeld * dev_->info().workgroup_threads || !fuse_tail_)
-      return Backend::moe_ffn_tail(m, experts, w1, w2, w3, offset, eps, x, layer_scalar);
-    for (const Buffer* w : {&w1, &w2, &w3})
-      if (w->size_bytes() < sizeof(float) * m.cols)
+  void moe_ffn_tail(Mat experts, const FfnTail& t) override {
+    check_same_shape(t.m, experts, "moe_ffn_tail");
+    if (!fused_tail(t)) return Backend::moe_ffn_tail(experts, t);
+    ffn_tail(experts, nullptr, 0, t);
+  }
+
+  // Whether ffn_tail.comp takes this tail: it holds a row in registers, so wider rows take the
+  // separate ops.
+  bool fused_tail(const FfnTail& t) const {
+    return fuse_tail_ && t.m.cols <= kNormHeld * dev_->info().workgroup_threads;
+  }
+
+  // ffn_tail.comp over `experts` (the experts' sum, routes null) or over the routed slots'
+  // products (routes and top_k: experts' rows are the entries t * top_k + j, moe_combine's y).
+  void ffn_tail(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
+    const int64_t rows = t.m.rows, cols = t.m.cols;
+    check_same_shape(t.m, t.x, "moe_ffn_tail");
+    if (experts.cols != cols || experts.rows != (routes ? rows * top_k : rows))
+      throw std::logic_error("moe_ffn_tail: experts' shape mismatch");
+    if (t.next_norm) check_same_shape(t.x, t.next, "moe_ffn_tail");
+    for (const Buffer* w : {t.dense_norm, t.experts_norm, t.ffn_norm, t.next_norm})
+      if (w != nullptr && w->size_bytes() < sizeof(float) * cols)
         throw std::logic_error("moe_ffn_tail: weight too short");
-    if (m.rows == 0) return;
-    const View vm = view(m), ve = view(experts), vx = view(x);
-    FfnTailParams p{u32(m.rows),         u32(m.cols), vm.offset,     u32(m.stride), ve.offset,
-                    u32(experts.stride), vx.offset,   u32(x.stride), offset,        eps,
-                    layer_scalar};
-    touch({vm.b.buffer, ve.b.buffer, vx.b.buffer, &dev_of(w1), &dev_of(w2), &dev_of(w3)},
-          {vx.b.buffer});
-    const Binding binds[] = {
-        vm.b, ve.b, vx.b, whole(dev_of(w1)), whole(dev_of(w2)), whole(dev_of(w3))};
-    dispatch_linear(Kernel::ffn_tail, binds, &p, sizeof p, static_cast<uint64_t>(m.rows));
+    if (!t.dense_norm || !t.experts_norm || !t.ffn_norm)
+      throw std::logic_error("moe_ffn_tail: a norm weight is missing");
+    if (rows == 0) return;
+    const View vm = view(t.m), ve = view(experts), vx = view(t.x);
+    const bool next = t.next_norm != nullptr;
+    const View vh = next ? view(t.next) : View{};
+    FfnTailParams p{u32(rows),       u32(cols),       vm.offset,
+                    u32(t.m.stride), ve.offset,       u32(experts.stride),
+                    vx.offset,       u32(t.x.stride), t.weight_offset,
+                    t.eps,           t.layer_scalar,  u32(routes ? top_k : 0),
+                    next ? 1u : 0u,  vh.offset,       u32(t.next.stride)};
+    const DeviceBuffer &w1 = dev_of(*t.dense_norm), &w2 = dev_of(*t.experts_norm),
+                       &w3 = dev_of(*t.ffn_norm);
+    std::vector<const DeviceBuffer*> reads{vm.b.buffer, ve.b.buffer, vx.b.buffer, &w1, &w2, &w3};
+    std::vector<const DeviceBuffer*> writes{vx.b.buffer};
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(top_k);
+    Binding ids{}, weights{}, w4{}, h{};
+    if (routes) {
+      reads.push_back(routes);
+      ids = Binding{routes, 0, count * sizeof(int32_t)};
+      weights = Binding{routes, route_weights_offset(count), count * sizeof(float)};
+    }
+    if (next) {
+      reads.push_back(&dev_of(*t.next_norm));
+      writes.push_back(vh.b.buffer);
+      w4 = whole(dev_of(*t.next_norm));
+      h = vh.b;
+    }
+    touch(reads, writes);
+    const Binding binds[] = {vm.b,      ve.b, vx.b,    whole(w1), whole(w2),
+                             whole(w3), ids,  weights, w4,        h};
+    dispatch_linear(Kernel::ffn_tail, binds, &p, sizeof p, static_cast<uint64_t>(rows));
   }
 
   void rope(Mat x, int n_heads, int head_dim, const RopeParams& rp, int64_t pos0) override {
@@ -827,6 +863,26 @@ class GpuBackend final : public Backend {
 
   void routed_experts(const ExpertBank& base, Mat x, const Buffer& routes, int top_k,
                       Mat out) override {
+    const GpuExpertBank& bank = checked_bank(base, x, routes, top_k, out);
+    if (x.rows == 0) return;
+    if (experts_decode(bank, x))
+      combine_on_device(expert_products_on_device(bank, x, routes, top_k), dev_of(routes), top_k,
+                        out);
+    else
+      experts_grouped_on_host(bank, x, routes, top_k, out);
+  }
+
+  void routed_experts_tail(const ExpertBank& base, Mat x, const Buffer& routes, int top_k, Mat out,
+                           const FfnTail& tail) override {
+    const GpuExpertBank& bank = checked_bank(base, x, routes, top_k, out);
+    if (x.rows == 0 || !experts_decode(bank, x) || !fused_tail(tail))
+      return Backend::routed_experts_tail(base, x, routes, top_k, out, tail);
+    // The products' sum in the tail's dispatch: moe_combine's arithmetic, one step less.
+    ffn_tail(expert_products_on_device(bank, x, routes, top_k), &dev_of(routes), top_k, tail);
+  }
+
+  const GpuExpertBank& checked_bank(const ExpertBank& base, Mat x, const Buffer& routes, int top_k,
+                                    Mat out) const {
     const auto* bank = dynamic_cast<const GpuExpertBank*>(&base);
     if (bank == nullptr) throw std::logic_error("routed_experts: a bank of another backend");
     if (x.cols != bank->hidden || out.cols != bank->hidden || out.rows != x.rows)
@@ -835,15 +891,15 @@ class GpuBackend final : public Backend {
     const size_t count = static_cast<size_t>(x.rows) * static_cast<size_t>(top_k);
     if (routes.size_bytes() < route_buffer_bytes(count))
       throw std::logic_error("routed_experts: routes buffer too small");
-    if (x.rows == 0) return;
-    // Decode: every slot's products read their expert's id on the device. Prefill: the ids come
-    // to the host and each chosen expert runs once over all the rows that picked it (a product
-    // per slot would read the weights once per token).
-    if (x.rows <= kMatvecMaxTokens && fits_one_binding(bank->gate_up) &&
-        fits_one_binding(bank->down))
-      experts_on_device(*bank, x, routes, top_k, out);
-    else
-      experts_grouped_on_host(*bank, x, routes, top_k, out);
+    return *bank;
+  }
+
+  // Decode: every slot's products read their expert's id on the device. Prefill: the ids come
+  // to the host and each chosen expert runs once over all the rows that picked it (a product
+  // per slot would read the weights once per token).
+  bool experts_decode(const GpuExpertBank& bank, Mat x) const {
+    return x.rows <= kMatvecMaxTokens && fits_one_binding(bank.gate_up) &&
+           fits_one_binding(bank.down);
   }
 
   // ---- streamed experts: slots in device memory (backend.h; docs/gpu.md, "Expert streaming
@@ -921,7 +977,7 @@ class GpuBackend final : public Backend {
     if (slot_decode_path_) {
       Mat gu = scratch(moe_gate_up_, entries, 2 * inter);
       Mat y = scratch(moe_out_, entries, bank.hidden);
-      if (every_entry) {  // one product pair over every entry, as experts_on_device
+      if (every_entry) {  // one product pair over every entry, as expert_products_on_device
         const Binding slot_ids = upload_host(entry_slot.data(), count * sizeof(int32_t));
         moe_matvec(bank.gate_up, bank, x, u32(top_k), slot_ids, u32(entries), gu);
         moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, slot_ids, u32(entries), y,
@@ -1211,19 +1267,18 @@ class GpuBackend final : public Backend {
     dispatch(kernel, binds, &p, sizeof p, gx, gy, slots);
   }
 
-  void experts_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
-                         Mat out) {
+  // y[t * top_k + j] = down(GeGLU(gate x[t], up x[t])) of row t's j-th routed expert.
+  Mat expert_products_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k) {
     const int64_t slots = x.rows * top_k;
     const int64_t inter = bank.intermediate;
     const size_t count = static_cast<size_t>(slots);
-    const DeviceBuffer& rb = dev_of(routes);
-    const Binding ids{&rb, 0, count * sizeof(int32_t)};
+    const Binding ids{&dev_of(routes), 0, count * sizeof(int32_t)};
     Mat gu = scratch(moe_gate_up_, slots, 2 * inter);
     Mat y = scratch(moe_out_, slots, bank.hidden);
     moe_matvec(bank.gate_up, bank, x, u32(top_k), ids, u32(slots), gu);
     // The down product reads GeGLU(gate, up) straight from gu (its staging computes it).
     moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, ids, u32(slots), y, u32(inter));
-    combine_on_device(y, rb, top_k, out);
+    return y;
   }
 
   // out[t] = the sum of the products y[t * top_k + j] weighted by the routes' weights, added in
@@ -1638,7 +1693,7 @@ class GpuBackend final : public Backend {
   bool profile_ = false;
   enum class FoldNorms { none, small, all };
   static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
-  FoldNorms fold_norms_ = FoldNorms::none;
+  FoldNorms fold_norms_ = FoldNorms::small;
   bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;

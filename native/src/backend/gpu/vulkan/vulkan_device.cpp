@@ -372,6 +372,17 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
   const int family = compute_queue_family(physical_);
   if (family < 0) throw std::runtime_error("vulkan: " + info_.name + " has no compute queue");
   queue_family_ = static_cast<uint32_t>(family);
+  {
+    // Every kernel's layout has kMaxBindings storage buffers (Vulkan promises only 4; desktop
+    // GPUs, lavapipe and MoltenVK give far more).
+    VkPhysicalDeviceProperties props;
+    vkGetPhysicalDeviceProperties(physical_, &props);
+    if (props.limits.maxPerStageDescriptorStorageBuffers < static_cast<uint32_t>(kMaxBindings))
+      throw std::runtime_error("vulkan: " + info_.name + " binds " +
+                               std::to_string(props.limits.maxPerStageDescriptorStorageBuffers) +
+                               " storage buffers per kernel; Redwing's kernels need " +
+                               std::to_string(kMaxBindings));
+  }
 
   float priority = 1.0f;
   VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
