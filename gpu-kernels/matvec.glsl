@@ -22,8 +22,15 @@
 // using any, and converted codes to float by exponent bits instead of int-to-float, measured the
 // same on the H200 and was dropped: docs/gpu.md, fourth round.)
 
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
 const uint MV_ROWS = 8u;
 const uint MV_LANES = THREADS / MV_ROWS;
+// 1 where the device layer found a row's MV_LANES threads to be one subgroup with arithmetic
+// operations (DeviceInfo::matvec_subgroup_reduce): mv_reduce then sums a row by subgroupAdd, no
+// barrier, instead of a shared-memory tree with a workgroup barrier per level.
+layout(constant_id = 5) const uint MV_ROW_SUBGROUP = 0u;
 const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of every group size)
 shared float mv_x[MV_CHUNK + MV_CHUNK / 32u];
 shared float mv_partial[256];  // THREADS at most (a shared array's size must be a literal)
@@ -31,6 +38,14 @@ shared float mv_partial[256];  // THREADS at most (a shared array's size must be
 // Each thread's sum of squares of the raw x it staged (for an RMSNorm folded into the product:
 // mv_norm_factor() reduces it).
 float mv_ss = 0.0;
+
+// The thread's index in its workgroup, from which the including kernel takes its row and lane:
+// numbered by subgroup on the subgroup path, so that a row's lanes are one subgroup (the order of
+// gl_LocalInvocationID over subgroups is not specified).
+uint mv_thread() {
+  return MV_ROW_SUBGROUP != 0u ? gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID
+                               : gl_LocalInvocationID.x;
+}
 
 // Position of column c (inside the chunk) in mv_x: one pad float after every 32.
 uint mv_slot(uint c) { return c + (c >> 5u); }
@@ -87,7 +102,10 @@ float mv_row(bool row_ok, uint row_quad0, uint scale_base, uint xb, uint cols, u
 
 // The sum of the MV_LANES partials of each row; the row's lane 0 gets it.
 float mv_reduce(float acc, uint lane) {
-  const uint tid = gl_LocalInvocationID.x;
+  // (The subgroup size a pipeline runs with may differ from the one the device reports:
+  // checked here, uniformly.)
+  if (MV_ROW_SUBGROUP != 0u && gl_SubgroupSize == MV_LANES) return subgroupAdd(acc);
+  const uint tid = mv_thread();
   mv_partial[tid] = acc;
   barrier();
   for (uint s = MV_LANES / 2u; s > 0u; s >>= 1u) {

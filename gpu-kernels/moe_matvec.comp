@@ -44,7 +44,7 @@ layout(push_constant) uniform Params {
 #include "matvec.glsl"
 
 void main() {
-  const uint tid = gl_LocalInvocationID.x;
+  const uint tid = mv_thread();  // a row's lanes are consecutive here
   const uint r = linear_group() * MV_ROWS + tid / MV_LANES;
   const uint lane = tid % MV_LANES;
   const uint s = gl_WorkGroupID.z;

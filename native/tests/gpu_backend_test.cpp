@@ -835,6 +835,41 @@ TEST_CASE("gpu: the experts' down product matches the CPU in every shape and red
   }
 }
 
+// The decode products (matvec.glsl) sum a row's lanes by subgroupAdd exactly where a row is one
+// subgroup with arithmetic operations, unless REDWING_GPU_SUBGROUP says otherwise. (Their results
+// through both reductions are compared with the CPU above: lavapipe's 64-thread shape has rows of
+// 8 lanes, one of its subgroups; the 256-thread shape takes the tree.)
+TEST_CASE("gpu: the decode products' subgroup sums are chosen where a row is one subgroup") {
+  auto reduce = [](uint32_t threads, uint32_t subgroup, bool arithmetic) {
+    gpu::DeviceInfo info;
+    info.workgroup_threads = threads;
+    info.subgroup_size = subgroup;
+    info.subgroup_arithmetic = arithmetic;
+    gpu::choose_matvec_down_shape(info);
+    return info.matvec_subgroup_reduce;
+  };
+  CHECK(reduce(256, 32, true));   // NVIDIA: 32 lanes a row, 32-wide subgroups
+  CHECK(reduce(64, 8, true));     // lavapipe
+  CHECK(!reduce(256, 64, true));  // AMD's wave64: a row is half a subgroup
+  CHECK(!reduce(256, 16, true));  // a row spans two subgroups
+  CHECK(!reduce(256, 32, false));
+  for (const char* value : {"0", "down"}) {
+    setenv("REDWING_GPU_SUBGROUP", value, 1);
+    CHECK(!reduce(256, 32, true));
+    unsetenv("REDWING_GPU_SUBGROUP");
+  }
+  setenv("REDWING_GPU_SUBGROUP", "down", 1);
+  gpu::DeviceInfo info;
+  info.subgroup_size = 32;
+  info.subgroup_arithmetic = true;
+  gpu::choose_matvec_down_shape(info);
+  unsetenv("REDWING_GPU_SUBGROUP");
+  CHECK(info.matvec_down.subgroup_reduce);  // "down" keeps the down product's
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;
+  check_setting_refused("REDWING_GPU_SUBGROUP", {"yes", "2", "down,1"});
+}
+
 // A malformed REDWING_GPU_MATVEC_DOWN is an error naming the variable, not a silent default.
 TEST_CASE("gpu: a malformed down product shape is refused") {
   // (The Metal device runs the MSL's defaults and reads no shape.)

@@ -135,6 +135,10 @@ struct DeviceInfo {
   bool subgroup_arithmetic = false;
   // The experts' down product's shape (Kernel::moe_matvec_down; choose_matvec_down_shape).
   MatvecShape matvec_down;
+  // The other decode products (matvec.glsl: qmatvec, moe_matvec) sum a row's lanes
+  // (workgroup_threads / 8) by subgroupAdd: where they are one subgroup with arithmetic
+  // operations (choose_matvec_down_shape; specialization constant 5).
+  bool matvec_subgroup_reduce = false;
   // Which kernel the prefill products take (choose_matmul_tile).
   MatmulPolicy matmul;
   // Decode attention's splits (choose_attention_split).
@@ -146,7 +150,9 @@ struct DeviceInfo {
 // 2 words on a GPU (the H200's best, docs/gpu.md's seventh round), 2 x 8 x 2 on a CPU device
 // (one lavapipe subgroup per team); subgroupAdd where the subgroup size divides the lanes and the
 // workgroup. REDWING_GPU_MATVEC_DOWN = "rows,lanes,unroll" forces a shape (A/B runs, tests; lanes
-// is capped at the workgroup's threads), REDWING_GPU_SUBGROUP=0 the shared-memory reduction.
+// is capped at the workgroup's threads). info.matvec_subgroup_reduce where a row of the other
+// decode products is one subgroup. REDWING_GPU_SUBGROUP = "0" (shared-memory reductions
+// everywhere), "down" (subgroupAdd in this product only) or "1" (the default: wherever it fits).
 // Throws std::invalid_argument on a malformed value.
 void choose_matvec_down_shape(DeviceInfo& info);
 // Reads REDWING_GPU_QMATMUL into info.matmul; throws std::invalid_argument on a malformed value.

@@ -132,13 +132,21 @@ void choose_matvec_down_shape(DeviceInfo& info) {
   // round: 48.4 ms per 65 tokens against 73.0 for the staged product).
   MatvecShape down = threads <= 64 ? MatvecShape{2, 8, false, 2} : MatvecShape{4, 32, false, 2};
   down = parse_matvec_shape("REDWING_GPU_MATVEC_DOWN", down);
+  // REDWING_GPU_SUBGROUP: unset or "1" every product that can, "down" only this one (the
+  // reductions before the twelfth round), "0" none.
   const char* sub = std::getenv("REDWING_GPU_SUBGROUP");
-  const bool subgroups_allowed = !(sub && std::string(sub) == "0");
+  const std::string sub_value = sub ? sub : "";
+  if (!sub_value.empty() && sub_value != "0" && sub_value != "1" && sub_value != "down")
+    throw std::invalid_argument("REDWING_GPU_SUBGROUP=" + sub_value + ": expected 0, 1 or down");
+  const bool subgroups_allowed = sub_value != "0";
   down.lanes = std::min(down.lanes, threads);
   // subgroupAdd sums whole subgroups: a team must be whole subgroups (both are powers of two).
   down.subgroup_reduce = subgroups_allowed && info.subgroup_arithmetic && info.subgroup_size > 0 &&
                          down.lanes % info.subgroup_size == 0 && threads % info.subgroup_size == 0;
   info.matvec_down = down;
+  // matvec.glsl's rows: 8 per workgroup, threads / 8 lanes each (32 on a GPU, 8 on lavapipe).
+  info.matvec_subgroup_reduce = subgroups_allowed && sub_value != "down" &&
+                                info.subgroup_arithmetic && info.subgroup_size == threads / 8;
 }
 
 void choose_matmul_policy(DeviceInfo& info) {
