@@ -405,11 +405,11 @@ class GpuBackend final : public Backend {
     if (experts.cols != cols || experts.rows != (routes ? rows * top_k : rows))
       throw std::logic_error("moe_ffn_tail: experts' shape mismatch");
     if (t.next_norm) check_same_shape(t.x, t.next, "moe_ffn_tail");
+    if (!t.dense_norm || !t.experts_norm || !t.ffn_norm)
+      throw std::logic_error("moe_ffn_tail: a norm weight is missing");
     for (const Buffer* w : {t.dense_norm, t.experts_norm, t.ffn_norm, t.next_norm})
       if (w != nullptr && w->size_bytes() < sizeof(float) * cols)
         throw std::logic_error("moe_ffn_tail: weight too short");
-    if (!t.dense_norm || !t.experts_norm || !t.ffn_norm)
-      throw std::logic_error("moe_ffn_tail: a norm weight is missing");
     if (rows == 0) return;
     const View vm = view(t.m), ve = view(experts), vx = view(t.x);
     const bool next = t.next_norm != nullptr;
@@ -427,8 +427,8 @@ class GpuBackend final : public Backend {
     Binding ids{}, weights{}, w4{}, h{};
     if (routes) {
       reads.push_back(routes);
-      ids = Binding{routes, 0, count * sizeof(int32_t)};
-      weights = Binding{routes, route_weights_offset(count), count * sizeof(float)};
+      ids = route_ids(*routes, count);
+      weights = route_weights(*routes, count);
     }
     if (next) {
       reads.push_back(&dev_of(*t.next_norm));
@@ -856,8 +856,7 @@ class GpuBackend final : public Backend {
     const DeviceBuffer& rb = dev_of(routes);
     RouteParams p{u32(logits.rows), u32(n), u32(top_k), vl.offset, u32(logits.stride)};
     touch({vl.b.buffer, &pes}, {&rb});
-    const Binding binds[] = {vl.b, whole(pes), Binding{&rb, 0, count * sizeof(int32_t)},
-                             Binding{&rb, route_weights_offset(count), count * sizeof(float)}};
+    const Binding binds[] = {vl.b, whole(pes), route_ids(rb, count), route_weights(rb, count)};
     dispatch_linear(Kernel::route, binds, &p, sizeof p, static_cast<uint64_t>(logits.rows));
   }
 
@@ -1272,7 +1271,7 @@ class GpuBackend final : public Backend {
     const int64_t slots = x.rows * top_k;
     const int64_t inter = bank.intermediate;
     const size_t count = static_cast<size_t>(slots);
-    const Binding ids{&dev_of(routes), 0, count * sizeof(int32_t)};
+    const Binding ids = route_ids(dev_of(routes), count);
     Mat gu = scratch(moe_gate_up_, slots, 2 * inter);
     Mat y = scratch(moe_out_, slots, bank.hidden);
     moe_matvec(bank.gate_up, bank, x, u32(top_k), ids, u32(slots), gu);
@@ -1286,8 +1285,7 @@ class GpuBackend final : public Backend {
   // resident bank's decode path and the expert slots' (whose y rows are the same entries).
   void combine_on_device(Mat y, const DeviceBuffer& routes, int top_k, Mat out) {
     const size_t count = static_cast<size_t>(out.rows) * static_cast<size_t>(top_k);
-    const Binding ids{&routes, 0, count * sizeof(int32_t)};
-    const Binding weights{&routes, route_weights_offset(count), count * sizeof(float)};
+    const Binding ids = route_ids(routes, count), weights = route_weights(routes, count);
     const View vy = view(y), vo = view(out);
     MoeCombineParams p{u32(out.rows), u32(out.cols), u32(top_k),     vy.offset,
                        u32(y.stride), vo.offset,     u32(out.stride)};
@@ -1472,6 +1470,14 @@ class GpuBackend final : public Backend {
       throw std::logic_error("gpu: a view larger than one storage binding (" +
                              std::to_string(max_binding_) + " bytes)");
     return {Binding{&d, start, bytes}, u32(static_cast<int64_t>((first - start) / sizeof(float)))};
+  }
+
+  // The ids and the weights of `count` routed entries in a routes buffer (route_to's layout).
+  static Binding route_ids(const DeviceBuffer& routes, size_t count) {
+    return Binding{&routes, 0, count * sizeof(int32_t)};
+  }
+  static Binding route_weights(const DeviceBuffer& routes, size_t count) {
+    return Binding{&routes, route_weights_offset(count), count * sizeof(float)};
   }
 
   Binding whole(const DeviceBuffer& d) const {
