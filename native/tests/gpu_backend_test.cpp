@@ -642,10 +642,16 @@ TEST_CASE("gpu: gather, scatter-add and routing match the CPU") {
                              Mat{x[1].get(), 0, 4, cols, cols});
         }) < 1e-7);
 
-  for (int experts : {8, 37, 128}) {
+  // More experts than the kernel's 64 threads too; ties everywhere in rows 1 and 2 (picks by
+  // rank must order equal p by index, as the CPU does).
+  for (int experts : {8, 37, 128, 300}) {
     const int top_k = std::min(8, experts / 2), t = 5;
     auto logits = randn(static_cast<size_t>(t * experts), static_cast<uint64_t>(experts));
     logits[3] = logits[5];  // a tie: the lower index goes first
+    for (int e = 0; e < experts; ++e) {
+      logits[static_cast<size_t>(experts + e)] = 0.75f;                          // all equal
+      logits[static_cast<size_t>(2 * experts + e)] = static_cast<float>(e % 3);  // three values
+    }
     const auto pes = randn(static_cast<size_t>(experts), 23);
     std::vector<int32_t> ic(static_cast<size_t>(t * top_k)), ig(ic.size());
     std::vector<float> wc(ic.size()), wg(ic.size());
