@@ -5,7 +5,10 @@
 // - accumulate: y = (y + the norm) * acc_scale (a post-norm, the residual add after it and
 //   Gemma 4's layer scalar);
 // - pair: also y2 = x * (mean(x^2) + eps)^-1/2 * (weight_offset + weight2) (two norms of one row,
-//   its mean square computed once).
+//   its mean square computed once);
+// - then_pair (with accumulate, a row held in registers): then y3 and y4 = the pair's two norms
+//   (weight3, weight4) of y's new row, as a second dispatch with pair would compute them (Gemma
+//   4's post-attention norm and residual add, then its feed-forward's two pre-norms).
 // One workgroup per row; x and y may be the same view unless accumulating.
 #version 450
 #extension GL_GOOGLE_include_directive : require
@@ -17,6 +20,10 @@ layout(std430, set = 0, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Weight2 { float weight2[]; };
 layout(std430, set = 0, binding = 4) writeonly buffer Y2 { float y2[]; };
+layout(std430, set = 0, binding = 5) readonly buffer Weight3 { float weight3[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer Y3 { float y3[]; };
+layout(std430, set = 0, binding = 7) readonly buffer Weight4 { float weight4[]; };
+layout(std430, set = 0, binding = 8) writeonly buffer Y4 { float y4[]; };
 layout(push_constant) uniform Params {
   uint rows;
   uint cols;
@@ -33,6 +40,11 @@ layout(push_constant) uniform Params {
   uint y2_offset;
   uint y2_stride;
   float col_scale;
+  uint then_pair;
+  uint y3_offset;
+  uint y3_stride;
+  uint y4_offset;
+  uint y4_stride;
 } p;
 
 // THREADS threads per row (256 on a GPU, fewer on a CPU device: docs/gpu.md); each holds up
@@ -97,7 +109,35 @@ void main() {
     if (c < p.cols) {
       const float xc = held[i];
       if (p.pair != 0u) y2[y2b + c] = xc * inv * (p.weight_offset + w2[i]);
-      y[yb + c] = norm_out(xc, inv, w1[i], yo[i]);
+      held[i] = norm_out(xc, inv, w1[i], yo[i]);  // then_pair's input
+      y[yb + c] = held[i];
+    }
+  }
+  if (p.then_pair != 0u) {  // uniform; the host asks for it only where the row is held
+    // The pair's pass over y's new row, in the first pass's order of sums.
+    float ss2 = 0.0;
+    [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss2 += held[i] * held[i];
+    barrier();  // every thread has read partial[0]
+    partial[tid] = ss2;
+    barrier();
+    for (uint s = NORM_THREADS / 2u; s > 0u; s >>= 1u) {
+      if (tid < s) partial[tid] += partial[tid + s];
+      barrier();
+    }
+    const float inv2 = 1.0 / sqrt(partial[0] / float(p.cols) + p.eps);
+    const uint y3b = p.y3_offset + r * p.y3_stride;
+    const uint y4b = p.y4_offset + r * p.y4_stride;
+    [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+      const uint c = min(tid + i * NORM_THREADS, last);
+      w1[i] = weight3[c];
+      w2[i] = weight4[c];
+    }
+    [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+      const uint c = tid + i * NORM_THREADS;
+      if (c < p.cols) {
+        y4[y4b + c] = held[i] * inv2 * (p.weight_offset + w2[i]);
+        y3[y3b + c] = held[i] * inv2 * (p.weight_offset + w1[i]);
+      }
     }
   }
   for (uint c = tid + NORM_HELD * NORM_THREADS; c < p.cols; c += NORM_THREADS) {

@@ -398,6 +398,126 @@ TEST_CASE("gpu: the small-product norm fold takes only small products") {
   }
 }
 
+// A MoE layer's router in one dispatch (route_product_to: the product's last workgroup routes):
+// the logits and the routes match the CPU's product then route_to, for 1 and 3 tokens, 37 and
+// 128 experts, 4- and 8-bit routers, with the norm folded (the router's form) and with the
+// norm's own dispatch first (FOLD_NORMS=0); 5 tokens take the separate ops.
+TEST_CASE("gpu: the router's product with its routing in one dispatch matches the CPU") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  for (const char* fold : {"small", "0"}) {
+    CAPTURE(fold);
+    setenv("REDWING_GPU_FOLD_NORMS", fold, 1);
+    auto gpu = gpu_backend(threads);
+    unsetenv("REDWING_GPU_FOLD_NORMS");
+    const int64_t hidden = 320;
+    for (const int experts : {37, 128}) {
+      for (const int bits : {4, 8}) {
+        CAPTURE(experts);
+        CAPTURE(bits);
+        HostQuant rq(experts, hidden, bits, 64, DType::bf16, static_cast<uint64_t>(950 + bits));
+        auto wc = cpu->import_qweight(rq.m), wg = gpu->import_qweight(rq.m);
+        const int top_k = 8;
+        const auto nw = randn(static_cast<size_t>(hidden), 951, 0.3f);
+        const auto pes = randn(static_cast<size_t>(experts), 952);
+        for (const int64_t t : {int64_t{1}, int64_t{3}, int64_t{5}}) {
+          CAPTURE(t);
+          const auto x = randn(static_cast<size_t>(t * hidden), static_cast<uint64_t>(953 + t));
+          const size_t count = static_cast<size_t>(t) * top_k;
+          std::vector<float> z(static_cast<size_t>(t * hidden), 0.0f);
+          std::vector<float> logits(static_cast<size_t>(t * experts), 0.0f);
+          std::vector<float> routes(route_buffer_bytes(count) / 4, 0.0f);
+          std::vector<int32_t> ids_cpu(count), ids_gpu(count);
+          std::vector<float> w_cpu(count), w_gpu(count);
+          uint64_t dispatches = 0;
+          const double d =
+              compare(*cpu, *gpu, {x, nw, pes, z, logits}, [&](Backend& b, auto& bufs) {
+                const bool on_cpu = &b == cpu.get();
+                auto rb = put(b, routes);
+                Backend::InputNorm norm;  // the router's: weightless, times a vector and scalar
+                norm.weight = bufs[1].get();
+                norm.eps = 1e-6f;
+                norm.mul_cols = 0.0625f;
+                const Mat zm{bufs[3].get(), 0, t, hidden, hidden};
+                const Backend::QProduct router{on_cpu ? wc.get() : wg.get(), zm,
+                                               Mat{bufs[4].get(), 0, t, experts, experts}};
+                const uint64_t before = b.work_counters().dispatches;
+                b.route_product_to(Mat{bufs[0].get(), 0, t, hidden, hidden}, norm, zm, router,
+                                   top_k, *bufs[2], *rb);
+                if (!on_cpu) dispatches = b.work_counters().dispatches - before;
+                b.download(*rb, 0, (on_cpu ? ids_cpu : ids_gpu).data(), count * 4);
+                b.download(*rb, route_weights_offset(count), (on_cpu ? w_cpu : w_gpu).data(),
+                           count * 4);
+                b.fill_zero(zm);  // left unwritten where the norm is folded
+              });
+          CHECK(d < 3e-4);
+          CHECK(ids_gpu == ids_cpu);
+          CHECK(max_rel(w_gpu, w_cpu) < 1e-4);
+          const uint64_t fused = std::string(fold) == "0" ? 2u : 1u;  // + the norm's dispatch
+          CHECK(dispatches == (t <= 4 ? fused : 3u));
+        }
+      }
+    }
+  }
+}
+
+// Attention's end in a Gemma 4 MoE layer: acc += post_norm(out), then the two pre-norms of the
+// new acc, in one dispatch (add_rms_norm_pair) and together with the product before it
+// (qmatmul_add_rms_norm_pair: the product's last workgroup); both against the CPU's separate
+// ops, 1 and 3 rows (5 through the separate products), 4- and 8-bit, a layer scalar; a row wider
+// than the workgroup holds (64 threads x 16 columns) takes the separate ops.
+TEST_CASE("gpu: the post-attention norm, residual add and feed-forward norms match the CPU") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  auto gpu = gpu_backend(threads);
+  const int64_t in = 192;
+  for (const int64_t hidden : {int64_t{352}, int64_t{1100}}) {
+    const bool held = hidden <= 16 * static_cast<int64_t>(threads);
+    for (const int bits : {4, 8}) {
+      HostQuant oq(hidden, in, bits, 32, DType::f16, static_cast<uint64_t>(960 + bits));
+      auto oc = cpu->import_qweight(oq.m), og = gpu->import_qweight(oq.m);
+      const auto w0 = randn(static_cast<size_t>(hidden), 961, 0.3f);
+      const auto w1 = randn(static_cast<size_t>(hidden), 962, 0.3f);
+      const auto w2 = randn(static_cast<size_t>(hidden), 963, 0.3f);
+      for (const int64_t t : {int64_t{1}, int64_t{3}, int64_t{5}}) {
+        for (const bool with_product : {false, true}) {
+          CAPTURE(hidden);
+          CAPTURE(bits);
+          CAPTURE(t);
+          CAPTURE(with_product);
+          const size_t n = static_cast<size_t>(t * hidden);
+          const auto a = randn(static_cast<size_t>(t * in), static_cast<uint64_t>(964 + t));
+          const auto o = randn(n, static_cast<uint64_t>(965 + t), 3.0f);
+          const auto acc = randn(n, static_cast<uint64_t>(966 + t));
+          const std::vector<float> zeros(n, 0.0f);
+          uint64_t dispatches = 0;
+          const float scale = 0.75f;
+          const double d = compare(
+              *cpu, *gpu, {a, o, acc, w0, w1, w2, zeros, zeros}, [&](Backend& b, auto& bufs) {
+                const bool on_cpu = &b == cpu.get();
+                auto m = [&](int i) { return Mat{bufs[i].get(), 0, t, hidden, hidden}; };
+                const uint64_t before = b.work_counters().dispatches;
+                if (with_product)
+                  b.qmatmul_add_rms_norm_pair(*(on_cpu ? oc : og), Mat{bufs[0].get(), 0, t, in, in},
+                                              m(1), bufs[3].get(), 0.0f, 1e-6f, m(2), scale,
+                                              bufs[4].get(), bufs[5].get(), m(6), m(7));
+                else
+                  b.add_rms_norm_pair(m(1), bufs[3].get(), 0.0f, 1e-6f, m(2), scale, bufs[4].get(),
+                                      bufs[5].get(), m(6), m(7));
+                if (!on_cpu) dispatches = b.work_counters().dispatches - before;
+                b.fill_zero(m(1));  // left undefined
+              });
+          CHECK(d < 2e-4);
+          if (with_product)
+            CHECK(dispatches == (held && t <= 4 ? 1u : held ? 2u : 3u));
+          else
+            CHECK(dispatches == (held ? 1u : 2u));
+        }
+      }
+    }
+  }
+}
+
 // A gated MLP's end: gate and up side by side from one batched product, then the down product
 // over GeGLU(gate, up), which the GPU computes in its staging on the decode path (1 and 3
 // tokens; 9 run the separate ops there too).

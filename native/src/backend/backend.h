@@ -261,6 +261,26 @@ class Backend {
     add(acc, x, acc);
     if (acc_scale != 1.0f) scale(acc, acc_scale);
   }
+  // add_rms_norm(x, weight, ..., acc, acc_scale), then rms_norm_pair(acc, weight1, weight2, ...,
+  // y1, y2): a post-norm and the residual add after it, then two pre-norms of the new residual
+  // (Gemma 4's attention end and its feed-forward's norms). The default runs those two ops; a GPU
+  // runs them in one dispatch (one dependent step less a layer).
+  virtual void add_rms_norm_pair(Mat x, const Buffer* weight, float weight_offset, float eps,
+                                 Mat acc, float acc_scale, const Buffer* weight1,
+                                 const Buffer* weight2, Mat y1, Mat y2) {
+    add_rms_norm(x, weight, weight_offset, eps, acc, acc_scale);
+    rms_norm_pair(acc, weight1, weight2, weight_offset, eps, y1, y2);
+  }
+  // out = w * x (qmatmul), then add_rms_norm_pair(out, ...): attention's output product and
+  // what follows it in a Gemma 4 MoE layer (out is left undefined). The default runs those two;
+  // a GPU runs them in one dispatch.
+  virtual void qmatmul_add_rms_norm_pair(const QWeight& w, Mat x, Mat out, const Buffer* weight,
+                                         float weight_offset, float eps, Mat acc, float acc_scale,
+                                         const Buffer* weight1, const Buffer* weight2, Mat y1,
+                                         Mat y2) {
+    qmatmul(w, x, out);
+    add_rms_norm_pair(out, weight, weight_offset, eps, acc, acc_scale, weight1, weight2, y1, y2);
+  }
   // The end of a Gemma 4 MoE layer's feed-forward, after its dense MLP (m) and its experts.
   struct FfnTail {
     Mat m;                                 // the dense MLP's output (left undefined)
@@ -406,6 +426,14 @@ class Backend {
   // route() into `routes` (at least route_buffer_bytes(logits.rows * top_k) bytes): the ids as
   // int32 from byte 0, the weights as float32 from byte route_weights_offset(count).
   virtual void route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes);
+  // A MoE layer's router: its logits router.y = router.w * norm(x) (qmatmul_normed, `normed` its
+  // scratch and router.x), then route_to(router.y, ...). The default runs exactly those two; a
+  // GPU routes in the product's dispatch (its last workgroup), one dependent step less.
+  virtual void route_product_to(Mat x, const InputNorm& norm, Mat normed, const QProduct& router,
+                                int top_k, const Buffer& per_expert_scale, Buffer& routes) {
+    qmatmul_normed(x, norm, normed, std::span<const QProduct>(&router, 1));
+    route_to(router.y, top_k, per_expert_scale, routes);
+  }
   // out[t] = sum over row t's top_k experts in `routes`, in ascending expert id, of
   // weight * down(gelu_tanh(gate x[t]) * up x[t]); out is overwritten. The default downloads
   // the routes and runs each chosen expert once over the rows that picked it.

@@ -131,12 +131,6 @@ class Gemma4 final : public Model {
     bool input_normed = false;  // the previous layer's end wrote this layer's input norm
     for (int i = 0; i < arch_.num_layers; ++i) {
       const Layer& l = layers_[static_cast<size_t>(i)];
-      timed(parts_.attention_ms, [&] {
-        gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_,
-                               input_normed);
-      });
-      input_normed = false;
-
       // Feed-forward: x is the residual r from here on.
       // MoE layers route first and announce their experts, so a streaming expert source
       // reads the missing ones while the dense MLP runs.
@@ -147,21 +141,22 @@ class Gemma4 final : public Model {
       Routing routing;
       SlotRouting slot_routing;
       Mat h = scratch_.get(gemma::kNormed, T, hidden);
-      Mat e_in;  // the experts' input, pre_feedforward_layernorm_2(x), beside the dense MLP's
+      // The experts' input, pre_feedforward_layernorm_2(x), beside the dense MLP's. Where the
+      // host computes some of the experts (hybrid), it comes back with the routes.
+      Mat e_in;
+      if (moe) e_in = hybrid ? expert_input_beside_routes(T) : scratch_.get(kExpertIn, T, hidden);
+      // MoE layers: the feed-forward norms with the attention's residual add, before the
+      // routing: the router's product reads only x and the dense MLP's products only h, so a
+      // GPU runs them side by side.
+      const gemma::NormPairOut ffn_norms{l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), h, e_in};
+      timed(parts_.attention_ms, [&] {
+        gemma::attention_block(backend_, arch_, i, l.attn, cache.layer(i), x, pos0, scratch_,
+                               input_normed, moe ? &ffn_norms : nullptr);
+      });
+      input_normed = false;
       if (routing_observer_ != nullptr) {
         observe_router(i, RoutingSource::own, x);
         observe_router(i + 1, RoutingSource::after_attention, x);
-      }
-      if (moe) {
-        // The feed-forward norms before the routing: they and the router's product read only x,
-        // so a GPU runs them side by side, and the dense MLP's products (recorded after `route`)
-        // beside it: one dependent step less a layer than norms after the routing. Where the
-        // host computes some of the experts (hybrid), their input comes back with the routes.
-        timed(parts_.dense_mlp_ms, [&] {
-          e_in = hybrid ? expert_input_beside_routes(T) : scratch_.get(kExpertIn, T, hidden);
-          backend_.rms_norm_pair(x, l.pre_ffn_norm.get(), l.pre_ffn_norm_2.get(), off, eps, h,
-                                 e_in);
-        });
       }
       if (banked) {
         timed(parts_.router_ms, [&] { route_to_backend(i, l, x); });
@@ -249,17 +244,25 @@ class Gemma4 final : public Model {
   // The router's logits for the residual r [T, hidden] (on the un-normed residual).
   Mat router_logits(const Layer& l, Mat r, int in_slot = kRouterIn,
                     int logits_slot = kRouterLogits) {
+    const RouterProduct router = router_product(l, r, in_slot, logits_slot);
+    backend_.qmatmul_normed(r, router.norm, router.product.x,
+                            std::span<const Backend::QProduct>(&router.product, 1));
+    return router.product.y;
+  }
+  // rl = router_proj * z, z = rms_norm(r) * router_scale * hidden^-0.5 (folded into the product
+  // on a GPU): the norm and the product, z and rl in scratch.
+  struct RouterProduct {
+    Backend::InputNorm norm;
+    Backend::QProduct product;
+  };
+  RouterProduct router_product(const Layer& l, Mat r, int in_slot = kRouterIn,
+                               int logits_slot = kRouterLogits) {
     const int64_t hidden = arch_.hidden_size;
-    // rl = router_proj * z, z = rms_norm(r) * router_scale * hidden^-0.5 (folded into the
-    // product on a GPU).
     Mat z = scratch_.get(in_slot, r.rows, hidden);
     Mat rl = scratch_.get(logits_slot, r.rows, arch_.moe->num_experts);
-    const Backend::QProduct router[] = {{l.router_proj.get(), z, rl}};
-    backend_.qmatmul_normed(r,
-                            {l.router_scale.get(), 0.0f, arch_.rms_norm_eps,
-                             static_cast<float>(std::pow(static_cast<double>(hidden), -0.5))},
-                            z, router);
-    return rl;
+    return {{l.router_scale.get(), 0.0f, arch_.rms_norm_eps,
+             static_cast<float>(std::pow(static_cast<double>(hidden), -0.5))},
+            {l.router_proj.get(), z, rl}};
   }
 
   // For a RoutingObserver: `layer`'s router logits on the residual r, read back (own scratch
@@ -281,7 +284,9 @@ class Gemma4 final : public Model {
     const size_t count = static_cast<size_t>(r.rows) * static_cast<size_t>(moe.top_k);
     if (!routes_ || routes_->size_bytes() < route_buffer_bytes(count))
       routes_ = backend_.alloc(route_buffer_bytes(count));
-    backend_.route_to(router_logits(l, r), moe.top_k, *l.per_expert_scale, *routes_);
+    const RouterProduct router = router_product(l, r);
+    backend_.route_product_to(r, router.norm, router.product.x, router.product, moe.top_k,
+                              *l.per_expert_scale, *routes_);
     return count;
   }
 

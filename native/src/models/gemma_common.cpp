@@ -72,7 +72,7 @@ MlpWeights load_mlp(Backend& backend, const ModelDir& dir, const std::string& pr
 
 void attention_block(Backend& backend, const Architecture& arch, int layer,
                      const AttentionWeights& w, const KvLayerView& kv, Mat x, int64_t pos0,
-                     Scratch& scratch, bool input_normed) {
+                     Scratch& scratch, bool input_normed, const NormPairOut* then_norms) {
   const LayerConfig& lc = arch.layers[static_cast<size_t>(layer)];
   const int64_t T = x.rows;
   const int heads = arch.num_attention_heads;
@@ -100,6 +100,12 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
   backend.attention(q, kv, pos0, heads, arch.attention_scale, a);
 
   Mat o = scratch.get(kBranch, T, arch.hidden_size);
+  if (then_norms) {  // x += post_norm(o), then the feed-forward's two norms of it
+    backend.qmatmul_add_rms_norm_pair(*w.o_proj, a, o, w.post_norm.get(), off, eps, x, 1.0f,
+                                      then_norms->weight1, then_norms->weight2, then_norms->y1,
+                                      then_norms->y2);
+    return;
+  }
   backend.qmatmul(*w.o_proj, a, o);
   backend.add_rms_norm(o, w.post_norm.get(), off, eps, x);  // x += post_norm(o)
 }

@@ -78,10 +78,17 @@ MlpWeights load_mlp(Backend& backend, const ModelDir& dir, const std::string& pr
 //   store k, v; a = softmax(scale * q k^T over visible keys) v     (GQA)
 //   x += post_attention_layernorm(o_proj a)
 // input_normed: h (scratch slot kNormed) already holds input_layernorm(x), written by the
-// previous layer's end (Backend::FfnTail::next).
+// previous layer's end (Backend::FfnTail::next). then_norms: also the two norms of the new x
+// that the feed-forward starts with (Backend::add_rms_norm_pair), written with the residual add.
+struct NormPairOut {
+  const Buffer* weight1 = nullptr;
+  const Buffer* weight2 = nullptr;
+  Mat y1, y2;
+};
 void attention_block(Backend& backend, const Architecture& arch, int layer,
                      const AttentionWeights& w, const KvLayerView& kv, Mat x, int64_t pos0,
-                     Scratch& scratch, bool input_normed = false);
+                     Scratch& scratch, bool input_normed = false,
+                     const NormPairOut* then_norms = nullptr);
 
 // out = down(gelu_tanh(gate in) * up in). `out` may not alias `in`.
 void gated_mlp(Backend& backend, const MlpWeights& w, Mat in, Mat out, Scratch& scratch);

@@ -56,13 +56,19 @@ enum class Kernel : int {
   // The k norm and RoPE, the v norm and the cache store of a layer in one pass
   // (kv_norm_store.comp: norm_rope's, rms_norm's and kv_store's arithmetic).
   kv_norm_store,
+  // A MoE layer's router product whose last workgroup also routes (router.comp: qmatvec's and
+  // route's arithmetic), where DeviceInfo::workgroups_see_writes.
+  router,
+  // Attention's output product whose last workgroup adds its post-norm to the residual and
+  // writes the feed-forward's two norms (qmatvec_norms.comp), where workgroups_see_writes.
+  qmatvec_norms,
   count,
 };
 // The name a profile shows.
 const char* kernel_name(Kernel k);
 // The kernel's source, gpu-kernels/<name>.comp (the function name in the Metal library).
 const char* kernel_source_name(Kernel k);
-constexpr int kMaxBindings = 10;
+constexpr int kMaxBindings = 12;
 constexpr size_t kMaxPushBytes = 128;
 
 // The shape of the experts' down product (gpu-kernels/matvec_teams.glsl's specialization
@@ -143,6 +149,10 @@ struct DeviceInfo {
   MatmulPolicy matmul;
   // Decode attention's splits (choose_attention_split).
   AttentionSplit attention;
+  // Whether the last workgroup of a dispatch to arrive (an atomic counter) may read what the
+  // other workgroups wrote in it: the router's routing epilogue (router.comp) relies on it. Vulkan
+  // promises it for coherent buffers; Metal runs the separate dispatches (not measured there).
+  bool workgroups_see_writes = true;
   // What the device drops (REDWING_GPU_KNOCKOUT; nothing unless set).
   Knockout knockout;
 };

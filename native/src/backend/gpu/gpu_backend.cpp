@@ -101,8 +101,16 @@ struct QuantParams {
   float norm_offset = 0, norm_eps = 0, col_scale = 1;
   uint32_t geglu_half = 0;  // qmatvec.comp: x is GeGLU(x[c], x[c + geglu_half])
   uint32_t tile_rows = 0;   // qmatmul_tiled.comp: rows per tile
+  uint32_t top_k = 0;       // router.comp: experts picked per token
 };
 enum NormMode : uint32_t { kNoNorm = 0, kNormWeighted, kNormMulCols, kNormPlain };
+// qmatvec_norms.comp's: qmatvec's, then the norms' own.
+struct NormsParams {
+  QuantParams q;
+  float weight_offset, eps, acc_scale;
+  uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
+};
+static_assert(sizeof(NormsParams) <= gpu::kMaxPushBytes);
 struct EmbedParams {
   uint32_t rows, cols, bits, group_size, scale_type, scale0, out_offset, out_stride, count, row0;
   float scale;
@@ -114,6 +122,7 @@ struct NormParams {
   float acc_scale;
   uint32_t pair, y2_offset, y2_stride;
   float col_scale;
+  uint32_t then_pair = 0, y3_offset = 0, y3_stride = 0, y4_offset = 0, y4_stride = 0;
 };
 struct FfnTailParams {
   uint32_t rows, cols, m_offset, m_stride, e_offset, e_stride, x_offset, x_stride;
@@ -213,7 +222,8 @@ class GpuBackend final : public Backend {
     // REDWING_GPU_PROFILE=1: per-kernel GPU time, printed to stderr when the backend closes.
     const char* profile = std::getenv("REDWING_GPU_PROFILE");
     profile_ = profile != nullptr && std::string(profile) == "1";
-    // REDWING_GPU_UNFUSED=geglu,tail,kv: run those fusions as separate ops (A/B measurements).
+    // REDWING_GPU_UNFUSED=geglu,tail,kv,route,norms: run those fusions as separate ops (A/B
+    // measurements).
     // REDWING_GPU_FOLD_NORMS=small (the default): fold input norms into the decode products
     // (qmatmul_normed) of at most kFoldSmallRows rows in all (the router's), where the few
     // workgroups that each recompute the norm leave the GPU mostly idle anyway, so the fold only
@@ -225,6 +235,8 @@ class GpuBackend final : public Backend {
       fold_geglu_ = u.find("geglu") == std::string::npos;
       fuse_tail_ = u.find("tail") == std::string::npos;
       fuse_kv_ = u.find("kv") == std::string::npos;
+      fuse_router_ = u.find("route") == std::string::npos;
+      fuse_norm_pair_ = u.find("norms") == std::string::npos;
     }
     // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
     // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
@@ -256,6 +268,8 @@ class GpuBackend final : public Backend {
     partials_.reset();
     attention_counters_.reset();
     route_out_.reset();
+    router_counters_.reset();
+    norms_counters_.reset();
   }
 
   gpu::Device& device() { return *dev_; }
@@ -385,6 +399,71 @@ class GpuBackend final : public Backend {
     norm(x, weight, offset, eps, acc, true, acc_scale);
   }
 
+  void add_rms_norm_pair(Mat x, const Buffer* weight, float offset, float eps, Mat acc,
+                         float acc_scale, const Buffer* weight1, const Buffer* weight2, Mat y1,
+                         Mat y2) override {
+    // One dispatch where rms_norm.comp holds the row in registers (its then_pair pass reads the
+    // new row from them).
+    const bool fused = fuse_norm_pair_ && weight1 && weight2 &&
+                       acc.cols <= kNormHeld * dev_->info().workgroup_threads;
+    if (!fused)
+      return Backend::add_rms_norm_pair(x, weight, offset, eps, acc, acc_scale, weight1, weight2,
+                                        y1, y2);
+    if (x.buf == acc.buf && x.offset == acc.offset)
+      throw std::logic_error("add_rms_norm_pair: x and acc are the same view");
+    check_same_shape(acc, y1, "add_rms_norm_pair");
+    check_same_shape(acc, y2, "add_rms_norm_pair");
+    for (const Buffer* w : {weight1, weight2})
+      if (w->size_bytes() < sizeof(float) * acc.cols)
+        throw std::logic_error("add_rms_norm_pair: weight too short");
+    const NormPair pair{weight1, weight2, y1, y2};
+    norm(x, weight, offset, eps, acc, true, acc_scale, nullptr, nullptr, std::nullopt, &pair);
+  }
+
+  void qmatmul_add_rms_norm_pair(const QWeight& wq, Mat x, Mat out, const Buffer* weight,
+                                 float offset, float eps, Mat acc, float acc_scale,
+                                 const Buffer* weight1, const Buffer* weight2, Mat y1,
+                                 Mat y2) override {
+    const auto& w = static_cast<const GpuQWeight&>(wq);
+    const bool fused =
+        fuse_norm_pair_ && dev_->info().workgroups_see_writes && weight && weight1 && weight2 &&
+        x.rows > 0 && x.rows <= kMatvecMaxTokens &&
+        acc.cols <= kNormHeld * dev_->info().workgroup_threads &&
+        static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows) <= max_binding_;
+    if (!fused)
+      return Backend::qmatmul_add_rms_norm_pair(wq, x, out, weight, offset, eps, acc, acc_scale,
+                                                weight1, weight2, y1, y2);
+    check_same_shape(out, acc, "qmatmul_add_rms_norm_pair");
+    check_same_shape(acc, y1, "qmatmul_add_rms_norm_pair");
+    check_same_shape(acc, y2, "qmatmul_add_rms_norm_pair");
+    for (const Buffer* b : {weight, weight1, weight2})
+      if (b->size_bytes() < sizeof(float) * acc.cols)
+        throw std::logic_error("qmatmul_add_rms_norm_pair: weight too short");
+    if (!norms_counters_) norms_counters_ = dev_->create_buffer(4096);
+    const View va = view(acc), v1 = view(y1), v2 = view(y2);
+    const AddNormsEpilogue e{
+        whole(dev_of(*weight)),
+        va.b,
+        whole(dev_of(*weight1)),
+        v1.b,
+        whole(dev_of(*weight2)),
+        v2.b,
+        Binding{norms_counters_.get(), 0, static_cast<size_t>(x.rows) * sizeof(uint32_t)},
+        offset,
+        eps,
+        acc_scale,
+        va.offset,
+        u32(acc.stride),
+        v1.offset,
+        u32(y1.stride),
+        v2.offset,
+        u32(y2.stride)};
+    touch({view(x).b.buffer, w.buf.get(), e.weight.buffer, e.weight1.buffer, e.weight2.buffer,
+           va.b.buffer},
+          {view(out).b.buffer, va.b.buffer, v1.b.buffer, v2.b.buffer, norms_counters_.get()});
+    qmatmul(w, x, out, nullptr, false, 0, nullptr, &e);
+  }
+
   void moe_ffn_tail(Mat experts, const FfnTail& t) override {
     check_same_shape(t.m, experts, "moe_ffn_tail");
     if (!fused_tail(t)) return Backend::moe_ffn_tail(experts, t);
@@ -479,8 +558,24 @@ class GpuBackend final : public Backend {
 
   // ---- products ----
 
+  // An RMSNorm folded into a decode product (qmatvec.comp's norm_mode).
+  struct FoldedNorm {
+    NormMode mode = kNoNorm;
+    const DeviceBuffer* weight = nullptr;
+    float offset = 0, eps = 0, col_scale = 1;
+  };
+
   void qmatmul_normed(Mat x, const InputNorm& norm, Mat normed,
                       std::span<const QProduct> products) override {
+    const std::optional<FoldedNorm> f = folded_norm(x, norm, normed, products);
+    if (!f) return Backend::qmatmul_normed(x, norm, normed, products);
+    touch_products(products, &x, f->weight);
+    for (const QProduct& p : products) qmatmul(*p.w, x, p.y, &*f, false);
+  }
+
+  // The norm of qmatmul_normed folded into its decode products, where it applies.
+  std::optional<FoldedNorm> folded_norm(Mat x, const InputNorm& norm, Mat normed,
+                                        std::span<const QProduct> products) {
     bool fold = x.rows <= kMatvecMaxTokens && x.rows > 0;
     for (const QProduct& p : products)
       fold = fold && p.x.buf == normed.buf && p.x.offset == normed.offset && p.x.rows == x.rows &&
@@ -489,8 +584,7 @@ class GpuBackend final : public Backend {
     for (const QProduct& p : products) rows += p.w->rows;
     const bool allowed = fold_norms_ == FoldNorms::all ||
                          (fold_norms_ == FoldNorms::small && rows <= kFoldSmallRows);
-    if ((norm.mul_cols && !norm.weight) || !allowed) fold = false;
-    if (!fold) return Backend::qmatmul_normed(x, norm, normed, products);
+    if ((norm.mul_cols && !norm.weight) || !allowed || !fold) return std::nullopt;
     check_same_shape(x, normed, "qmatmul_normed");
     if (norm.weight && norm.weight->size_bytes() < sizeof(float) * x.cols)
       throw std::logic_error("qmatmul_normed: norm weight too short");
@@ -500,8 +594,39 @@ class GpuBackend final : public Backend {
     f.offset = norm.weight_offset;
     f.eps = norm.eps;
     f.col_scale = norm.mul_cols.value_or(1.0f);
-    touch_products(products, &x, f.weight);
-    for (const QProduct& p : products) qmatmul(*p.w, x, p.y, &f, false);
+    return f;
+  }
+
+  // The decode path: one router.comp dispatch, the product's last workgroup routing each token
+  // (the norm folded in as qmatmul_normed would, else its own dispatch first).
+  void route_product_to(Mat x, const InputNorm& norm, Mat normed, const QProduct& router, int top_k,
+                        const Buffer& per_expert_scale, Buffer& routes) override {
+    const auto& w = static_cast<const GpuQWeight&>(*router.w);
+    const bool fused =
+        fuse_router_ && dev_->info().workgroups_see_writes && x.rows > 0 &&
+        x.rows <= kMatvecMaxTokens &&
+        static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows) <= max_binding_;
+    if (!fused)
+      return Backend::route_product_to(x, norm, normed, router, top_k, per_expert_scale, routes);
+    const size_t count = check_route_args(router.y, top_k, per_expert_scale, routes);
+    const std::span<const QProduct> products(&router, 1);
+    const std::optional<FoldedNorm> f = folded_norm(x, norm, normed, products);
+    if (!f) {
+      if (norm.mul_cols)
+        rms_norm_mul_cols(x, norm.eps, *norm.weight, *norm.mul_cols, normed);
+      else
+        rms_norm(x, norm.weight, norm.weight_offset, norm.eps, normed);
+    }
+    const size_t counter_bytes = static_cast<size_t>(x.rows) * sizeof(uint32_t);
+    if (!router_counters_) router_counters_ = dev_->create_buffer(4096);
+    const DeviceBuffer& rb = dev_of(routes);
+    const DeviceBuffer& pes = dev_of(per_expert_scale);
+    RouteEpilogue epilogue{whole(pes), route_ids(rb, count), route_weights(rb, count),
+                           Binding{router_counters_.get(), 0, counter_bytes}, u32(top_k)};
+    std::vector<const DeviceBuffer*> reads{view(f ? x : normed).b.buffer, w.buf.get(), &pes};
+    if (f && f->weight) reads.push_back(f->weight);
+    touch(reads, {view(router.y).b.buffer, &rb, router_counters_.get()});
+    qmatmul(w, f ? x : normed, router.y, f ? &*f : nullptr, false, 0, &epilogue);
   }
 
   // One hazard check for the whole batch: the products read their x and write their y, so none
@@ -545,16 +670,23 @@ class GpuBackend final : public Backend {
     touch(reads, writes);
   }
 
-  // An RMSNorm folded into a decode product (qmatvec.comp's norm_mode).
-  struct FoldedNorm {
-    NormMode mode = kNoNorm;
-    const DeviceBuffer* weight = nullptr;
-    float offset = 0, eps = 0, col_scale = 1;
+  // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on).
+  // route.comp's inputs and outputs for router.comp (route_product_to).
+  struct RouteEpilogue {
+    Binding per_expert_scale, ids, weights, counters;
+    uint32_t top_k = 0;
   };
 
-  // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on).
+  // qmatvec_norms.comp's inputs and outputs (qmatmul_add_rms_norm_pair).
+  struct AddNormsEpilogue {
+    Binding weight, acc, weight1, y1, weight2, y2, counters;
+    float weight_offset, eps, acc_scale;
+    uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
+  };
+
   void qmatmul(const QWeight& wq, Mat x, Mat y, const FoldedNorm* fold, bool check_hazards = true,
-               uint32_t geglu_half = 0) {
+               uint32_t geglu_half = 0, const RouteEpilogue* route = nullptr,
+               const AddNormsEpilogue* norms = nullptr) {
     const auto& w = static_cast<const GpuQWeight&>(wq);
     if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
       throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
@@ -592,6 +724,38 @@ class GpuBackend final : public Backend {
         const uint64_t groups =
             static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
         const auto [gx, gy] = grid(groups);
+        if (route) {
+          p.top_k = route->top_k;
+          const Binding rbinds[] = {packed,
+                                    scales,
+                                    biases,
+                                    vx.b,
+                                    vy.b,
+                                    norm_weight,
+                                    route->per_expert_scale,
+                                    route->ids,
+                                    route->weights,
+                                    route->counters};
+          dispatch(Kernel::router, rbinds, &p, sizeof p, gx, gy, u32(x.rows));
+          return;
+        }
+        if (norms) {
+          const NormsParams np{p,
+                               norms->weight_offset,
+                               norms->eps,
+                               norms->acc_scale,
+                               norms->acc_offset,
+                               norms->acc_stride,
+                               norms->y1_offset,
+                               norms->y1_stride,
+                               norms->y2_offset,
+                               norms->y2_stride};
+          const Binding nbinds[] = {packed,    scales,         biases,     vx.b,
+                                    vy.b,      norms->weight,  norms->acc, norms->weight1,
+                                    norms->y1, norms->weight2, norms->y2,  norms->counters};
+          dispatch(Kernel::qmatvec_norms, nbinds, &np, sizeof np, gx, gy, u32(x.rows));
+          return;
+        }
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
       } else {
         // The register-tiled product where its tiles fill the device, else the narrow one
@@ -840,7 +1004,9 @@ class GpuBackend final : public Backend {
     return bank;
   }
 
-  void route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes) override {
+  // route_to's checks; the number of routed entries.
+  static size_t check_route_args(Mat logits, int top_k, const Buffer& per_expert_scale,
+                                 const Buffer& routes) {
     const int64_t n = logits.cols;
     if (top_k <= 0 || top_k > n || top_k > kMaxTopK) throw std::logic_error("route: bad top_k");
     if (n > kMaxExperts)
@@ -850,6 +1016,12 @@ class GpuBackend final : public Backend {
     const size_t count = static_cast<size_t>(logits.rows) * static_cast<size_t>(top_k);
     if (routes.size_bytes() < route_buffer_bytes(count))
       throw std::logic_error("route_to: routes buffer too small");
+    return count;
+  }
+
+  void route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Buffer& routes) override {
+    const size_t count = check_route_args(logits, top_k, per_expert_scale, routes);
+    const int64_t n = logits.cols;
     if (logits.rows == 0) return;
     const View vl = view(logits);
     const DeviceBuffer& pes = dev_of(per_expert_scale);
@@ -1578,9 +1750,14 @@ class GpuBackend final : public Backend {
   // rms_norm, or y = (y + rms_norm(x)) * acc_scale with accumulate (add_rms_norm).
   // With weight2 and y2, also y2 = rms_norm(x, weight2) (rms_norm_pair); with col_scale,
   // y = (rms_norm(x) * weight) * col_scale instead (rms_norm_mul_cols).
+  // With then_pair, also (rms_norm.comp's then_pair) the two norms of y's new row.
+  struct NormPair {
+    const Buffer *weight1, *weight2;
+    Mat y1, y2;
+  };
   void norm(Mat x, const Buffer* weight, float offset, float eps, Mat y, bool accumulate,
             float acc_scale, const Buffer* weight2 = nullptr, const Mat* y2 = nullptr,
-            std::optional<float> col_scale = std::nullopt) {
+            std::optional<float> col_scale = std::nullopt, const NormPair* then_pair = nullptr) {
     check_same_shape(x, y, "rms_norm");
     if (weight && weight->size_bytes() < sizeof(float) * x.cols)
       throw std::logic_error("rms_norm: weight too short");
@@ -1612,8 +1789,25 @@ class GpuBackend final : public Backend {
     if (accumulate) reads.push_back(vy.b.buffer);
     std::vector<const DeviceBuffer*> writes{vy.b.buffer};
     if (y2) writes.push_back(vy2.b.buffer);
+    View vy3{}, vy4{};
+    Binding wb3{}, wb4{};
+    if (then_pair) {
+      vy3 = view(then_pair->y1);
+      vy4 = view(then_pair->y2);
+      wb3 = whole(dev_of(*then_pair->weight1));
+      wb4 = whole(dev_of(*then_pair->weight2));
+      p.then_pair = 1;
+      p.y3_offset = vy3.offset;
+      p.y3_stride = u32(then_pair->y1.stride);
+      p.y4_offset = vy4.offset;
+      p.y4_stride = u32(then_pair->y2.stride);
+      reads.push_back(wb3.buffer);
+      reads.push_back(wb4.buffer);
+      writes.push_back(vy3.b.buffer);
+      writes.push_back(vy4.b.buffer);
+    }
     touch(reads, writes);
-    const Binding binds[] = {vx.b, wb, vy.b, wb2, vy2.b};
+    const Binding binds[] = {vx.b, wb, vy.b, wb2, vy2.b, wb3, vy3.b, wb4, vy4.b};
     dispatch_linear(Kernel::rms_norm, binds, &p, sizeof p, static_cast<uint64_t>(x.rows));
   }
 
@@ -1700,7 +1894,8 @@ class GpuBackend final : public Backend {
   enum class FoldNorms { none, small, all };
   static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
   FoldNorms fold_norms_ = FoldNorms::small;
-  bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true;
+  bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true, fuse_router_ = true,
+       fuse_norm_pair_ = true;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
@@ -1713,6 +1908,9 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> partials_;
   std::unique_ptr<DeviceBuffer> attention_counters_;  // attention's arrival counters (merge)
   std::unique_ptr<DeviceBuffer> route_out_;
+  // router.comp's and qmatvec_norms.comp's arrival counters, one per token (0 between
+  // dispatches).
+  std::unique_ptr<DeviceBuffer> router_counters_, norms_counters_;
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
   bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;

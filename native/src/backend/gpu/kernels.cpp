@@ -28,9 +28,11 @@
 #include "gpu_kernels/qmatmul.h"
 #include "gpu_kernels/qmatmul_tiled.h"
 #include "gpu_kernels/qmatvec.h"
+#include "gpu_kernels/qmatvec_norms.h"
 #include "gpu_kernels/rms_norm.h"
 #include "gpu_kernels/rope.h"
 #include "gpu_kernels/route.h"
+#include "gpu_kernels/router.h"
 #include "gpu_kernels/scatter_add_rows.h"
 #include "gpu_kernels/topk_merge.h"
 #include "gpu_kernels/topk_partial.h"
@@ -70,6 +72,8 @@ const KernelCode kKernels[] = {
     {"moe_matmul", spirv_moe_matmul},
     {"moe_matmul_tiled", spirv_moe_matmul_tiled},
     {"kv_norm_store", spirv_kv_norm_store},
+    {"router", spirv_router},
+    {"qmatvec_norms", spirv_qmatvec_norms},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 

@@ -87,6 +87,7 @@ DeviceInfo describe(id<MTLDevice> device) {
   // workgroup seeing another's device-memory writes within a dispatch, which this device has not
   // been measured or tested on (docs/gpu.md, "Eleventh round").
   info.attention.merge_in_last_workgroup = false;
+  info.workgroups_see_writes = false;  // likewise the router's routing epilogue
   return info;
 }
 

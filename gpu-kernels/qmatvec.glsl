@@ -1,0 +1,70 @@
+// The decode product's kernel body (qmatvec.comp, and router.comp, which routes in the product's
+// last workgroup): declarations and qmatvec_product(), which writes y. An including kernel may
+// define QMATVEC_Y_COHERENT (its last workgroup reads what the others wrote to y) and
+// QMATVEC_EXTRA_PARAMS (its own push constants after qmatvec's).
+
+// Threads per workgroup: 256, or fewer on a CPU device (matvec.glsl; docs/gpu.md).
+layout(constant_id = 0) const uint THREADS = 256u;
+layout(local_size_x = 256, local_size_x_id = 0) in;
+layout(std430, set = 0, binding = 0) readonly buffer Packed { uvec4 packed4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
+layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
+#ifdef QMATVEC_Y_COHERENT
+layout(std430, set = 0, binding = 4) coherent buffer Y { float y[]; };
+#else
+layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
+#endif
+layout(std430, set = 0, binding = 5) readonly buffer NormWeight { float norm_weight[]; };
+layout(push_constant) uniform Params {
+  uint rows;        // rows in this chunk (the bindings start at its first row)
+  uint cols;
+  uint bits;
+  uint group_size;
+  uint scale_type;
+  uint scale0;      // index of the chunk's first scale inside the scale/bias bindings
+  uint x_offset;
+  uint x_stride;
+  uint y_offset;    // element of y for token 0, row 0 of the chunk
+  uint y_stride;
+  uint tokens;       // (qmatmul's; unused here)
+  // An RMSNorm of x folded into the product (backend.h's qmatmul_normed): 0 none; 1: x is
+  // normed with the weight factor (norm_offset + norm_weight[c]); 2: x * norm_weight[c] * col_scale
+  // (rms_norm_mul_cols); 3: normed without a weight.
+  uint norm_mode;
+  float norm_offset;
+  float norm_eps;
+  float col_scale;
+  uint geglu_half;  // 0, or x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (a gated MLP's
+                    // GeGLU computed while staging the down product's input)
+  uint tile_rows;   // (qmatmul_tiled's; unused here)
+  uint top_k;       // router.comp: experts picked per token
+#ifdef QMATVEC_EXTRA_PARAMS
+  QMATVEC_EXTRA_PARAMS
+#endif
+} p;
+
+#define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
+#define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
+#define MV_BIAS(I) LOAD_SCALE(biases, (I), p.scale_type)
+#define MV_X_FACTOR(C)                                       \
+  (p.norm_mode == 1u   ? p.norm_offset + norm_weight[(C)]    \
+   : p.norm_mode == 2u ? norm_weight[(C)] * p.col_scale \
+                       : 1.0)
+#include "matvec.glsl"
+
+void qmatvec_product() {
+  const uint tid = mv_thread();  // a row's lanes are consecutive here
+  const uint r = linear_group() * MV_ROWS + tid / MV_LANES;
+  const uint lane = tid % MV_LANES;
+  const uint t = gl_WorkGroupID.z;
+  const bool row_ok = r < p.rows;
+  // A row holds cols * bits / 128 uvec4s (cols is a multiple of the group size, at least 32).
+  const uint row_quads = p.cols * p.bits / 128u;
+  const uint groups = p.cols / p.group_size;
+  const float acc = mv_row(row_ok, r * row_quads, p.scale0 + r * groups,
+                           p.x_offset + t * p.x_stride, p.cols, p.bits, p.group_size, lane);
+  float sum = mv_reduce(acc, lane);
+  if (p.norm_mode != 0u) sum *= mv_norm_factor(p.cols, p.norm_eps);  // uniform branch
+  if (lane == 0u && row_ok) y[p.y_offset + t * p.y_stride + r] = sum;
+}

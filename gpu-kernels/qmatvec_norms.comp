@@ -1,0 +1,111 @@
+// Attention's output product and what follows it in one dispatch (a Gemma 4 MoE layer): y = W x
+// (qmatvec.comp), then the workgroup that finishes a token's product last computes
+// acc = (acc + rms_norm(y, post_weight)) * acc_scale (the post-norm and the residual add), then
+// y1 and y2 = the two norms of acc's new row (weight1, weight2: the feed-forward's pre-norms),
+// with rms_norm.comp's arithmetic in its order (accumulate, then then_pair). As separate
+// dispatches these were one more dependent step per layer. The host uses it where a row fits in
+// the workgroup's registers (NORM_HELD columns per thread).
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+#define QMATVEC_Y_COHERENT
+#define QMATVEC_EXTRA_PARAMS \
+  float weight_offset;       \
+  float eps;                 \
+  float acc_scale;           \
+  uint acc_offset;           \
+  uint acc_stride;           \
+  uint y1_offset;            \
+  uint y1_stride;            \
+  uint y2_offset;            \
+  uint y2_stride;
+#include "qmatvec.glsl"
+
+// Binding 5 (qmatvec's folded-norm weight, unused here: no norm is folded) is the post-norm's.
+layout(std430, set = 0, binding = 6) buffer Acc { float acc[]; };
+layout(std430, set = 0, binding = 7) readonly buffer Weight1 { float weight1[]; };
+layout(std430, set = 0, binding = 8) writeonly buffer Y1 { float y1[]; };
+layout(std430, set = 0, binding = 9) readonly buffer Weight2 { float weight2[]; };
+layout(std430, set = 0, binding = 10) writeonly buffer Y2 { float y2[]; };
+// One arrival counter per token, 0 between dispatches: the last arrival resets it.
+layout(std430, set = 0, binding = 11) coherent buffer Counters { uint counters[]; };
+
+const uint NORM_HELD = 16u;  // rms_norm.comp's
+shared uint last_arrival;
+
+// The sum over the workgroup of every thread's v, in rms_norm.comp's tree order (mv_partial is
+// free once the product is done).
+float workgroup_sum(float v) {
+  const uint tid = gl_LocalInvocationID.x;
+  barrier();  // earlier readers of mv_partial are done
+  mv_partial[tid] = v;
+  barrier();
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) mv_partial[tid] += mv_partial[tid + s];
+    barrier();
+  }
+  return mv_partial[0];
+}
+
+void main() {
+  qmatvec_product();
+  const uint t = gl_WorkGroupID.z;
+  memoryBarrierBuffer();
+  barrier();
+  if (gl_LocalInvocationID.x == 0u) {
+    const uint groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
+    const uint before = atomicAdd(counters[t], 1u);
+    last_arrival = before == groups - 1u ? 1u : 0u;
+    if (last_arrival != 0u) atomicExchange(counters[t], 0u);
+  }
+  barrier();
+  if (last_arrival == 0u) return;  // uniform over the workgroup
+  memoryBarrierBuffer();           // the other workgroups' rows, as their atomics published them
+
+  const uint tid = gl_LocalInvocationID.x;
+  const uint cols = p.rows;  // y's row: every row of the product
+  const uint last = cols - 1u;
+  const uint yb = p.y_offset + t * p.y_stride;
+  const uint ab = p.acc_offset + t * p.acc_stride;
+  float held[NORM_HELD];
+  float ss = 0.0;
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    const float v = y[yb + min(c, last)];
+    held[i] = c < cols ? v : 0.0;
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += held[i] * held[i];
+  const float inv = 1.0 / sqrt(workgroup_sum(ss) / float(cols) + p.eps);
+  float w[NORM_HELD];
+  float a[NORM_HELD];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * THREADS, last);
+    w[i] = norm_weight[c];
+    a[i] = acc[ab + c];
+  }
+  float ss2 = 0.0;
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    // (acc + v) * acc_scale, v = y * inv * (offset + w): rms_norm.comp's norm_out.
+    const float v = held[i] * inv * (p.weight_offset + w[i]);
+    held[i] = c < cols ? (a[i] + v) * p.acc_scale : 0.0;
+    if (c < cols) acc[ab + c] = held[i];
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss2 += held[i] * held[i];
+  const float inv2 = 1.0 / sqrt(workgroup_sum(ss2) / float(cols) + p.eps);
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * THREADS, last);
+    w[i] = weight1[c];
+    a[i] = weight2[c];
+  }
+  const uint y1b = p.y1_offset + t * p.y1_stride;
+  const uint y2b = p.y2_offset + t * p.y2_stride;
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    if (c < cols) {
+      y2[y2b + c] = held[i] * inv2 * (p.weight_offset + a[i]);
+      y1[y1b + c] = held[i] * inv2 * (p.weight_offset + w[i]);
+    }
+  }
+}
