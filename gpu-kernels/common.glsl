@@ -1,11 +1,11 @@
 // Shared helpers of the Redwing compute kernels (included by every .comp file).
 //
 // Portability rules (docs/gpu.md): no 16-bit storage types (16-bit data is read and written as
-// uint32 words), no subgroup operations except the experts' down product's subgroupAdd, behind a
-// specialization constant with a shared-memory fallback (matvec_teams.glsl; no subgroup size
-// assumed), no 64-bit types or atomics (32-bit ones only: decode attention's arrival counters),
-// specialization constants never as array sizes (constant_id 0:
-// threads per workgroup, chosen per device; 1-4: the down product's shape), every binding in
+// uint32 words), no subgroup operations except row sums by subgroupAdd behind specialization
+// constants with shared-memory fallbacks (matvec_teams.glsl, matvec.glsl; no subgroup size
+// assumed), no 64-bit types or atomics (32-bit ones only: arrival counters, arrival.glsl),
+// specialization constants never as array sizes (constant_id 0: threads per workgroup, chosen
+// per device; 1-4: the down product's shape; 5: matvec.glsl's subgroup sums), every binding in
 // set 0.
 
 // Workgroups are laid out over x and y so that more than 65535 fit in one dispatch; this is the

@@ -30,10 +30,9 @@ layout(std430, set = 0, binding = 9) readonly buffer Weight2 { float weight2[]; 
 layout(std430, set = 0, binding = 10) writeonly buffer Y2 { float y2[]; };
 // One arrival counter per token, 0 between dispatches: the last arrival resets it.
 layout(std430, set = 0, binding = 11) coherent buffer Counters { uint counters[]; };
+#include "arrival.glsl"
 
 const uint NORM_HELD = 16u;  // rms_norm.comp's
-shared uint last_arrival;
-
 // The sum over the workgroup of every thread's v, in rms_norm.comp's tree order (mv_partial is
 // free once the product is done).
 float workgroup_sum(float v) {
@@ -51,17 +50,7 @@ float workgroup_sum(float v) {
 void main() {
   qmatvec_product();
   const uint t = gl_WorkGroupID.z;
-  memoryBarrierBuffer();
-  barrier();
-  if (gl_LocalInvocationID.x == 0u) {
-    const uint groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
-    const uint before = atomicAdd(counters[t], 1u);
-    last_arrival = before == groups - 1u ? 1u : 0u;
-    if (last_arrival != 0u) atomicExchange(counters[t], 0u);
-  }
-  barrier();
-  if (last_arrival == 0u) return;  // uniform over the workgroup
-  memoryBarrierBuffer();           // the other workgroups' rows, as their atomics published them
+  if (!last_to_arrive(t)) return;  // uniform over the workgroup
 
   const uint tid = gl_LocalInvocationID.x;
   const uint cols = p.rows;  // y's row: every row of the product

@@ -25,24 +25,12 @@ uint token;
     weights[token * p.top_k + (J)] = (W);   \
   }
 #include "route.glsl"
-
-shared uint last_arrival;
+#include "arrival.glsl"
 
 void main() {
   qmatvec_product();
   token = gl_WorkGroupID.z;
-  // Count this workgroup in once its rows of y are visible device-wide; the one that brings the
-  // count to the number of workgroups routes (attention_partial.comp's pattern).
-  memoryBarrierBuffer();
-  barrier();
-  if (gl_LocalInvocationID.x == 0u) {
-    const uint groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
-    const uint before = atomicAdd(counters[token], 1u);
-    last_arrival = before == groups - 1u ? 1u : 0u;
-    if (last_arrival != 0u) atomicExchange(counters[token], 0u);
-  }
-  barrier();
-  if (last_arrival == 0u) return;  // uniform over the workgroup
-  memoryBarrierBuffer();           // the other workgroups' rows, as their atomics published them
+  // The workgroup that finishes the token's product last routes it.
+  if (!last_to_arrive(token)) return;  // uniform over the workgroup
   route_row(gl_LocalInvocationID.x, p.rows, p.top_k);
 }

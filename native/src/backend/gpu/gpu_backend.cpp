@@ -425,11 +425,8 @@ class GpuBackend final : public Backend {
                                  const Buffer* weight1, const Buffer* weight2, Mat y1,
                                  Mat y2) override {
     const auto& w = static_cast<const GpuQWeight&>(wq);
-    const bool fused =
-        fuse_norm_pair_ && dev_->info().workgroups_see_writes && weight && weight1 && weight2 &&
-        x.rows > 0 && x.rows <= kMatvecMaxTokens &&
-        acc.cols <= kNormHeld * dev_->info().workgroup_threads &&
-        static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows) <= max_binding_;
+    const bool fused = fuse_norm_pair_ && last_workgroup_product(w, x.rows) && weight && weight1 &&
+                       weight2 && acc.cols <= kNormHeld * dev_->info().workgroup_threads;
     if (!fused)
       return Backend::qmatmul_add_rms_norm_pair(wq, x, out, weight, offset, eps, acc, acc_scale,
                                                 weight1, weight2, y1, y2);
@@ -597,15 +594,20 @@ class GpuBackend final : public Backend {
     return f;
   }
 
+  // Whether a decode product of `rows` tokens by w can end in its last workgroup (router.comp,
+  // qmatvec_norms.comp): one dispatch (w in one binding), a device whose workgroups see each
+  // other's writes.
+  bool last_workgroup_product(const GpuQWeight& w, int64_t rows) const {
+    return dev_->info().workgroups_see_writes && rows > 0 && rows <= kMatvecMaxTokens &&
+           static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows) <= max_binding_;
+  }
+
   // The decode path: one router.comp dispatch, the product's last workgroup routing each token
   // (the norm folded in as qmatmul_normed would, else its own dispatch first).
   void route_product_to(Mat x, const InputNorm& norm, Mat normed, const QProduct& router, int top_k,
                         const Buffer& per_expert_scale, Buffer& routes) override {
     const auto& w = static_cast<const GpuQWeight&>(*router.w);
-    const bool fused =
-        fuse_router_ && dev_->info().workgroups_see_writes && x.rows > 0 &&
-        x.rows <= kMatvecMaxTokens &&
-        static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows) <= max_binding_;
+    const bool fused = fuse_router_ && last_workgroup_product(w, x.rows);
     if (!fused)
       return Backend::route_product_to(x, norm, normed, router, top_k, per_expert_scale, routes);
     const size_t count = check_route_args(router.y, top_k, per_expert_scale, routes);
