@@ -150,8 +150,9 @@ struct DeviceInfo {
   // Decode attention's splits (choose_attention_split).
   AttentionSplit attention;
   // Whether the last workgroup of a dispatch to arrive (an atomic counter) may read what the
-  // other workgroups wrote in it: the router's routing epilogue (router.comp) relies on it. Vulkan
-  // promises it for coherent buffers; Metal runs the separate dispatches (not measured there).
+  // other workgroups wrote in it: the products' epilogues (router.comp, qmatvec_norms.comp) rely
+  // on it. Vulkan promises it for coherent buffers; Metal runs the separate dispatches (not
+  // measured there).
   bool workgroups_see_writes = true;
   // What the device drops (REDWING_GPU_KNOCKOUT; nothing unless set).
   Knockout knockout;

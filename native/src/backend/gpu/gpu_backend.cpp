@@ -672,7 +672,6 @@ class GpuBackend final : public Backend {
     touch(reads, writes);
   }
 
-  // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on).
   // route.comp's inputs and outputs for router.comp (route_product_to).
   struct RouteEpilogue {
     Binding per_expert_scale, ids, weights, counters;
@@ -686,6 +685,8 @@ class GpuBackend final : public Backend {
     uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
   };
 
+  // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on). With
+  // route or norms, the decode product ends in that epilogue (router.comp, qmatvec_norms.comp).
   void qmatmul(const QWeight& wq, Mat x, Mat y, const FoldedNorm* fold, bool check_hazards = true,
                uint32_t geglu_half = 0, const RouteEpilogue* route = nullptr,
                const AddNormsEpilogue* norms = nullptr) {
