@@ -115,17 +115,23 @@ float mv_reduce(float acc, uint lane) {
   return mv_partial[tid];
 }
 
-// (mean(x^2) + eps)^-1/2 of the row of x the workgroup staged, from every thread's mv_ss: the
-// factor of an RMSNorm folded into the product (sum_c W[r, c] x[c] f[c] times it is the product
-// with the normed x). Every thread of the workgroup must call it (barriers inside).
-float mv_norm_factor(uint cols, float eps) {
+// The sum over the workgroup of every thread's v, by a shared-memory tree (mv_partial, free
+// once mv_reduce's readers are done). Every thread of the workgroup must call it.
+float mv_workgroup_sum(float v) {
   const uint tid = gl_LocalInvocationID.x;
-  barrier();  // mv_reduce's readers are done
-  mv_partial[tid] = mv_ss;
+  barrier();  // earlier readers of mv_partial are done
+  mv_partial[tid] = v;
   barrier();
   for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
     if (tid < s) mv_partial[tid] += mv_partial[tid + s];
     barrier();
   }
-  return 1.0 / sqrt(mv_partial[0] / float(cols) + eps);
+  return mv_partial[0];
+}
+
+// (mean(x^2) + eps)^-1/2 of the row of x the workgroup staged, from every thread's mv_ss: the
+// factor of an RMSNorm folded into the product (sum_c W[r, c] x[c] f[c] times it is the product
+// with the normed x). Every thread of the workgroup must call it (barriers inside).
+float mv_norm_factor(uint cols, float eps) {
+  return 1.0 / sqrt(mv_workgroup_sum(mv_ss) / float(cols) + eps);
 }

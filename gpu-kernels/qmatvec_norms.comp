@@ -33,20 +33,6 @@ layout(std430, set = 0, binding = 11) coherent buffer Counters { uint counters[]
 #include "arrival.glsl"
 
 const uint NORM_HELD = 16u;  // rms_norm.comp's
-// The sum over the workgroup of every thread's v, in rms_norm.comp's tree order (mv_partial is
-// free once the product is done).
-float workgroup_sum(float v) {
-  const uint tid = gl_LocalInvocationID.x;
-  barrier();  // earlier readers of mv_partial are done
-  mv_partial[tid] = v;
-  barrier();
-  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
-    if (tid < s) mv_partial[tid] += mv_partial[tid + s];
-    barrier();
-  }
-  return mv_partial[0];
-}
-
 void main() {
   qmatvec_product();
   const uint t = gl_WorkGroupID.z;
@@ -65,7 +51,7 @@ void main() {
     held[i] = c < cols ? v : 0.0;
   }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += held[i] * held[i];
-  const float inv = 1.0 / sqrt(workgroup_sum(ss) / float(cols) + p.eps);
+  const float inv = 1.0 / sqrt(mv_workgroup_sum(ss) / float(cols) + p.eps);
   float w[NORM_HELD];
   float a[NORM_HELD];
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
@@ -82,7 +68,7 @@ void main() {
     if (c < cols) acc[ab + c] = held[i];
   }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss2 += held[i] * held[i];
-  const float inv2 = 1.0 / sqrt(workgroup_sum(ss2) / float(cols) + p.eps);
+  const float inv2 = 1.0 / sqrt(mv_workgroup_sum(ss2) / float(cols) + p.eps);
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
     const uint c = min(tid + i * THREADS, last);
     w[i] = weight1[c];

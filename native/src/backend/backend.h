@@ -366,11 +366,15 @@ class Backend {
   // unwritten.
   virtual void qmatmul_normed(Mat x, const InputNorm& norm, Mat normed,
                               std::span<const QProduct> products) {
+    input_norm(x, norm, normed);
+    qmatmul_batch(products);
+  }
+  // normed = norm(x) as its own op (qmatmul_normed's first step).
+  void input_norm(Mat x, const InputNorm& norm, Mat normed) {
     if (norm.mul_cols)
       rms_norm_mul_cols(x, norm.eps, *norm.weight, *norm.mul_cols, normed);
     else
       rms_norm(x, norm.weight, norm.weight_offset, norm.eps, normed);
-    qmatmul_batch(products);
   }
   // out[i] = scale * row ids[i] of `table` (dequantized).
   virtual void embed(const QWeight& table, std::span<const int32_t> ids, float scale, Mat out) = 0;

@@ -613,12 +613,7 @@ class GpuBackend final : public Backend {
     const size_t count = check_route_args(router.y, top_k, per_expert_scale, routes);
     const std::span<const QProduct> products(&router, 1);
     const std::optional<FoldedNorm> f = folded_norm(x, norm, normed, products);
-    if (!f) {
-      if (norm.mul_cols)
-        rms_norm_mul_cols(x, norm.eps, *norm.weight, *norm.mul_cols, normed);
-      else
-        rms_norm(x, norm.weight, norm.weight_offset, norm.eps, normed);
-    }
+    if (!f) input_norm(x, norm, normed);
     const size_t counter_bytes = static_cast<size_t>(x.rows) * sizeof(uint32_t);
     if (!router_counters_) router_counters_ = dev_->create_buffer(4096);
     const DeviceBuffer& rb = dev_of(routes);
