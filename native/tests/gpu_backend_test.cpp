@@ -1543,6 +1543,110 @@ TEST_CASE("gpu: the keys' and values' norms and store in one dispatch match the 
   }
 }
 
+// Attention's inputs of a layer (project_attention_inputs): the q/k/v products, then q's norm and
+// rotation and the keys' and values' norms, rotation and store, which the GPU does in each
+// product's last workgroup per head (qmatvec_heads.comp). Against the same GPU running the
+// separate ops (REDWING_GPU_UNFUSED=heads: q and the caches must be the same bits) and against
+// the CPU: with the input norm folded and without a norm, values from their own product and
+// from the keys' (k_eq_v), with and without the value norm, f32 and f16 caches, a ring that
+// wraps, 1 and 3 tokens fused and 5 through the separate ops, a head_dim the product's rows do
+// not tile by head (40: separate ops) and the widest (512).
+TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store match the CPU") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  auto fused = gpu_backend(threads);
+  setenv("REDWING_GPU_UNFUSED", "heads", 1);
+  auto unfused = gpu_backend(threads);
+  unsetenv("REDWING_GPU_UNFUSED");
+  const bool last_workgroup = gpu_device_of(*fused)->info().workgroups_see_writes;
+  struct Case {
+    int d;
+    KvDType dtype;
+    bool ring, v_norm, k_eq_v, input_norm;
+    int64_t rows;
+  };
+  const int kv_heads = 2, heads = 4;
+  const int64_t hidden = 320, capacity = 8;
+  for (const Case c : {Case{48, KvDType::f16, false, true, false, true, 1},
+                       Case{48, KvDType::f32, true, true, false, false, 3},
+                       Case{48, KvDType::f16, true, false, true, true, 3},
+                       Case{48, KvDType::f32, false, true, true, false, 5},
+                       Case{40, KvDType::f16, false, true, false, true, 1},
+                       Case{512, KvDType::f16, true, true, false, true, 1},
+                       Case{512, KvDType::f32, false, true, true, true, 3}}) {
+    CAPTURE(c.d);
+    CAPTURE(c.rows);
+    CAPTURE(c.ring);
+    CAPTURE(c.v_norm);
+    CAPTURE(c.k_eq_v);
+    CAPTURE(c.input_norm);
+    const int64_t width = kv_heads * c.d, q_width = heads * c.d;
+    HostQuant qw(q_width, hidden, 4, 64, DType::bf16, 1201);
+    HostQuant kw(width, hidden, 4, 32, DType::f16, 1202);
+    HostQuant vw(width, hidden, 8, 64, DType::bf16, 1203);
+    RopeParams rope{10000, c.d / 2, c.d, 1.0};
+    const size_t elem = c.dtype == KvDType::f32 ? 4 : 2;
+    const auto x = randn(static_cast<size_t>(c.rows * hidden), 1204);
+    const auto in_w = randn(static_cast<size_t>(hidden), 1205, 0.3f);
+    const auto q_w = randn(static_cast<size_t>(c.d), 1206, 0.3f);
+    const auto k_w = randn(static_cast<size_t>(c.d), 1207, 0.3f);
+    const int64_t pos0 = c.ring ? 6 : 0;  // a ring wraps: positions 6.. go to rows 6, 7, 0..
+    std::vector<float> qs[3], caches[3][2], outs[3];
+    uint64_t dispatches[3] = {};
+    int which = 0;
+    for (Backend* b : {fused.get(), unfused.get(), cpu.get()}) {
+      auto kc = b->alloc(static_cast<size_t>(capacity * width) * elem);
+      auto vc = b->alloc(static_cast<size_t>(capacity * width) * elem);
+      const auto words = static_cast<int64_t>(capacity * width * static_cast<int64_t>(elem) / 4);
+      b->fill_zero(Mat{kc.get(), 0, 1, words, words});
+      b->fill_zero(Mat{vc.get(), 0, 1, words, words});
+      const KvLayerView kv{kc.get(), vc.get(), capacity, c.ring, c.ring ? capacity : 0,
+                           kv_heads, c.d,      c.dtype};
+      auto wq = b->import_qweight(qw.m), wk = b->import_qweight(kw.m), wv = b->import_qweight(vw.m);
+      auto xb = put(*b, x), nb = put(*b, in_w), qnb = put(*b, q_w), knb = put(*b, k_w);
+      auto hb = b->alloc(x.size() * 4), qb = b->alloc(static_cast<size_t>(c.rows * q_width) * 4),
+           kb = b->alloc(static_cast<size_t>(c.rows * width) * 4),
+           vb = b->alloc(static_cast<size_t>(c.rows * width) * 4);
+      const Mat xm{xb.get(), 0, c.rows, hidden, hidden};
+      // Without the input norm the products read x itself (an input normed beforehand).
+      const Mat h = c.input_norm ? Mat{hb.get(), 0, c.rows, hidden, hidden} : xm;
+      const Mat q{qb.get(), 0, c.rows, q_width, q_width};
+      const Backend::QkvProducts qkv{
+          {wq.get(), h, q},
+          {wk.get(), h, Mat{kb.get(), 0, c.rows, width, width}},
+          {c.k_eq_v ? nullptr : wv.get(), h, Mat{vb.get(), 0, c.rows, width, width}}};
+      const Backend::InputNorm norm{nb.get(), 1.0f, 1e-6f, std::nullopt};
+      const uint64_t before = b->work_counters().dispatches;
+      b->project_attention_inputs(xm, c.input_norm ? &norm : nullptr, h, qkv,
+                                  {qnb.get(), knb.get(), 1.0f, 1e-6f, rope, c.v_norm}, kv, pos0);
+      dispatches[which] = b->work_counters().dispatches - before;
+      qs[which] = get(*b, *qb);
+      caches[which][0] = get(*b, *kc);
+      caches[which][1] = get(*b, *vc);
+      auto ob = b->alloc(static_cast<size_t>(c.rows * q_width) * 4);
+      b->attention(q, kv, pos0, heads, 0.125f, Mat{ob.get(), 0, c.rows, q_width, q_width});
+      outs[which] = get(*b, *ob);
+      ++which;
+    }
+    CHECK(qs[0] == qs[1]);
+    CHECK(caches[0][0] == caches[1][0]);
+    CHECK(caches[0][1] == caches[1][1]);
+    CHECK(max_rel(outs[0], outs[1]) == 0.0);
+    CHECK(max_rel(qs[0], qs[2]) < 1e-4);
+    CHECK(max_rel(outs[0], outs[2]) < 1e-4);
+    // Fused: one dispatch per product. The input norm is its own dispatch where it is not folded
+    // into the products (more than 4 tokens, or more rows in all than REDWING_GPU_FOLD_NORMS=small
+    // takes); the separate ops add q's norm_rope, the keys' store and the values' copy.
+    const uint64_t products = c.k_eq_v ? 2u : 3u;
+    const int64_t rows_in_all = q_width + width * static_cast<int64_t>(products - 1);
+    const uint64_t norm_op = c.input_norm && (c.rows > 4 || rows_in_all > 1024) ? 1u : 0u;
+    const bool takes = last_workgroup && c.rows <= 4 && c.d % 16 == 0;
+    const uint64_t separate = products + norm_op + 2u + (c.k_eq_v ? 1u : 0u);
+    CHECK(dispatches[0] == (takes ? products + norm_op : separate));
+    CHECK(dispatches[1] == separate);
+  }
+}
+
 // Decode attention split other ways (REDWING_GPU_ATTENTION: a GPU's default 1,024 x 16, many
 // short splits, one long split per row and head, odd minimums) still matches the CPU: the
 // combine is exact for any split. A malformed setting is refused.

@@ -399,6 +399,40 @@ class Backend {
     if (v_norm) rms_norm(v.split_rows(kv.head_dim), nullptr, 0.0f, eps, v.split_rows(kv.head_dim));
     kv_store(kv, k, v, pos0);
   }
+  // Attention's inputs for a layer, from one input: the q, k and v products (`qkv`: v.w null
+  // where the values are the keys' raw product, which v.y then receives as a copy) run as
+  // qmatmul_normed(x, *norm, normed, products) where norm is given (the products' x is
+  // `normed`), else as qmatmul_batch; then q normed per head and rotated in place (rms_norm_rope
+  // with q_norm) and the keys and values stored (store_kv_normed with k_norm and v_norm). k.y
+  // and v.y hold unspecified values afterwards. The default runs exactly those ops; a GPU norms,
+  // rotates and stores each head in the last workgroup of its product, one dependent step less.
+  struct QkvProducts {
+    QProduct q, k, v;
+  };
+  struct HeadNorms {
+    const Buffer* q_norm = nullptr;
+    const Buffer* k_norm = nullptr;
+    float weight_offset = 0.0f;
+    float eps = 1e-6f;
+    RopeParams rope;
+    bool v_norm = false;
+  };
+  virtual void project_attention_inputs(Mat x, const InputNorm* norm, Mat normed,
+                                        const QkvProducts& qkv, const HeadNorms& heads,
+                                        const KvLayerView& kv, int64_t pos0) {
+    const QProduct all[] = {qkv.q, qkv.k, qkv.v};
+    const std::span<const QProduct> products(all, qkv.v.w ? 3 : 2);
+    if (norm)
+      qmatmul_normed(x, *norm, normed, products);
+    else
+      qmatmul_batch(products);
+    if (!qkv.v.w) copy(qkv.k.y, qkv.v.y);  // the raw projection, before k_norm and RoPE
+    const int n_heads = static_cast<int>(qkv.q.y.cols / kv.head_dim);
+    rms_norm_rope(qkv.q.y, n_heads, kv.head_dim, heads.q_norm, heads.weight_offset, heads.eps,
+                  heads.rope, pos0);
+    store_kv_normed(kv, qkv.k.y, qkv.v.y, heads.k_norm, heads.weight_offset, heads.eps, heads.rope,
+                    heads.v_norm, pos0);
+  }
   // For each row t of q (n_heads * head_dim values, query position pos0 + t) and head h:
   // softmax over visible keys (kv_visible) of scale * q_h . k, in float32, times V; head h
   // reads KV head h / (n_heads / num_kv_heads). Writes out[t] (n_heads * head_dim values).

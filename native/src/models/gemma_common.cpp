@@ -81,21 +81,18 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
   const float eps = arch.rms_norm_eps;
   const RopeParams rope{lc.rope.theta, lc.rope.rotary_pairs, lc.rope.freq_dim, lc.rope.scale};
 
-  // h = input_norm(x); q, k and v read it: one batched product (a GPU folds the norm into it).
+  // h = input_norm(x); q, k and v read it: one batched product (a GPU folds the norm into it),
+  // then q's norm and rotation and the keys' and values' norms, rotation and store.
   Mat h = scratch.get(kNormed, T, arch.hidden_size);
   Mat q = scratch.get(kQuery, T, static_cast<int64_t>(heads) * d);
   Mat k = scratch.get(kKey, T, static_cast<int64_t>(lc.num_kv_heads) * d);
   Mat v = scratch.get(kValue, T, static_cast<int64_t>(lc.num_kv_heads) * d);
-  const Backend::QProduct qkv[] = {
-      {w.q_proj.get(), h, q}, {w.k_proj.get(), h, k}, {w.v_proj.get(), h, v}};
-  const std::span<const Backend::QProduct> products(qkv, lc.k_eq_v ? 2 : 3);
-  if (input_normed)
-    backend.qmatmul_batch(products);
-  else
-    backend.qmatmul_normed(x, {w.input_norm.get(), off, eps, std::nullopt}, h, products);
-  if (lc.k_eq_v) backend.copy(k, v);  // the raw projection, before k_norm and RoPE
-  backend.rms_norm_rope(q, heads, d, w.q_norm.get(), off, eps, rope, pos0);
-  backend.store_kv_normed(kv, k, v, w.k_norm.get(), off, eps, rope, arch.v_norm, pos0);
+  const Backend::QkvProducts qkv{
+      {w.q_proj.get(), h, q}, {w.k_proj.get(), h, k}, {lc.k_eq_v ? nullptr : w.v_proj.get(), h, v}};
+  const Backend::InputNorm norm{w.input_norm.get(), off, eps, std::nullopt};
+  backend.project_attention_inputs(x, input_normed ? nullptr : &norm, h, qkv,
+                                   {w.q_norm.get(), w.k_norm.get(), off, eps, rope, arch.v_norm},
+                                   kv, pos0);
   Mat a = scratch.get(kAttnOut, T, static_cast<int64_t>(heads) * d);
   backend.attention(q, kv, pos0, heads, arch.attention_scale, a);
 

@@ -62,6 +62,9 @@ enum class Kernel : int {
   // Attention's output product whose last workgroup adds its post-norm to the residual and
   // writes the feed-forward's two norms (qmatvec_norms.comp), where workgroups_see_writes.
   qmatvec_norms,
+  // One of attention's q/k/v products whose last workgroup per head norms and rotates the head
+  // in place or stores it in the KV cache (qmatvec_heads.comp), where workgroups_see_writes.
+  qmatvec_heads,
   count,
 };
 // The name a profile shows.

@@ -138,6 +138,16 @@ struct KvNormStoreParams {
   float weight_offset, eps;
   uint32_t v_norm, pos0, capacity, ring, f16;
 };
+// qmatvec_heads.comp's: qmatvec's, then the heads' own.
+struct HeadsParams {
+  QuantParams q;
+  uint32_t half_dim, heads, target, has_weight;
+  float weight_offset, eps;
+  uint32_t v_norm, also_v, pos0, capacity, ring, f16;
+  uint32_t counter0;  // this product's first arrival counter
+};
+static_assert(sizeof(HeadsParams) <= gpu::kMaxPushBytes);
+enum HeadsTarget : uint32_t { kHeadsQuery = 0, kHeadsKey, kHeadsValue };
 struct ElementParams {
   uint32_t op, rows, cols, a_offset, a_stride, b_offset, b_stride, out_offset, out_stride;
   float s;
@@ -222,8 +232,8 @@ class GpuBackend final : public Backend {
     // REDWING_GPU_PROFILE=1: per-kernel GPU time, printed to stderr when the backend closes.
     const char* profile = std::getenv("REDWING_GPU_PROFILE");
     profile_ = profile != nullptr && std::string(profile) == "1";
-    // REDWING_GPU_UNFUSED=geglu,tail,kv,route,norms: run those fusions as separate ops (A/B
-    // measurements).
+    // REDWING_GPU_UNFUSED=geglu,tail,kv,route,norms,heads: run those fusions as separate ops
+    // (A/B measurements).
     // REDWING_GPU_FOLD_NORMS=small (the default): fold input norms into the decode products
     // (qmatmul_normed) of at most kFoldSmallRows rows in all (the router's), where the few
     // workgroups that each recompute the norm leave the GPU mostly idle anyway, so the fold only
@@ -237,6 +247,7 @@ class GpuBackend final : public Backend {
       fuse_kv_ = u.find("kv") == std::string::npos;
       fuse_router_ = u.find("route") == std::string::npos;
       fuse_norm_pair_ = u.find("norms") == std::string::npos;
+      fuse_heads_ = u.find("heads") == std::string::npos;
     }
     // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
     // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
@@ -680,11 +691,20 @@ class GpuBackend final : public Backend {
     uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
   };
 
+  // qmatvec_heads.comp's inputs and outputs (project_attention_inputs): HeadsParams' own fields.
+  struct HeadsEpilogue {
+    Binding weight, table, key_cache, value_cache, counters;
+    uint32_t half_dim, heads, target, has_weight;
+    float weight_offset, eps;
+    uint32_t v_norm, also_v, pos0, capacity, ring, f16, counter0;
+  };
+
   // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on). With
-  // route or norms, the decode product ends in that epilogue (router.comp, qmatvec_norms.comp).
+  // route, norms or heads, the decode product ends in that epilogue (router.comp,
+  // qmatvec_norms.comp, qmatvec_heads.comp).
   void qmatmul(const QWeight& wq, Mat x, Mat y, const FoldedNorm* fold, bool check_hazards = true,
                uint32_t geglu_half = 0, const RouteEpilogue* route = nullptr,
-               const AddNormsEpilogue* norms = nullptr) {
+               const AddNormsEpilogue* norms = nullptr, const HeadsEpilogue* heads = nullptr) {
     const auto& w = static_cast<const GpuQWeight&>(wq);
     if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
       throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
@@ -752,6 +772,35 @@ class GpuBackend final : public Backend {
                                     vy.b,      norms->weight,  norms->acc, norms->weight1,
                                     norms->y1, norms->weight2, norms->y2,  norms->counters};
           dispatch(Kernel::qmatvec_norms, nbinds, &np, sizeof np, gx, gy, u32(x.rows));
+          return;
+        }
+        if (heads) {
+          const HeadsParams hp{p,
+                               heads->half_dim,
+                               heads->heads,
+                               heads->target,
+                               heads->has_weight,
+                               heads->weight_offset,
+                               heads->eps,
+                               heads->v_norm,
+                               heads->also_v,
+                               heads->pos0,
+                               heads->capacity,
+                               heads->ring,
+                               heads->f16,
+                               heads->counter0};
+          const Binding hbinds[] = {packed,
+                                    scales,
+                                    biases,
+                                    vx.b,
+                                    vy.b,
+                                    norm_weight,
+                                    heads->weight,
+                                    heads->table,
+                                    heads->key_cache,
+                                    heads->value_cache,
+                                    heads->counters};
+          dispatch(Kernel::qmatvec_heads, hbinds, &hp, sizeof hp, gx, gy, u32(x.rows));
           return;
         }
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
@@ -877,6 +926,84 @@ class GpuBackend final : public Backend {
     const Binding binds[] = {vk.b, vv.b, wb, tb, whole(kc), whole(vc)};
     dispatch_linear(Kernel::kv_norm_store, binds, &p, sizeof p,
                     static_cast<uint64_t>(k.rows) * kv.num_kv_heads * 2);
+  }
+
+  // The decode path: three qmatvec_heads.comp dispatches in one step, each product's last
+  // workgroup per head doing that head's norm, rotation and store (the norm of the input folded
+  // as qmatmul_normed would, else its own dispatch first).
+  void project_attention_inputs(Mat x, const InputNorm* norm, Mat normed, const QkvProducts& qkv,
+                                const HeadNorms& hn, const KvLayerView& kv, int64_t pos0) override {
+    const int d = kv.head_dim;
+    const QProduct all[] = {qkv.q, qkv.k, qkv.v};
+    const std::span<const QProduct> products(all, qkv.v.w ? 3 : 2);
+    bool fused = fuse_heads_ && d <= kMaxHeadDim && d % (2 * kMatvecRowsPerGroup) == 0 &&
+                 qkv.q.y.cols % d == 0 && qkv.k.y.cols == int64_t{kv.num_kv_heads} * d;
+    for (const QProduct& p : products)
+      fused = fused && p.x.buf == qkv.q.x.buf && p.x.offset == qkv.q.x.offset &&
+              p.x.rows == qkv.q.x.rows && p.x.cols == qkv.q.x.cols &&
+              last_workgroup_product(static_cast<const GpuQWeight&>(*p.w), p.x.rows);
+    if (!fused) return Backend::project_attention_inputs(x, norm, normed, qkv, hn, kv, pos0);
+    const Mat q = qkv.q.y, k = qkv.k.y, v = qkv.v.y;
+    check_kv_store_args(kv, k, v, pos0);
+    for (const Buffer* w : {hn.q_norm, hn.k_norm})
+      if (w && w->size_bytes() < sizeof(float) * static_cast<size_t>(d))
+        throw std::logic_error("project_attention_inputs: head norm weight too short");
+    const int64_t T = q.rows;
+    const auto q_heads = static_cast<uint32_t>(q.cols / d);
+    const auto kv_heads = static_cast<uint32_t>(kv.num_kv_heads);
+
+    std::optional<FoldedNorm> f;
+    if (norm) {
+      f = folded_norm(x, *norm, normed, products);
+      if (!f) input_norm(x, *norm, normed);
+    }
+    const Mat in = f ? x : qkv.q.x;
+    const Binding table = rope_table(T, d, hn.rope, pos0);
+    const size_t counters = static_cast<size_t>(T) * (q_heads + 2 * kv_heads);
+    if (!heads_counters_ || heads_counters_->size_bytes() < counters * sizeof(uint32_t))
+      heads_counters_ = dev_->create_buffer(std::max<size_t>(counters * sizeof(uint32_t), 4096));
+    const DeviceBuffer& kc = dev_of(*kv.k);
+    const DeviceBuffer& vc = dev_of(*kv.v);
+
+    std::vector<const DeviceBuffer*> reads{view(in).b.buffer, table.buffer};
+    std::vector<const DeviceBuffer*> writes{&kc, &vc, heads_counters_.get()};
+    for (const QProduct& p : products) {
+      reads.push_back(static_cast<const GpuQWeight&>(*p.w).buf.get());
+      writes.push_back(view(p.y).b.buffer);
+    }
+    for (const Buffer* w : {hn.q_norm, hn.k_norm})
+      if (w) reads.push_back(&dev_of(*w));
+    if (f && f->weight) reads.push_back(f->weight);
+    touch(reads, writes);
+
+    HeadsEpilogue e{};
+    e.counters = Binding{heads_counters_.get(), 0, counters * sizeof(uint32_t)};
+    e.table = table;
+    e.key_cache = whole(kc);
+    e.value_cache = whole(vc);
+    e.weight_offset = hn.weight_offset;
+    e.eps = hn.eps;
+    e.v_norm = hn.v_norm ? 1u : 0u;
+    e.pos0 = u32(pos0);
+    e.capacity = u32(kv.capacity);
+    e.ring = kv.ring ? 1u : 0u;
+    e.f16 = kv.dtype == KvDType::f16 ? 1u : 0u;
+    e.half_dim = u32(d / 2);
+    size_t first_counter = 0;
+    auto run = [&](const QProduct& p, HeadsTarget target, const Buffer* weight, uint32_t heads) {
+      e.target = target;
+      e.heads = heads;
+      e.weight = weight ? whole(dev_of(*weight)) : Binding{};
+      e.has_weight = weight ? 1u : 0u;
+      e.counter0 = u32(static_cast<int64_t>(first_counter));
+      first_counter += static_cast<size_t>(T) * heads;
+      qmatmul(*p.w, in, p.y, f ? &*f : nullptr, false, 0, nullptr, nullptr, &e);
+    };
+    run(qkv.q, kHeadsQuery, hn.q_norm, q_heads);
+    e.also_v = qkv.v.w ? 0u : 1u;  // the keys' raw product is the values' too
+    run(qkv.k, kHeadsKey, hn.k_norm, kv_heads);
+    e.also_v = 0;
+    if (qkv.v.w) run(qkv.v, kHeadsValue, nullptr, kv_heads);
   }
 
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
@@ -1893,7 +2020,7 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
   FoldNorms fold_norms_ = FoldNorms::small;
   bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true, fuse_router_ = true,
-       fuse_norm_pair_ = true;
+       fuse_norm_pair_ = true, fuse_heads_ = true;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
@@ -1909,6 +2036,8 @@ class GpuBackend final : public Backend {
   // router.comp's and qmatvec_norms.comp's arrival counters, one per token (0 between
   // dispatches).
   std::unique_ptr<DeviceBuffer> router_counters_, norms_counters_;
+  // qmatvec_heads.comp's, one per (token, head) of q, then of k, then of v.
+  std::unique_ptr<DeviceBuffer> heads_counters_;
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
   bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;

@@ -28,6 +28,7 @@
 #include "gpu_kernels/qmatmul.h"
 #include "gpu_kernels/qmatmul_tiled.h"
 #include "gpu_kernels/qmatvec.h"
+#include "gpu_kernels/qmatvec_heads.h"
 #include "gpu_kernels/qmatvec_norms.h"
 #include "gpu_kernels/rms_norm.h"
 #include "gpu_kernels/rope.h"
@@ -74,6 +75,7 @@ const KernelCode kKernels[] = {
     {"kv_norm_store", spirv_kv_norm_store},
     {"router", spirv_router},
     {"qmatvec_norms", spirv_qmatvec_norms},
+    {"qmatvec_heads", spirv_qmatvec_heads},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
