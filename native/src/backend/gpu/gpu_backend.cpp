@@ -139,12 +139,15 @@ struct KvNormStoreParams {
   uint32_t v_norm, pos0, capacity, ring, f16;
 };
 // qmatvec_heads.comp's: qmatvec's, then the heads' own.
-struct HeadsParams {
-  QuantParams q;
+struct HeadsFields {
   uint32_t half_dim, heads, target, has_weight;
   float weight_offset, eps;
   uint32_t v_norm, also_v, pos0, capacity, ring, f16;
   uint32_t counter0;  // this product's first arrival counter
+};
+struct HeadsParams {
+  QuantParams q;
+  HeadsFields h;
 };
 static_assert(sizeof(HeadsParams) <= gpu::kMaxPushBytes);
 enum HeadsTarget : uint32_t { kHeadsQuery = 0, kHeadsKey, kHeadsValue };
@@ -491,8 +494,6 @@ class GpuBackend final : public Backend {
     return fuse_tail_ && t.m.cols <= kNormHeld * dev_->info().workgroup_threads;
   }
 
-  // ffn_tail.comp over `experts` (the experts' sum, routes null) or over the routed slots'
-  // products (routes and top_k: experts' rows are the entries t * top_k + j, moe_combine's y).
   // ffn_tail.comp's work for one layer: its push constants, bindings and what it reads and
   // writes (the tail's own dispatch, or the experts' down product's epilogue).
   struct TailPlan {
@@ -547,6 +548,8 @@ class GpuBackend final : public Backend {
     return plan;
   }
 
+  // ffn_tail.comp over `experts` (the experts' sum, routes null) or over the routed slots'
+  // products (routes and top_k: experts' rows are the entries t * top_k + j, moe_combine's y).
   void ffn_tail(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
     const TailPlan plan = plan_ffn_tail(experts, routes, top_k, t);
     if (t.m.rows == 0) return;
@@ -719,12 +722,10 @@ class GpuBackend final : public Backend {
     uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
   };
 
-  // qmatvec_heads.comp's inputs and outputs (project_attention_inputs): HeadsParams' own fields.
+  // qmatvec_heads.comp's inputs and outputs (project_attention_inputs).
   struct HeadsEpilogue {
     Binding weight, table, key_cache, value_cache, counters;
-    uint32_t half_dim, heads, target, has_weight;
-    float weight_offset, eps;
-    uint32_t v_norm, also_v, pos0, capacity, ring, f16, counter0;
+    HeadsFields f;
   };
 
   // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on). With
@@ -803,20 +804,7 @@ class GpuBackend final : public Backend {
           return;
         }
         if (heads) {
-          const HeadsParams hp{p,
-                               heads->half_dim,
-                               heads->heads,
-                               heads->target,
-                               heads->has_weight,
-                               heads->weight_offset,
-                               heads->eps,
-                               heads->v_norm,
-                               heads->also_v,
-                               heads->pos0,
-                               heads->capacity,
-                               heads->ring,
-                               heads->f16,
-                               heads->counter0};
+          const HeadsParams hp{p, heads->f};
           const Binding hbinds[] = {packed,
                                     scales,
                                     biases,
@@ -1009,28 +997,28 @@ class GpuBackend final : public Backend {
     e.table = table;
     e.key_cache = whole(kc);
     e.value_cache = whole(vc);
-    e.weight_offset = hn.weight_offset;
-    e.eps = hn.eps;
-    e.v_norm = hn.v_norm ? 1u : 0u;
-    e.pos0 = u32(pos0);
-    e.capacity = u32(kv.capacity);
-    e.ring = kv.ring ? 1u : 0u;
-    e.f16 = kv.dtype == KvDType::f16 ? 1u : 0u;
-    e.half_dim = u32(d / 2);
+    e.f.weight_offset = hn.weight_offset;
+    e.f.eps = hn.eps;
+    e.f.v_norm = hn.v_norm ? 1u : 0u;
+    e.f.pos0 = u32(pos0);
+    e.f.capacity = u32(kv.capacity);
+    e.f.ring = kv.ring ? 1u : 0u;
+    e.f.f16 = kv.dtype == KvDType::f16 ? 1u : 0u;
+    e.f.half_dim = u32(d / 2);
     size_t first_counter = 0;
     auto run = [&](const QProduct& p, HeadsTarget target, const Buffer* weight, uint32_t heads) {
-      e.target = target;
-      e.heads = heads;
+      e.f.target = target;
+      e.f.heads = heads;
       e.weight = weight ? whole(dev_of(*weight)) : Binding{};
-      e.has_weight = weight ? 1u : 0u;
-      e.counter0 = u32(static_cast<int64_t>(first_counter));
+      e.f.has_weight = weight ? 1u : 0u;
+      e.f.counter0 = u32(static_cast<int64_t>(first_counter));
       first_counter += static_cast<size_t>(T) * heads;
       qmatmul(*p.w, in, p.y, f ? &*f : nullptr, false, 0, nullptr, nullptr, &e);
     };
     run(qkv.q, kHeadsQuery, hn.q_norm, q_heads);
-    e.also_v = qkv.v.w ? 0u : 1u;  // the keys' raw product is the values' too
+    e.f.also_v = qkv.v.w ? 0u : 1u;  // the keys' raw product is the values' too
     run(qkv.k, kHeadsKey, hn.k_norm, kv_heads);
-    e.also_v = 0;
+    e.f.also_v = 0;
     if (qkv.v.w) run(qkv.v, kHeadsValue, nullptr, kv_heads);
   }
 
