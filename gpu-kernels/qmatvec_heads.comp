@@ -84,20 +84,8 @@ void main() {
     for (uint c = tid; c < d; c += THREADS) ss += y[base + c] * y[base + c];
     inv = 1.0 / sqrt(mv_workgroup_sum(ss) / float(d) + p.eps);
   }
-  if (p.target == 0u) {  // each thread rewrites only the pairs it read after the sum
-    for (uint j = tid; j < p.half_dim; j += THREADS) {
-      const float a = y[base + j] * inv * weight_factor(j);
-      const float b = y[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
-      const float c = cos_sin[t * d + j];
-      const float s = cos_sin[t * d + p.half_dim + j];
-      y[base + j] = a * c - b * s;
-      y[base + j + p.half_dim] = b * c + a * s;
-    }
-    return;
-  }
-
   barrier();  // the product's readers of mv_x are done
-  if (p.target == 1u) {
+  if (p.target != 2u) {  // the head normed and rotated, into mv_x
     for (uint j = tid; j < p.half_dim; j += THREADS) {
       const float a = y[base + j] * inv * weight_factor(j);
       const float b = y[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
@@ -106,6 +94,11 @@ void main() {
       mv_x[j] = a * c - b * s;
       mv_x[j + p.half_dim] = b * c + a * s;
     }
+  }
+  if (p.target == 0u) {  // back into y, in place
+    barrier();
+    for (uint j = tid; j < d; j += THREADS) y[base + j] = mv_x[j];
+    return;
   }
   if (p.target == 2u || p.also_v != 0u) {  // the raw row's norm is the value's too
     const uint stage = p.target == 2u ? 0u : VALUE_STAGE;

@@ -46,6 +46,14 @@ std::unique_ptr<Backend> gpu_backend(uint32_t threads = 0) {
   return make_gpu_backend(gpu::open_vulkan_device(0, threads));
 }
 
+// A GPU backend created with REDWING_GPU_UNFUSED=what: those fusions run as separate ops.
+std::unique_ptr<Backend> gpu_backend_unfused(const char* what, uint32_t threads) {
+  setenv("REDWING_GPU_UNFUSED", what, 1);
+  auto backend = gpu_backend(threads);
+  unsetenv("REDWING_GPU_UNFUSED");
+  return backend;
+}
+
 // Runs the rest of the test case once per workgroup shape: 64 threads (what a CPU device such
 // as lavapipe picks) and 256 (what a GPU picks), so both stay tested here. On Metal the shape is
 // fixed at 256 (the MSL's default) and both passes run it.
@@ -1486,9 +1494,7 @@ TEST_CASE("gpu: the keys' and values' norms and store in one dispatch match the 
   FOR_EACH_WORKGROUP_SHAPE(threads);
   auto cpu = make_cpu_backend(2);
   auto fused = gpu_backend(threads);
-  setenv("REDWING_GPU_UNFUSED", "kv", 1);
-  auto unfused = gpu_backend(threads);
-  unsetenv("REDWING_GPU_UNFUSED");
+  auto unfused = gpu_backend_unfused("kv", threads);
   struct Case {
     int d;
     KvDType dtype;
@@ -1558,9 +1564,7 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
   FOR_EACH_WORKGROUP_SHAPE(threads);
   auto cpu = make_cpu_backend(2);
   auto fused = gpu_backend(threads);
-  setenv("REDWING_GPU_UNFUSED", "heads", 1);
-  auto unfused = gpu_backend(threads);
-  unsetenv("REDWING_GPU_UNFUSED");
+  auto unfused = gpu_backend_unfused("heads", threads);
   const bool last_workgroup = gpu_device_of(*fused)->info().workgroups_see_writes;
   struct Case {
     int d;
