@@ -30,12 +30,132 @@ layout(std430, set = 0, binding = 6) readonly buffer RoutesIds { int ids[]; };
 layout(std430, set = 0, binding = 7) readonly buffer RoutesWeights { float weights[]; };
 layout(std430, set = 0, binding = 8) readonly buffer W4 { float w4[]; };
 layout(std430, set = 0, binding = 9) writeonly buffer H { float h[]; };
-#define FT_E(I) e[(I)]
-#include "ffn_tail.glsl"
-layout(push_constant) uniform Params { FfnTailParams tail; } p;
+layout(push_constant) uniform Params {
+  uint rows;
+  uint cols;
+  uint m_offset;
+  uint m_stride;
+  uint e_offset;
+  uint e_stride;
+  uint x_offset;
+  uint x_stride;
+  float weight_offset;
+  float eps;
+  float layer_scalar;
+  uint top_k;  // 0: e holds the experts' sum; else e's rows are the routed slots' products
+  uint has_next;
+  uint h_offset;
+  uint h_stride;
+} p;
+
+const uint NORM_HELD = 16u;
+const uint MAX_TOP_K = 32u;
+shared vec2 partial[256];  // THREADS at most
+shared uint order[MAX_TOP_K];  // the row's slots by ascending expert id
+
+// The workgroup's sums of v.x and v.y (every thread gets them).
+vec2 workgroup_sum(vec2 v) {
+  const uint tid = gl_LocalInvocationID.x;
+  barrier();  // the previous reduction's readers are done
+  partial[tid] = v;
+  barrier();
+  for (uint s = THREADS / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) partial[tid] += partial[tid + s];
+    barrier();
+  }
+  return partial[0];
+}
 
 void main() {
   const uint r = linear_group();
-  if (r >= p.tail.rows) return;  // uniform over the workgroup
-  ffn_tail_row(p.tail, r);
+  if (r >= p.rows) return;  // uniform over the workgroup
+  const uint tid = gl_LocalInvocationID.x;
+  const uint last = p.cols - 1u;
+  const uint mb = p.m_offset + r * p.m_stride;
+  const uint eb = p.e_offset + r * p.e_stride;
+  const uint xb = p.x_offset + r * p.x_stride;
+  float hm[NORM_HELD];
+  float he[NORM_HELD];
+  vec2 ss = vec2(0.0);
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    const float a = m[mb + min(c, last)];  // clamped, not guarded: the loads issue together
+    hm[i] = c < p.cols ? a : 0.0;
+  }
+  if (p.top_k == 0u) {
+    [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+      const uint c = tid + i * THREADS;
+      const float b = e[eb + min(c, last)];
+      he[i] = c < p.cols ? b : 0.0;
+    }
+  } else {
+    // The slots in ascending expert id, ties in slot order (moe_combine.comp's insertion sort):
+    // slot j's rank is the number of slots before it in that order.
+    const uint first = r * p.top_k;
+    if (tid < p.top_k) {
+      const int id = ids[first + tid];
+      uint rank = 0u;
+      for (uint j = 0u; j < p.top_k; ++j) {
+        const int other = ids[first + j];
+        rank += (other < id || (other == id && j < tid)) ? 1u : 0u;
+      }
+      order[rank] = tid;
+    }
+    barrier();
+    // moe_combine's sum per column: from zero, acc += weight * y, slots in that order.
+    [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) he[i] = 0.0;
+    for (uint j = 0u; j < p.top_k; ++j) {
+      const uint slot = first + order[j];
+      const float wgt = weights[slot];
+      const uint yb = p.e_offset + slot * p.e_stride;
+      [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i)
+        he[i] += wgt * e[yb + min(tid + i * THREADS, last)];
+    }
+    [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i)
+      he[i] = tid + i * THREADS < p.cols ? he[i] : 0.0;
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += vec2(hm[i] * hm[i], he[i] * he[i]);
+  const vec2 sums = workgroup_sum(ss);
+  const float inv_m = 1.0 / sqrt(sums.x / float(p.cols) + p.eps);
+  const float inv_e = 1.0 / sqrt(sums.y / float(p.cols) + p.eps);
+  float t[NORM_HELD];
+  float st = 0.0;
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * THREADS, last);
+    const float a = hm[i] * inv_m * (p.weight_offset + w1[c]);
+    const float b = he[i] * inv_e * (p.weight_offset + w2[c]);
+    t[i] = tid + i * THREADS < p.cols ? a + b : 0.0;
+    st += t[i] * t[i];
+  }
+  const float inv_t = 1.0 / sqrt(workgroup_sum(vec2(st, 0.0)).x / float(p.cols) + p.eps);
+  float xo[NORM_HELD];
+  float w3c[NORM_HELD];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = min(tid + i * THREADS, last);
+    xo[i] = x[xb + c];
+    w3c[i] = w3[c];
+  }
+  float xn[NORM_HELD];
+  float sn = 0.0;
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const float v = t[i] * inv_t * (p.weight_offset + w3c[i]);
+    // (x + v) * layer_scalar, as add then scale (a scalar of 1 is exact).
+    xn[i] = tid + i * THREADS < p.cols ? (xo[i] + v) * p.layer_scalar : 0.0;
+    sn += xn[i] * xn[i];
+  }
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    if (c < p.cols) x[xb + c] = xn[i];
+  }
+  if (p.has_next == 0u) return;  // uniform over the workgroup
+  // The next layer's input norm of the new x (rms_norm.comp's sum: the thread's held columns in
+  // order, then the same tree).
+  const float inv_n = 1.0 / sqrt(workgroup_sum(vec2(sn, 0.0)).x / float(p.cols) + p.eps);
+  const uint hb = p.h_offset + r * p.h_stride;
+  float w4c[NORM_HELD];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) w4c[i] = w4[min(tid + i * THREADS, last)];
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    const uint c = tid + i * THREADS;
+    if (c < p.cols) h[hb + c] = xn[i] * inv_n * (p.weight_offset + w4c[i]);
+  }
 }

@@ -65,17 +65,13 @@ enum class Kernel : int {
   // One of attention's q/k/v products whose last workgroup per head norms and rotates the head
   // in place or stores it in the KV cache (qmatvec_heads.comp), where workgroups_see_writes.
   qmatvec_heads,
-  // The routed experts' down product whose last workgroup per token ends the feed-forward
-  // (moe_matvec_down_tail.comp: moe_matvec_down's and ffn_tail's arithmetic), where
-  // workgroups_see_writes.
-  moe_matvec_down_tail,
   count,
 };
 // The name a profile shows.
 const char* kernel_name(Kernel k);
 // The kernel's source, gpu-kernels/<name>.comp (the function name in the Metal library).
 const char* kernel_source_name(Kernel k);
-constexpr int kMaxBindings = 14;
+constexpr int kMaxBindings = 12;
 constexpr size_t kMaxPushBytes = 128;
 
 // The shape of the experts' down product (gpu-kernels/matvec_teams.glsl's specialization

@@ -180,12 +180,6 @@ struct MoeMatvecParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, bias0, x_offset,
       x_stride, x_div, y_offset, y_stride, experts, geglu_half;
 };
-// moe_matvec_down_tail.comp's: the down product's, then the tail's.
-struct MoeDownTailParams {
-  MoeMatvecParams down;
-  FfnTailParams tail;
-};
-static_assert(sizeof(MoeDownTailParams) <= gpu::kMaxPushBytes);
 struct MoeMatmulParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, x_offset,
       x_stride, y_offset, y_stride, tile0, tile_rows;
@@ -241,8 +235,8 @@ class GpuBackend final : public Backend {
     // REDWING_GPU_PROFILE=1: per-kernel GPU time, printed to stderr when the backend closes.
     const char* profile = std::getenv("REDWING_GPU_PROFILE");
     profile_ = profile != nullptr && std::string(profile) == "1";
-    // REDWING_GPU_UNFUSED=geglu,tail,kv,route,norms,heads,down: run those fusions as separate
-    // ops (A/B measurements).
+    // REDWING_GPU_UNFUSED=geglu,tail,kv,route,norms,heads: run those fusions as separate ops
+    // (A/B measurements).
     // REDWING_GPU_FOLD_NORMS=small (the default): fold input norms into the decode products
     // (qmatmul_normed) of at most kFoldSmallRows rows in all (the router's), where the few
     // workgroups that each recompute the norm leave the GPU mostly idle anyway, so the fold only
@@ -257,7 +251,6 @@ class GpuBackend final : public Backend {
       fuse_router_ = u.find("route") == std::string::npos;
       fuse_norm_pair_ = u.find("norms") == std::string::npos;
       fuse_heads_ = u.find("heads") == std::string::npos;
-      fuse_down_tail_ = u.find("down") == std::string::npos;
     }
     // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
     // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
@@ -494,15 +487,9 @@ class GpuBackend final : public Backend {
     return fuse_tail_ && t.m.cols <= kNormHeld * dev_->info().workgroup_threads;
   }
 
-  // ffn_tail.comp's work for one layer: its push constants, bindings and what it reads and
-  // writes (the tail's own dispatch, or the experts' down product's epilogue).
-  struct TailPlan {
-    FfnTailParams p;
-    Binding m, e, x, w1, w2, w3, ids, weights, w4, h;
-    std::vector<const DeviceBuffer*> reads, writes;
-  };
-
-  TailPlan plan_ffn_tail(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
+  // ffn_tail.comp over `experts` (the experts' sum, routes null) or over the routed slots'
+  // products (routes and top_k: experts' rows are the entries t * top_k + j, moe_combine's y).
+  void ffn_tail(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
     const int64_t rows = t.m.rows, cols = t.m.cols;
     check_same_shape(t.m, t.x, "moe_ffn_tail");
     if (experts.cols != cols || experts.rows != (routes ? rows * top_k : rows))
@@ -513,51 +500,36 @@ class GpuBackend final : public Backend {
     for (const Buffer* w : {t.dense_norm, t.experts_norm, t.ffn_norm, t.next_norm})
       if (w != nullptr && w->size_bytes() < sizeof(float) * cols)
         throw std::logic_error("moe_ffn_tail: weight too short");
+    if (rows == 0) return;
     const View vm = view(t.m), ve = view(experts), vx = view(t.x);
     const bool next = t.next_norm != nullptr;
     const View vh = next ? view(t.next) : View{};
-    TailPlan plan{FfnTailParams{u32(rows), u32(cols), vm.offset, u32(t.m.stride), ve.offset,
-                                u32(experts.stride), vx.offset, u32(t.x.stride), t.weight_offset,
-                                t.eps, t.layer_scalar, u32(routes ? top_k : 0), next ? 1u : 0u,
-                                vh.offset, u32(t.next.stride)},
-                  vm.b,
-                  ve.b,
-                  vx.b,
-                  whole(dev_of(*t.dense_norm)),
-                  whole(dev_of(*t.experts_norm)),
-                  whole(dev_of(*t.ffn_norm)),
-                  {},
-                  {},
-                  {},
-                  {},
-                  {vm.b.buffer, ve.b.buffer, vx.b.buffer},
-                  {vx.b.buffer}};
-    for (const Binding& w : {plan.w1, plan.w2, plan.w3}) plan.reads.push_back(w.buffer);
+    FfnTailParams p{u32(rows),       u32(cols),       vm.offset,
+                    u32(t.m.stride), ve.offset,       u32(experts.stride),
+                    vx.offset,       u32(t.x.stride), t.weight_offset,
+                    t.eps,           t.layer_scalar,  u32(routes ? top_k : 0),
+                    next ? 1u : 0u,  vh.offset,       u32(t.next.stride)};
+    const DeviceBuffer &w1 = dev_of(*t.dense_norm), &w2 = dev_of(*t.experts_norm),
+                       &w3 = dev_of(*t.ffn_norm);
+    std::vector<const DeviceBuffer*> reads{vm.b.buffer, ve.b.buffer, vx.b.buffer, &w1, &w2, &w3};
+    std::vector<const DeviceBuffer*> writes{vx.b.buffer};
     const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(top_k);
+    Binding ids{}, weights{}, w4{}, h{};
     if (routes) {
-      plan.reads.push_back(routes);
-      plan.ids = route_ids(*routes, count);
-      plan.weights = route_weights(*routes, count);
+      reads.push_back(routes);
+      ids = route_ids(*routes, count);
+      weights = route_weights(*routes, count);
     }
     if (next) {
-      plan.reads.push_back(&dev_of(*t.next_norm));
-      plan.writes.push_back(vh.b.buffer);
-      plan.w4 = whole(dev_of(*t.next_norm));
-      plan.h = vh.b;
+      reads.push_back(&dev_of(*t.next_norm));
+      writes.push_back(vh.b.buffer);
+      w4 = whole(dev_of(*t.next_norm));
+      h = vh.b;
     }
-    return plan;
-  }
-
-  // ffn_tail.comp over `experts` (the experts' sum, routes null) or over the routed slots'
-  // products (routes and top_k: experts' rows are the entries t * top_k + j, moe_combine's y).
-  void ffn_tail(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
-    const TailPlan plan = plan_ffn_tail(experts, routes, top_k, t);
-    if (t.m.rows == 0) return;
-    touch(plan.reads, plan.writes);
-    const Binding binds[] = {plan.m,  plan.e,   plan.x,       plan.w1, plan.w2,
-                             plan.w3, plan.ids, plan.weights, plan.w4, plan.h};
-    dispatch_linear(Kernel::ffn_tail, binds, &plan.p, sizeof plan.p,
-                    static_cast<uint64_t>(t.m.rows));
+    touch(reads, writes);
+    const Binding binds[] = {vm.b,      ve.b, vx.b,    whole(w1), whole(w2),
+                             whole(w3), ids,  weights, w4,        h};
+    dispatch_linear(Kernel::ffn_tail, binds, &p, sizeof p, static_cast<uint64_t>(rows));
   }
 
   void rope(Mat x, int n_heads, int head_dim, const RopeParams& rp, int64_t pos0) override {
@@ -1189,11 +1161,6 @@ class GpuBackend final : public Backend {
     const GpuExpertBank& bank = checked_bank(base, x, routes, top_k, out);
     if (x.rows == 0 || !experts_decode(bank, x) || !fused_tail(tail))
       return Backend::routed_experts_tail(base, x, routes, top_k, out, tail);
-    if (fuse_down_tail_ && dev_->info().workgroups_see_writes) {
-      // The tail in the down product's last workgroup per token: two steps less.
-      expert_products_on_device(bank, x, routes, top_k, &tail);
-      return;
-    }
     // The products' sum in the tail's dispatch: moe_combine's arithmetic, one step less.
     ffn_tail(expert_products_on_device(bank, x, routes, top_k), &dev_of(routes), top_k, tail);
   }
@@ -1549,11 +1516,8 @@ class GpuBackend final : public Backend {
 
   // y[slot] = W_{ids[slot]} x[slot / x_div] for the `slots` routed slots; with geglu_half, x's
   // column c is gelu_tanh(x[c]) * x[c + geglu_half] (the view x spans the first half).
-  // With a tail (the down product only), moe_matvec_down_tail.comp ends the feed-forward in the
-  // product's last workgroup per token.
   void moe_matvec(const StackedExperts& s, const GpuExpertBank& bank, Mat x, uint32_t x_div,
-                  const Binding& ids, uint32_t slots, Mat y, uint32_t geglu_half = 0,
-                  const TailPlan* tail = nullptr) {
+                  const Binding& ids, uint32_t slots, Mat y, uint32_t geglu_half = 0) {
     const View vx = view(x), vy = view(y);
     MoeMatvecParams p{
         u32(s.rows),
@@ -1571,21 +1535,7 @@ class GpuBackend final : public Backend {
         u32(y.stride),
         u32(bank.num_experts),
         geglu_half};
-    if (tail && geglu_half == 0)
-      throw std::logic_error("moe_matvec: a tail needs the down product");
-    std::vector<const DeviceBuffer*> reads{vx.b.buffer, ids.buffer, s.buf.get()},
-        writes{vy.b.buffer};
-    Binding counters{};
-    if (tail) {
-      const size_t bytes = static_cast<size_t>(tail->p.rows) * sizeof(uint32_t);
-      if (!tail_counters_) tail_counters_ = dev_->create_buffer(4096);
-      if (bytes > tail_counters_->size_bytes()) throw std::logic_error("moe_matvec: too many rows");
-      counters = Binding{tail_counters_.get(), 0, bytes};
-      reads.insert(reads.end(), tail->reads.begin(), tail->reads.end());
-      writes.insert(writes.end(), tail->writes.begin(), tail->writes.end());
-      writes.push_back(counters.buffer);
-    }
-    touch(reads, writes);
+    touch({vx.b.buffer, ids.buffer, s.buf.get()}, {vy.b.buffer});
     const Binding binds[] = {
         Binding{s.buf.get(), 0, s.scales_offset},
         Binding{s.buf.get(), s.scales_offset, s.buf->size_bytes() - s.scales_offset}, vx.b, vy.b,
@@ -1598,34 +1548,20 @@ class GpuBackend final : public Backend {
                                   ? info.matvec_down.rows_per_group(info.workgroup_threads)
                                   : kMatvecRowsPerGroup;
     const auto [gx, gy] = grid(static_cast<uint64_t>((s.rows + per_group - 1) / per_group));
-    if (tail) {
-      const MoeDownTailParams tp{p, tail->p};
-      const Binding tbinds[] = {binds[0],      binds[1], binds[2], binds[3], binds[4],
-                                tail->m,       tail->x,  tail->w1, tail->w2, tail->w3,
-                                tail->weights, tail->w4, tail->h,  counters};
-      dispatch(Kernel::moe_matvec_down_tail, tbinds, &tp, sizeof tp, gx, gy, slots);
-      return;
-    }
     dispatch(kernel, binds, &p, sizeof p, gx, gy, slots);
   }
 
   // y[t * top_k + j] = down(GeGLU(gate x[t], up x[t])) of row t's j-th routed expert.
-  // With a tail, the down product's last workgroup per token ends the feed-forward
-  // (moe_matvec_down_tail.comp) and y is left undefined.
-  Mat expert_products_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k,
-                                const FfnTail* tail = nullptr) {
+  Mat expert_products_on_device(const GpuExpertBank& bank, Mat x, const Buffer& routes, int top_k) {
     const int64_t slots = x.rows * top_k;
     const int64_t inter = bank.intermediate;
     const size_t count = static_cast<size_t>(slots);
     const Binding ids = route_ids(dev_of(routes), count);
     Mat gu = scratch(moe_gate_up_, slots, 2 * inter);
     Mat y = scratch(moe_out_, slots, bank.hidden);
-    std::optional<TailPlan> plan;
-    if (tail) plan = plan_ffn_tail(y, &dev_of(routes), top_k, *tail);
     moe_matvec(bank.gate_up, bank, x, u32(top_k), ids, u32(slots), gu);
     // The down product reads GeGLU(gate, up) straight from gu (its staging computes it).
-    moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, ids, u32(slots), y, u32(inter),
-               plan ? &*plan : nullptr);
+    moe_matvec(bank.down, bank, gu.col_range(0, inter), 1, ids, u32(slots), y, u32(inter));
     return y;
   }
 
@@ -2072,7 +2008,7 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
   FoldNorms fold_norms_ = FoldNorms::small;
   bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true, fuse_router_ = true,
-       fuse_norm_pair_ = true, fuse_heads_ = true, fuse_down_tail_ = true;
+       fuse_norm_pair_ = true, fuse_heads_ = true;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
@@ -2090,8 +2026,6 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> router_counters_, norms_counters_;
   // qmatvec_heads.comp's, one per (token, head) of q, then of k, then of v.
   std::unique_ptr<DeviceBuffer> heads_counters_;
-  // moe_matvec_down_tail.comp's, one per token.
-  std::unique_ptr<DeviceBuffer> tail_counters_;
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
   bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;

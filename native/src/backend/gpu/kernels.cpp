@@ -23,7 +23,6 @@
 #include "gpu_kernels/moe_matmul_tiled.h"
 #include "gpu_kernels/moe_matvec.h"
 #include "gpu_kernels/moe_matvec_down.h"
-#include "gpu_kernels/moe_matvec_down_tail.h"
 #include "gpu_kernels/norm_rope.h"
 #include "gpu_kernels/penalize.h"
 #include "gpu_kernels/qmatmul.h"
@@ -77,7 +76,6 @@ const KernelCode kKernels[] = {
     {"router", spirv_router},
     {"qmatvec_norms", spirv_qmatvec_norms},
     {"qmatvec_heads", spirv_qmatvec_heads},
-    {"moe_matvec_down_tail", spirv_moe_matvec_down_tail},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
