@@ -168,6 +168,24 @@ void check_setting_refused(const char* name, std::initializer_list<const char*> 
   }
 }
 
+// A layer's key and value caches of `capacity` positions, zeroed, and the view over them.
+struct ZeroedKvCache {
+  std::unique_ptr<Buffer> k, v;
+  KvLayerView view;
+};
+ZeroedKvCache zeroed_kv_cache(Backend& b, int64_t capacity, bool ring, int kv_heads, int d,
+                              KvDType dtype) {
+  const size_t elem = dtype == KvDType::f32 ? 4 : 2;
+  const size_t bytes = static_cast<size_t>(capacity * kv_heads * d) * elem;
+  ZeroedKvCache c{b.alloc(bytes), b.alloc(bytes), {}};
+  const auto words = static_cast<int64_t>(bytes / 4);
+  b.fill_zero(Mat{c.k.get(), 0, 1, words, words});
+  b.fill_zero(Mat{c.v.get(), 0, 1, words, words});
+  c.view =
+      KvLayerView{c.k.get(), c.v.get(), capacity, ring, ring ? capacity : 0, kv_heads, d, dtype};
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("gpu: quantized products and embedding match the CPU for every variant") {
@@ -1512,7 +1530,6 @@ TEST_CASE("gpu: the keys' and values' norms and store in one dispatch match the 
     RopeParams rp = rope;
     rp.rotary_pairs = c.d / 2;
     rp.freq_dim = c.d;
-    const size_t elem = c.dtype == KvDType::f32 ? 4 : 2;
     const auto k = randn(static_cast<size_t>(c.rows * width), 61, 2.0f);
     const auto v = randn(static_cast<size_t>(c.rows * width), 62, 2.0f);
     const auto kw = randn(static_cast<size_t>(c.d), 63, 0.3f);
@@ -1520,13 +1537,8 @@ TEST_CASE("gpu: the keys' and values' norms and store in one dispatch match the 
     std::vector<float> caches[2][2], outs[3];
     int which = 0;
     for (Backend* b : {fused.get(), unfused.get(), cpu.get()}) {
-      auto kc = b->alloc(static_cast<size_t>(capacity * width) * elem);
-      auto vc = b->alloc(static_cast<size_t>(capacity * width) * elem);
-      const auto words = static_cast<int64_t>(capacity * width * static_cast<int64_t>(elem) / 4);
-      b->fill_zero(Mat{kc.get(), 0, 1, words, words});
-      b->fill_zero(Mat{vc.get(), 0, 1, words, words});
-      KvLayerView kv{kc.get(), vc.get(), capacity, c.ring, c.ring ? capacity : 0,
-                     kv_heads, c.d,      c.dtype};
+      const ZeroedKvCache cache = zeroed_kv_cache(*b, capacity, c.ring, kv_heads, c.d, c.dtype);
+      const KvLayerView& kv = cache.view;
       auto kb = put(*b, k), vb = put(*b, v), wb = put(*b, kw), qb = put(*b, q);
       const int64_t p0 = c.ring ? pos0 : 0;  // a ring wraps: positions 6.. go to rows 6, 7, 0..
       b->store_kv_normed(kv, Mat{kb.get(), 0, c.rows, width, width},
@@ -1537,8 +1549,8 @@ TEST_CASE("gpu: the keys' and values' norms and store in one dispatch match the 
                    Mat{ob.get(), 0, c.rows, heads * c.d, heads * c.d});
       outs[which] = get(*b, *ob);
       if (which < 2) {
-        caches[which][0] = get(*b, *kc);
-        caches[which][1] = get(*b, *vc);
+        caches[which][0] = get(*b, *cache.k);
+        caches[which][1] = get(*b, *cache.v);
       }
       ++which;
     }
@@ -1589,7 +1601,6 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
     HostQuant kw(width, hidden, 4, 32, DType::f16, 1202);
     HostQuant vw(width, hidden, 8, 64, DType::bf16, 1203);
     RopeParams rope{10000, c.d / 2, c.d, 1.0};
-    const size_t elem = c.dtype == KvDType::f32 ? 4 : 2;
     const auto x = randn(static_cast<size_t>(c.rows * hidden), 1204);
     const auto in_w = randn(static_cast<size_t>(hidden), 1205, 0.3f);
     const auto q_w = randn(static_cast<size_t>(c.d), 1206, 0.3f);
@@ -1599,13 +1610,8 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
     uint64_t dispatches[3] = {};
     int which = 0;
     for (Backend* b : {fused.get(), unfused.get(), cpu.get()}) {
-      auto kc = b->alloc(static_cast<size_t>(capacity * width) * elem);
-      auto vc = b->alloc(static_cast<size_t>(capacity * width) * elem);
-      const auto words = static_cast<int64_t>(capacity * width * static_cast<int64_t>(elem) / 4);
-      b->fill_zero(Mat{kc.get(), 0, 1, words, words});
-      b->fill_zero(Mat{vc.get(), 0, 1, words, words});
-      const KvLayerView kv{kc.get(), vc.get(), capacity, c.ring, c.ring ? capacity : 0,
-                           kv_heads, c.d,      c.dtype};
+      const ZeroedKvCache cache = zeroed_kv_cache(*b, capacity, c.ring, kv_heads, c.d, c.dtype);
+      const KvLayerView& kv = cache.view;
       auto wq = b->import_qweight(qw.m), wk = b->import_qweight(kw.m), wv = b->import_qweight(vw.m);
       auto xb = put(*b, x), nb = put(*b, in_w), qnb = put(*b, q_w), knb = put(*b, k_w);
       auto hb = b->alloc(x.size() * 4), qb = b->alloc(static_cast<size_t>(c.rows * q_width) * 4),
@@ -1625,8 +1631,8 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
                                   {qnb.get(), knb.get(), 1.0f, 1e-6f, rope, c.v_norm}, kv, pos0);
       dispatches[which] = b->work_counters().dispatches - before;
       qs[which] = get(*b, *qb);
-      caches[which][0] = get(*b, *kc);
-      caches[which][1] = get(*b, *vc);
+      caches[which][0] = get(*b, *cache.k);
+      caches[which][1] = get(*b, *cache.v);
       auto ob = b->alloc(static_cast<size_t>(c.rows * q_width) * 4);
       b->attention(q, kv, pos0, heads, 0.125f, Mat{ob.get(), 0, c.rows, q_width, q_width});
       outs[which] = get(*b, *ob);
