@@ -14,7 +14,9 @@
 #include "backend/gpu/gpu_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +24,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace redwing {
@@ -104,13 +108,12 @@ struct QuantParams {
   uint32_t top_k = 0;       // router.comp: experts picked per token
 };
 enum NormMode : uint32_t { kNoNorm = 0, kNormWeighted, kNormMulCols, kNormPlain };
-// qmatvec_norms.comp's: qmatvec's, then the norms' own.
-struct NormsParams {
-  QuantParams q;
+// qmatvec_norms.comp's push constants after qmatvec's block.
+struct NormsFields {
   float weight_offset, eps, acc_scale;
   uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
 };
-static_assert(sizeof(NormsParams) <= gpu::kMaxPushBytes);
+static_assert(sizeof(QuantParams) + sizeof(NormsFields) <= gpu::kMaxPushBytes);
 struct EmbedParams {
   uint32_t rows, cols, bits, group_size, scale_type, scale0, out_offset, out_stride, count, row0;
   float scale;
@@ -145,11 +148,7 @@ struct HeadsFields {
   uint32_t v_norm, also_v, pos0, capacity, ring, f16;
   uint32_t counter0;  // this product's first arrival counter
 };
-struct HeadsParams {
-  QuantParams q;
-  HeadsFields h;
-};
-static_assert(sizeof(HeadsParams) <= gpu::kMaxPushBytes);
+static_assert(sizeof(QuantParams) + sizeof(HeadsFields) <= gpu::kMaxPushBytes);
 enum HeadsTarget : uint32_t { kHeadsQuery = 0, kHeadsKey, kHeadsValue };
 struct ElementParams {
   uint32_t op, rows, cols, a_offset, a_stride, b_offset, b_stride, out_offset, out_stride;
@@ -452,27 +451,22 @@ class GpuBackend final : public Backend {
         throw std::logic_error("qmatmul_add_rms_norm_pair: weight too short");
     if (!norms_counters_) norms_counters_ = dev_->create_buffer(4096);
     const View va = view(acc), v1 = view(y1), v2 = view(y2);
-    const AddNormsEpilogue e{
-        whole(dev_of(*weight)),
-        va.b,
-        whole(dev_of(*weight1)),
-        v1.b,
-        whole(dev_of(*weight2)),
-        v2.b,
-        Binding{norms_counters_.get(), 0, static_cast<size_t>(x.rows) * sizeof(uint32_t)},
-        offset,
-        eps,
-        acc_scale,
-        va.offset,
-        u32(acc.stride),
-        v1.offset,
-        u32(y1.stride),
-        v2.offset,
-        u32(y2.stride)};
-    touch({view(x).b.buffer, w.buf.get(), e.weight.buffer, e.weight1.buffer, e.weight2.buffer,
+    const NormsFields fields{offset,          eps,       acc_scale,      va.offset,
+                             u32(acc.stride), v1.offset, u32(y1.stride), v2.offset,
+                             u32(y2.stride)};
+    const Binding weight_b = whole(dev_of(*weight)), weight1_b = whole(dev_of(*weight1)),
+                  weight2_b = whole(dev_of(*weight2));
+    // qmatvec_norms.comp takes binding 5 for the post-norm's weight (no folded input norm).
+    DecodeEpilogue e{
+        Kernel::qmatvec_norms,
+        {weight_b, va.b, weight1_b, v1.b, weight2_b, v2.b,
+         Binding{norms_counters_.get(), 0, static_cast<size_t>(x.rows) * sizeof(uint32_t)}},
+        /*own_binding5=*/true};
+    e.set_tail(fields);
+    touch({view(x).b.buffer, w.buf.get(), weight_b.buffer, weight1_b.buffer, weight2_b.buffer,
            va.b.buffer},
           {view(out).b.buffer, va.b.buffer, v1.b.buffer, v2.b.buffer, norms_counters_.get()});
-    qmatmul(w, x, out, nullptr, false, 0, nullptr, &e);
+    qmatmul(w, x, out, nullptr, false, 0, &e);
   }
 
   void moe_ffn_tail(Mat experts, const FfnTail& t) override {
@@ -632,8 +626,10 @@ class GpuBackend final : public Backend {
     if (!router_counters_) router_counters_ = dev_->create_buffer(4096);
     const DeviceBuffer& rb = dev_of(routes);
     const DeviceBuffer& pes = dev_of(per_expert_scale);
-    RouteEpilogue epilogue{whole(pes), route_ids(rb, count), route_weights(rb, count),
-                           Binding{router_counters_.get(), 0, counter_bytes}, u32(top_k)};
+    DecodeEpilogue epilogue{Kernel::router,
+                            {whole(pes), route_ids(rb, count), route_weights(rb, count),
+                             Binding{router_counters_.get(), 0, counter_bytes}}};
+    epilogue.top_k = u32(top_k);
     std::vector<const DeviceBuffer*> reads{view(f ? x : normed).b.buffer, w.buf.get(), &pes};
     if (f && f->weight) reads.push_back(f->weight);
     touch(reads, {view(router.y).b.buffer, &rb, router_counters_.get()});
@@ -681,31 +677,32 @@ class GpuBackend final : public Backend {
     touch(reads, writes);
   }
 
-  // route.comp's inputs and outputs for router.comp (route_product_to).
-  struct RouteEpilogue {
-    Binding per_expert_scale, ids, weights, counters;
+  // A decode product whose last workgroups go on with more work: router.comp (route_product_to),
+  // qmatvec_norms.comp (qmatmul_add_rms_norm_pair), qmatvec_heads.comp
+  // (project_attention_inputs). The kernel's bindings are the product's five (packed, scales,
+  // biases, x, y), the folded norm's weight (unless own_binding5: the kernel's own binding 5 is
+  // the first of `bindings`), then `bindings`; its push constants are qmatvec's block (with
+  // top_k) followed by `tail`.
+  struct DecodeEpilogue {
+    DecodeEpilogue(Kernel k, std::vector<Binding> b, bool own5 = false)
+        : kernel(k), bindings(std::move(b)), own_binding5(own5) {}
+    Kernel kernel;
+    std::vector<Binding> bindings;
+    bool own_binding5;
     uint32_t top_k = 0;
+    std::vector<std::byte> tail;
+    template <class Fields>
+    void set_tail(const Fields& fields) {
+      static_assert(std::is_trivially_copyable_v<Fields>);
+      tail.resize(sizeof fields);
+      std::memcpy(tail.data(), &fields, sizeof fields);
+    }
   };
 
-  // qmatvec_norms.comp's inputs and outputs (qmatmul_add_rms_norm_pair).
-  struct AddNormsEpilogue {
-    Binding weight, acc, weight1, y1, weight2, y2, counters;
-    float weight_offset, eps, acc_scale;
-    uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
-  };
-
-  // qmatvec_heads.comp's inputs and outputs (project_attention_inputs).
-  struct HeadsEpilogue {
-    Binding weight, table, key_cache, value_cache, counters;
-    HeadsFields f;
-  };
-
-  // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on). With
-  // route, norms or heads, the decode product ends in that epilogue (router.comp,
-  // qmatvec_norms.comp, qmatvec_heads.comp).
+  // With geglu_half, x is the gate half: the view spans up too (geglu_half columns on). With an
+  // epilogue, the decode product ends in it (DecodeEpilogue).
   void qmatmul(const QWeight& wq, Mat x, Mat y, const FoldedNorm* fold, bool check_hazards = true,
-               uint32_t geglu_half = 0, const RouteEpilogue* route = nullptr,
-               const AddNormsEpilogue* norms = nullptr, const HeadsEpilogue* heads = nullptr) {
+               uint32_t geglu_half = 0, const DecodeEpilogue* epilogue = nullptr) {
     const auto& w = static_cast<const GpuQWeight&>(wq);
     if (x.cols != w.cols || y.cols != w.rows || x.rows != y.rows)
       throw std::logic_error("qmatmul: shape mismatch (" + std::to_string(x.rows) + "x" +
@@ -743,52 +740,18 @@ class GpuBackend final : public Backend {
         const uint64_t groups =
             static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
         const auto [gx, gy] = grid(groups);
-        if (route) {
-          p.top_k = route->top_k;
-          const Binding rbinds[] = {packed,
-                                    scales,
-                                    biases,
-                                    vx.b,
-                                    vy.b,
-                                    norm_weight,
-                                    route->per_expert_scale,
-                                    route->ids,
-                                    route->weights,
-                                    route->counters};
-          dispatch(Kernel::router, rbinds, &p, sizeof p, gx, gy, u32(x.rows));
-          return;
-        }
-        if (norms) {
-          const NormsParams np{p,
-                               norms->weight_offset,
-                               norms->eps,
-                               norms->acc_scale,
-                               norms->acc_offset,
-                               norms->acc_stride,
-                               norms->y1_offset,
-                               norms->y1_stride,
-                               norms->y2_offset,
-                               norms->y2_stride};
-          const Binding nbinds[] = {packed,    scales,         biases,     vx.b,
-                                    vy.b,      norms->weight,  norms->acc, norms->weight1,
-                                    norms->y1, norms->weight2, norms->y2,  norms->counters};
-          dispatch(Kernel::qmatvec_norms, nbinds, &np, sizeof np, gx, gy, u32(x.rows));
-          return;
-        }
-        if (heads) {
-          const HeadsParams hp{p, heads->f};
-          const Binding hbinds[] = {packed,
-                                    scales,
-                                    biases,
-                                    vx.b,
-                                    vy.b,
-                                    norm_weight,
-                                    heads->weight,
-                                    heads->table,
-                                    heads->key_cache,
-                                    heads->value_cache,
-                                    heads->counters};
-          dispatch(Kernel::qmatvec_heads, hbinds, &hp, sizeof hp, gx, gy, u32(x.rows));
+        if (epilogue) {
+          p.top_k = epilogue->top_k;
+          std::array<std::byte, gpu::kMaxPushBytes> push{};
+          if (sizeof p + epilogue->tail.size() > push.size())
+            throw std::logic_error("qmatmul: epilogue push constants too long");
+          std::memcpy(push.data(), &p, sizeof p);
+          std::memcpy(push.data() + sizeof p, epilogue->tail.data(), epilogue->tail.size());
+          std::vector<Binding> ebinds{packed, scales, biases, vx.b, vy.b};
+          if (!epilogue->own_binding5) ebinds.push_back(norm_weight);
+          ebinds.insert(ebinds.end(), epilogue->bindings.begin(), epilogue->bindings.end());
+          dispatch(epilogue->kernel, ebinds, push.data(), sizeof p + epilogue->tail.size(), gx, gy,
+                   u32(x.rows));
           return;
         }
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
@@ -964,33 +927,34 @@ class GpuBackend final : public Backend {
     if (f && f->weight) reads.push_back(f->weight);
     touch(reads, writes);
 
-    HeadsEpilogue e{};
-    e.counters = Binding{heads_counters_.get(), 0, counters * sizeof(uint32_t)};
-    e.table = table;
-    e.key_cache = whole(kc);
-    e.value_cache = whole(vc);
-    e.f.weight_offset = hn.weight_offset;
-    e.f.eps = hn.eps;
-    e.f.v_norm = hn.v_norm ? 1u : 0u;
-    e.f.pos0 = u32(pos0);
-    e.f.capacity = u32(kv.capacity);
-    e.f.ring = kv.ring ? 1u : 0u;
-    e.f.f16 = kv.dtype == KvDType::f16 ? 1u : 0u;
-    e.f.half_dim = u32(d / 2);
+    HeadsFields h{};
+    h.weight_offset = hn.weight_offset;
+    h.eps = hn.eps;
+    h.v_norm = hn.v_norm ? 1u : 0u;
+    h.pos0 = u32(pos0);
+    h.capacity = u32(kv.capacity);
+    h.ring = kv.ring ? 1u : 0u;
+    h.f16 = kv.dtype == KvDType::f16 ? 1u : 0u;
+    h.half_dim = u32(d / 2);
     size_t first_counter = 0;
     auto run = [&](const QProduct& p, HeadsTarget target, const Buffer* weight, uint32_t heads) {
-      e.f.target = target;
-      e.f.heads = heads;
-      e.weight = weight ? whole(dev_of(*weight)) : Binding{};
-      e.f.has_weight = weight ? 1u : 0u;
-      e.f.counter0 = u32(static_cast<int64_t>(first_counter));
+      h.target = target;
+      h.heads = heads;
+      h.has_weight = weight ? 1u : 0u;
+      h.counter0 = u32(static_cast<int64_t>(first_counter));
       first_counter += static_cast<size_t>(T) * heads;
-      qmatmul(*p.w, in, p.y, f ? &*f : nullptr, false, 0, nullptr, nullptr, &e);
+      // qmatvec_heads.comp: after the folded norm's weight, the head norm's weight, the RoPE
+      // table, both caches and the arrival counters.
+      DecodeEpilogue e{Kernel::qmatvec_heads,
+                       {weight ? whole(dev_of(*weight)) : Binding{}, table, whole(kc), whole(vc),
+                        Binding{heads_counters_.get(), 0, counters * sizeof(uint32_t)}}};
+      e.set_tail(h);
+      qmatmul(*p.w, in, p.y, f ? &*f : nullptr, false, 0, &e);
     };
     run(qkv.q, kHeadsQuery, hn.q_norm, q_heads);
-    e.f.also_v = qkv.v.w ? 0u : 1u;  // the keys' raw product is the values' too
+    h.also_v = qkv.v.w ? 0u : 1u;  // the keys' raw product is the values' too
     run(qkv.k, kHeadsKey, hn.k_norm, kv_heads);
-    e.f.also_v = 0;
+    h.also_v = 0;
     if (qkv.v.w) run(qkv.v, kHeadsValue, nullptr, kv_heads);
   }
 
