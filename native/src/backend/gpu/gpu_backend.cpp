@@ -20,13 +20,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_set>
-#include <utility>
 #include <vector>
 
 namespace redwing {
@@ -682,20 +682,26 @@ class GpuBackend final : public Backend {
   // (project_attention_inputs). The kernel's bindings are the product's five (packed, scales,
   // biases, x, y), the folded norm's weight (unless own_binding5: the kernel's own binding 5 is
   // the first of `bindings`), then `bindings`; its push constants are qmatvec's block (with
-  // top_k) followed by `tail`.
+  // top_k) followed by `tail`. Fixed-size storage: one is built per product while a decode
+  // step is recorded.
   struct DecodeEpilogue {
-    DecodeEpilogue(Kernel k, std::vector<Binding> b, bool own5 = false)
-        : kernel(k), bindings(std::move(b)), own_binding5(own5) {}
+    DecodeEpilogue(Kernel k, std::initializer_list<Binding> b, bool own5 = false)
+        : kernel(k), binding_count(b.size()), own_binding5(own5) {
+      if (b.size() > bindings.size()) throw std::logic_error("DecodeEpilogue: too many bindings");
+      std::copy(b.begin(), b.end(), bindings.begin());
+    }
     Kernel kernel;
-    std::vector<Binding> bindings;
+    std::array<Binding, gpu::kMaxBindings> bindings{};
+    size_t binding_count;
     bool own_binding5;
     uint32_t top_k = 0;
-    std::vector<std::byte> tail;
+    std::array<std::byte, gpu::kMaxPushBytes - sizeof(QuantParams)> tail{};
+    size_t tail_bytes = 0;
     template <class Fields>
     void set_tail(const Fields& fields) {
-      static_assert(std::is_trivially_copyable_v<Fields>);
-      tail.resize(sizeof fields);
+      static_assert(std::is_trivially_copyable_v<Fields> && sizeof(Fields) <= sizeof tail);
       std::memcpy(tail.data(), &fields, sizeof fields);
+      tail_bytes = sizeof fields;
     }
   };
 
@@ -743,15 +749,17 @@ class GpuBackend final : public Backend {
         if (epilogue) {
           p.top_k = epilogue->top_k;
           std::array<std::byte, gpu::kMaxPushBytes> push{};
-          if (sizeof p + epilogue->tail.size() > push.size())
-            throw std::logic_error("qmatmul: epilogue push constants too long");
           std::memcpy(push.data(), &p, sizeof p);
-          std::memcpy(push.data() + sizeof p, epilogue->tail.data(), epilogue->tail.size());
-          std::vector<Binding> ebinds{packed, scales, biases, vx.b, vy.b};
-          if (!epilogue->own_binding5) ebinds.push_back(norm_weight);
-          ebinds.insert(ebinds.end(), epilogue->bindings.begin(), epilogue->bindings.end());
-          dispatch(epilogue->kernel, ebinds, push.data(), sizeof p + epilogue->tail.size(), gx, gy,
-                   u32(x.rows));
+          std::memcpy(push.data() + sizeof p, epilogue->tail.data(), epilogue->tail_bytes);
+          std::array<Binding, gpu::kMaxBindings> ebinds{packed, scales, biases, vx.b, vy.b};
+          size_t count = 5;
+          if (!epilogue->own_binding5) ebinds[count++] = norm_weight;
+          if (count + epilogue->binding_count > ebinds.size())
+            throw std::logic_error("qmatmul: too many epilogue bindings");
+          for (size_t i = 0; i < epilogue->binding_count; ++i)
+            ebinds[count++] = epilogue->bindings[i];
+          dispatch(epilogue->kernel, std::span<const Binding>(ebinds.data(), count), push.data(),
+                   sizeof p + epilogue->tail_bytes, gx, gy, u32(x.rows));
           return;
         }
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
