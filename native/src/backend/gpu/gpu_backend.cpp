@@ -141,7 +141,7 @@ struct KvNormStoreParams {
   float weight_offset, eps;
   uint32_t v_norm, pos0, capacity, ring, f16;
 };
-// qmatvec_heads.comp's: qmatvec's, then the heads' own.
+// qmatvec_heads.comp's push constants after qmatvec's block.
 struct HeadsFields {
   uint32_t half_dim, heads, target, has_weight;
   float weight_offset, eps;
@@ -283,6 +283,7 @@ class GpuBackend final : public Backend {
     route_out_.reset();
     router_counters_.reset();
     norms_counters_.reset();
+    heads_counters_.reset();
   }
 
   gpu::Device& device() { return *dev_; }
@@ -449,7 +450,7 @@ class GpuBackend final : public Backend {
     for (const Buffer* b : {weight, weight1, weight2})
       if (b->size_bytes() < sizeof(float) * acc.cols)
         throw std::logic_error("qmatmul_add_rms_norm_pair: weight too short");
-    if (!norms_counters_) norms_counters_ = dev_->create_buffer(4096);
+    const Binding counters = arrival_counters(norms_counters_, static_cast<size_t>(x.rows));
     const View va = view(acc), v1 = view(y1), v2 = view(y2);
     const NormsFields fields{offset,          eps,       acc_scale,      va.offset,
                              u32(acc.stride), v1.offset, u32(y1.stride), v2.offset,
@@ -457,15 +458,13 @@ class GpuBackend final : public Backend {
     const Binding weight_b = whole(dev_of(*weight)), weight1_b = whole(dev_of(*weight1)),
                   weight2_b = whole(dev_of(*weight2));
     // qmatvec_norms.comp takes binding 5 for the post-norm's weight (no folded input norm).
-    DecodeEpilogue e{
-        Kernel::qmatvec_norms,
-        {weight_b, va.b, weight1_b, v1.b, weight2_b, v2.b,
-         Binding{norms_counters_.get(), 0, static_cast<size_t>(x.rows) * sizeof(uint32_t)}},
-        /*own_binding5=*/true};
+    DecodeEpilogue e{Kernel::qmatvec_norms,
+                     {weight_b, va.b, weight1_b, v1.b, weight2_b, v2.b, counters},
+                     /*own_binding5=*/true};
     e.set_tail(fields);
     touch({view(x).b.buffer, w.buf.get(), weight_b.buffer, weight1_b.buffer, weight2_b.buffer,
            va.b.buffer},
-          {view(out).b.buffer, va.b.buffer, v1.b.buffer, v2.b.buffer, norms_counters_.get()});
+          {view(out).b.buffer, va.b.buffer, v1.b.buffer, v2.b.buffer, counters.buffer});
     qmatmul(w, x, out, nullptr, false, 0, &e);
   }
 
@@ -622,17 +621,15 @@ class GpuBackend final : public Backend {
     const std::span<const QProduct> products(&router, 1);
     const std::optional<FoldedNorm> f = folded_norm(x, norm, normed, products);
     if (!f) input_norm(x, norm, normed);
-    const size_t counter_bytes = static_cast<size_t>(x.rows) * sizeof(uint32_t);
-    if (!router_counters_) router_counters_ = dev_->create_buffer(4096);
+    const Binding counters = arrival_counters(router_counters_, static_cast<size_t>(x.rows));
     const DeviceBuffer& rb = dev_of(routes);
     const DeviceBuffer& pes = dev_of(per_expert_scale);
     DecodeEpilogue epilogue{Kernel::router,
-                            {whole(pes), route_ids(rb, count), route_weights(rb, count),
-                             Binding{router_counters_.get(), 0, counter_bytes}}};
+                            {whole(pes), route_ids(rb, count), route_weights(rb, count), counters}};
     epilogue.top_k = u32(top_k);
     std::vector<const DeviceBuffer*> reads{view(f ? x : normed).b.buffer, w.buf.get(), &pes};
     if (f && f->weight) reads.push_back(f->weight);
-    touch(reads, {view(router.y).b.buffer, &rb, router_counters_.get()});
+    touch(reads, {view(router.y).b.buffer, &rb, counters.buffer});
     qmatmul(w, f ? x : normed, router.y, f ? &*f : nullptr, false, 0, &epilogue);
   }
 
@@ -675,6 +672,15 @@ class GpuBackend final : public Backend {
     }
     if (norm_weight) reads.push_back(norm_weight);
     touch(reads, writes);
+  }
+
+  // `count` 32-bit arrival counters in `slot`, grown as needed. They are zero between dispatches:
+  // create_buffer zeroes them and each kernel's last arrival resets its counter.
+  Binding arrival_counters(std::unique_ptr<DeviceBuffer>& slot, size_t count) {
+    const size_t bytes = count * sizeof(uint32_t);
+    if (!slot || slot->size_bytes() < bytes)
+      slot = dev_->create_buffer(std::max<size_t>(bytes, 4096));
+    return Binding{slot.get(), 0, bytes};
   }
 
   // A decode product whose last workgroups go on with more work: router.comp (route_product_to),
@@ -918,14 +924,13 @@ class GpuBackend final : public Backend {
     }
     const Mat in = f ? x : qkv.q.x;
     const Binding table = rope_table(T, d, hn.rope, pos0);
-    const size_t counters = static_cast<size_t>(T) * (q_heads + 2 * kv_heads);
-    if (!heads_counters_ || heads_counters_->size_bytes() < counters * sizeof(uint32_t))
-      heads_counters_ = dev_->create_buffer(std::max<size_t>(counters * sizeof(uint32_t), 4096));
+    const size_t counter_count = static_cast<size_t>(T) * (q_heads + 2 * kv_heads);
+    const Binding counters = arrival_counters(heads_counters_, counter_count);
     const DeviceBuffer& kc = dev_of(*kv.k);
     const DeviceBuffer& vc = dev_of(*kv.v);
 
     std::vector<const DeviceBuffer*> reads{view(in).b.buffer, table.buffer};
-    std::vector<const DeviceBuffer*> writes{&kc, &vc, heads_counters_.get()};
+    std::vector<const DeviceBuffer*> writes{&kc, &vc, counters.buffer};
     for (const QProduct& p : products) {
       reads.push_back(static_cast<const GpuQWeight&>(*p.w).buf.get());
       writes.push_back(view(p.y).b.buffer);
@@ -953,9 +958,9 @@ class GpuBackend final : public Backend {
       first_counter += static_cast<size_t>(T) * heads;
       // qmatvec_heads.comp: after the folded norm's weight, the head norm's weight, the RoPE
       // table, both caches and the arrival counters.
-      DecodeEpilogue e{Kernel::qmatvec_heads,
-                       {weight ? whole(dev_of(*weight)) : Binding{}, table, whole(kc), whole(vc),
-                        Binding{heads_counters_.get(), 0, counters * sizeof(uint32_t)}}};
+      DecodeEpilogue e{
+          Kernel::qmatvec_heads,
+          {weight ? whole(dev_of(*weight)) : Binding{}, table, whole(kc), whole(vc), counters}};
       e.set_tail(h);
       qmatmul(*p.w, in, p.y, f ? &*f : nullptr, false, 0, &e);
     };
@@ -1019,10 +1024,7 @@ class GpuBackend final : public Backend {
     const bool merge = shape.merge_in_last_workgroup;
     Binding counters{};
     if (merge) {
-      const size_t counter_bytes = static_cast<size_t>(rows_heads) * sizeof(uint32_t);
-      if (!attention_counters_ || attention_counters_->size_bytes() < counter_bytes)
-        attention_counters_ = dev_->create_buffer(std::max<size_t>(counter_bytes, 4096));
-      counters = {attention_counters_.get(), 0, counter_bytes};
+      counters = arrival_counters(attention_counters_, static_cast<size_t>(rows_heads));
       p.combine = 1;
       p.out_offset = vo.offset;
       p.out_stride = u32(out.stride);
