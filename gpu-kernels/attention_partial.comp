@@ -8,8 +8,9 @@
 // split that workgroup writes out at once). Merging here saves a dispatch and the barrier before
 // it on every layer's critical path (docs/gpu.md, "Eleventh round"); the arithmetic and its order
 // are attention_combine's, so both give the same bits. The same kernel serves decode (one row,
-// many splits over a long context) and prefill (many rows); no score matrix larger than one
-// split is ever held.
+// many splits over a long context) and prefill calls of fewer rows than
+// AttentionSplit::tiled_min_rows (longer ones take attention_tiled.comp); no score matrix larger
+// than one split is ever held.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -61,15 +62,7 @@ shared float scores[SPLIT];
 shared float reduce[256];  // THREADS at most
 shared uint merges;  // 1: this workgroup is its (t, h)'s last to finish
 
-float cache_value(uint word_index_f32, bool is_k) {
-  // Element e of the cache as float32 (f16 caches hold two halves per word).
-  const uint e = word_index_f32;
-  if (p.f16 != 0u) {
-    const uint w = is_k ? k_cache[e >> 1u] : v_cache[e >> 1u];
-    return unpackHalf2x16(w >> ((e & 1u) * 16u)).x;
-  }
-  return uintBitsToFloat(is_k ? k_cache[e] : v_cache[e]);
-}
+#include "kv_read.glsl"
 
 void main() {
   const uint id = linear_group();
@@ -81,7 +74,7 @@ void main() {
   const uint d = p.head_dim;
   const uint kv_head = h / p.group;
   const uint pos = p.pos0 + t;
-  const uint first = (p.window > 0u && pos >= p.window) ? pos - p.window + 1u : 0u;
+  const uint first = first_visible(pos);
   const uint n = pos - first + 1u;
   const uint i0 = s * p.split_len;
   const uint count = i0 < n ? min(p.split_len, n - i0) : 0u;

@@ -1727,6 +1727,70 @@ TEST_CASE("gpu: decode attention matches the CPU however its keys are split") {
   }
 }
 
+// Prefill attention in tiles (attention_tiled.comp) against the CPU and against the split kernel
+// (REDWING_GPU_ATTENTION_TILES=0) on the same GPU: head_dim 40 (neither a multiple of 4 nor of
+// the 32-column slab), 256 and 512 (the tile rows the host picks shrink with it), f32 and f16
+// caches, GQA, a sliding window over a ring that wraps, a chunk after earlier ones (pos0 > 0), row
+// counts that leave the last tile part empty, and a tile whose first rows see keys its last rows
+// do not (and the reverse). A malformed setting is refused.
+TEST_CASE("gpu: tiled prefill attention matches the CPU and the split kernel") {
+  check_setting_refused("REDWING_GPU_ATTENTION_TILES", {"-1", "x", "16 rows", "1234567"});
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  setenv("REDWING_GPU_ATTENTION_TILES", "1", 1);
+  auto tiled = gpu_backend(threads);
+  setenv("REDWING_GPU_ATTENTION_TILES", "0", 1);
+  auto split = gpu_backend(threads);
+  unsetenv("REDWING_GPU_ATTENTION_TILES");
+  struct Case {
+    int d, kv_heads, heads;
+    int64_t capacity;
+    bool ring;
+    int64_t window;
+    KvDType dtype;
+    int64_t before, rows;  // positions already stored, then one call of `rows` rows
+  };
+  for (const Case c : {Case{40, 2, 6, 200, false, 0, KvDType::f32, 0, 150},
+                       Case{40, 2, 6, 200, false, 0, KvDType::f16, 37, 100},
+                       Case{40, 1, 2, 40, true, 23, KvDType::f32, 61, 17},
+                       Case{256, 2, 4, 160, false, 0, KvDType::f16, 70, 90},
+                       Case{256, 2, 4, 48, true, 29, KvDType::f32, 50, 19},
+                       Case{512, 1, 2, 120, false, 0, KvDType::f32, 40, 70},
+                       Case{512, 2, 4, 64, true, 33, KvDType::f16, 80, 31}}) {
+    CAPTURE(c.d);
+    CAPTURE(c.dtype == KvDType::f16);
+    CAPTURE(c.ring);
+    CAPTURE(c.rows);
+    const int64_t width = c.kv_heads * c.d, q_width = c.heads * c.d;
+    const int64_t total = c.before + c.rows;
+    const size_t elem = c.dtype == KvDType::f32 ? 4 : 2;
+    const auto k = randn(static_cast<size_t>(total * width), 51);
+    const auto v = randn(static_cast<size_t>(total * width), 52);
+    const auto q = randn(static_cast<size_t>(c.rows * q_width), 53);
+    std::vector<float> outs[3];
+    int which = 0;
+    for (Backend* b : {cpu.get(), tiled.get(), split.get()}) {
+      auto kc = b->alloc(static_cast<size_t>(c.capacity * width) * elem);
+      auto vc = b->alloc(static_cast<size_t>(c.capacity * width) * elem);
+      KvLayerView kv{kc.get(), vc.get(), c.capacity, c.ring, c.window, c.kv_heads, c.d, c.dtype};
+      auto kb = put(*b, k), vb = put(*b, v), qb = put(*b, q);
+      // The earlier positions one row at a time (a ring keeps only the last of them), then the
+      // call's rows, stored before their attention as the layers do.
+      for (int64_t p0 = 0; p0 < c.before; ++p0)
+        b->kv_store(kv, Mat{kb.get(), p0 * width, 1, width, width},
+                    Mat{vb.get(), p0 * width, 1, width, width}, p0);
+      b->kv_store(kv, Mat{kb.get(), c.before * width, c.rows, width, width},
+                  Mat{vb.get(), c.before * width, c.rows, width, width}, c.before);
+      auto ob = b->alloc(q.size() * 4);
+      b->attention(Mat{qb.get(), 0, c.rows, q_width, q_width}, kv, c.before, c.heads, 0.125f,
+                   Mat{ob.get(), 0, c.rows, q_width, q_width});
+      outs[which++] = get(*b, *ob);
+    }
+    CHECK(max_rel(outs[1], outs[0]) < 1e-5);
+    CHECK(max_rel(outs[1], outs[2]) < 1e-5);
+  }
+}
+
 TEST_CASE("gpu: backend selection") {
   test_support::use_lavapipe();
   const auto all = available_backends();

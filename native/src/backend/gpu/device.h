@@ -65,6 +65,8 @@ enum class Kernel : int {
   // One of attention's q/k/v products whose last workgroup per head norms and rotates the head
   // in place or stores it in the KV cache (qmatvec_heads.comp), where workgroups_see_writes.
   qmatvec_heads,
+  // Prefill attention over tiles of query rows sharing each block of keys (attention_tiled.comp).
+  attention_tiled,
   count,
 };
 // The name a profile shows.
@@ -107,6 +109,9 @@ struct AttentionSplit {
   uint32_t workgroups = 1024;
   uint32_t min_keys = 16;
   bool merge_in_last_workgroup = true;
+  // Calls with at least this many query rows take the tiled prefill kernel
+  // (attention_tiled.comp), fewer the split one; 0: never tiled. REDWING_GPU_ATTENTION_TILES.
+  uint32_t tiled_min_rows = 16;
 };
 
 // A leave-one-out diagnostic for real GPUs (REDWING_GPU_KNOCKOUT, docs/gpu.md "Knockout runs"):
@@ -150,7 +155,7 @@ struct DeviceInfo {
   bool matvec_subgroup_reduce = false;
   // Which kernel the prefill products take (choose_matmul_tile).
   MatmulPolicy matmul;
-  // Decode attention's splits (choose_attention_split).
+  // Decode attention's splits and where prefill's tiles start (choose_attention_split).
   AttentionSplit attention;
   // Whether the last workgroup of a dispatch to arrive (an atomic counter) may read what the
   // other workgroups wrote in it: the products' epilogues (router.comp, qmatvec_norms.comp) rely

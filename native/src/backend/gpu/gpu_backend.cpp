@@ -163,14 +163,24 @@ struct RowsParams {
 struct KvStoreParams {
   uint32_t rows, width, k_offset, k_stride, v_offset, v_stride, pos0, capacity, ring, f16;
 };
-struct AttentionParams {
+// The leading push constants of both attention kernels: the queries and the layer's cache.
+struct AttentionShape {
   uint32_t rows, n_heads, group, head_dim, width, q_offset, q_stride, pos0, capacity, ring, window,
-      f16, splits;
+      f16;
+};
+struct AttentionParams {
+  AttentionShape shape;
+  uint32_t splits;
   float scale;
   uint32_t split_len, combine, out_offset, out_stride;
 };
 struct CombineParams {
   uint32_t rows, n_heads, head_dim, splits, out_offset, out_stride;
+};
+struct TiledAttentionParams {
+  AttentionShape shape;
+  float scale;
+  uint32_t out_offset, out_stride, tile_rows;
 };
 struct RouteParams {
   uint32_t rows, experts, top_k, offset, stride;
@@ -981,6 +991,9 @@ class GpuBackend final : public Backend {
     const int64_t last = pos0 + q.rows - 1;
     const int64_t most = last - kv.first_visible(last) + 1;
     if (kv.ring && most > kv.capacity) throw std::logic_error("attention: window exceeds the ring");
+    const uint32_t tiled_from = dev_->info().attention.tiled_min_rows;
+    if (tiled_from > 0 && q.rows >= tiled_from)
+      return tiled_attention(q, kv, pos0, n_heads, scale, out);
     // Keys per split: at most kAttentionSplit, fewer where rows x heads x splits would leave
     // most of a large GPU idle (decode on a short context: one workgroup per head); a multiple
     // of the device's minimum (DeviceInfo::attention). The combine is exact for any split.
@@ -999,18 +1012,7 @@ class GpuBackend final : public Backend {
     const View vq = view(q), vo = view(out);
     const DeviceBuffer& kc = dev_of(*kv.k);
     const DeviceBuffer& vc = dev_of(*kv.v);
-    AttentionParams p{u32(q.rows),
-                      u32(n_heads),
-                      u32(n_heads / kv.num_kv_heads),
-                      u32(d),
-                      u32(static_cast<int64_t>(kv.num_kv_heads) * d),
-                      vq.offset,
-                      u32(q.stride),
-                      u32(pos0),
-                      u32(kv.capacity),
-                      kv.ring ? 1u : 0u,
-                      u32(kv.window),
-                      kv.dtype == KvDType::f16 ? 1u : 0u,
+    AttentionParams p{attention_shape(q, vq.offset, kv, pos0, n_heads),
                       u32(splits),
                       scale,
                       u32(split_len),
@@ -1041,6 +1043,45 @@ class GpuBackend final : public Backend {
     const Binding cbinds[] = {pb, vo.b};
     dispatch_linear(Kernel::attention_combine, cbinds, &c, sizeof c,
                     static_cast<uint64_t>(q.rows) * n_heads);
+  }
+
+  // q's first element is element q_offset of its buffer (view(q).offset).
+  static AttentionShape attention_shape(Mat q, uint32_t q_offset, const KvLayerView& kv,
+                                        int64_t pos0, int n_heads) {
+    return {u32(q.rows),
+            u32(n_heads),
+            u32(n_heads / kv.num_kv_heads),
+            u32(kv.head_dim),
+            u32(static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim),
+            q_offset,
+            u32(q.stride),
+            u32(pos0),
+            u32(kv.capacity),
+            kv.ring ? 1u : 0u,
+            u32(kv.window),
+            kv.dtype == KvDType::f16 ? 1u : 0u};
+  }
+
+  // Prefill attention in tiles of BR query rows (attention_tiled.comp). BR is a power of two from
+  // threads / 8 (blocks of at most 32 keys) to 32, with the output's BR x head_dim in 16 vec4s per
+  // thread (BR head_dim <= 64 threads), and no larger than the rows need.
+  void tiled_attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
+                       Mat out) {
+    const uint32_t threads = dev_->info().workgroup_threads;
+    const uint32_t d = u32(kv.head_dim);
+    const uint32_t fewest = std::max<uint32_t>(8, threads / 8);
+    uint32_t tile_rows = 32;
+    while (tile_rows > fewest && tile_rows * d > 64 * threads) tile_rows /= 2;
+    while (tile_rows > fewest && tile_rows / 2 >= q.rows) tile_rows /= 2;
+    const View vq = view(q), vo = view(out);
+    const DeviceBuffer& kc = dev_of(*kv.k);
+    const DeviceBuffer& vc = dev_of(*kv.v);
+    const TiledAttentionParams p{attention_shape(q, vq.offset, kv, pos0, n_heads), scale, vo.offset,
+                                 u32(out.stride), tile_rows};
+    touch({vq.b.buffer, &kc, &vc}, {vo.b.buffer});
+    const Binding binds[] = {vq.b, whole(kc), whole(vc), vo.b};
+    const uint64_t tiles = (static_cast<uint64_t>(q.rows) + tile_rows - 1) / tile_rows;
+    dispatch_linear(Kernel::attention_tiled, binds, &p, sizeof p, tiles * n_heads);
   }
 
   // ---- routing ----

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "backend/gpu/device.h"
 #include "gpu_kernels/attention_combine.h"
 #include "gpu_kernels/attention_partial.h"
+#include "gpu_kernels/attention_tiled.h"
 #include "gpu_kernels/elementwise.h"
 #include "gpu_kernels/embed.h"
 #include "gpu_kernels/ffn_tail.h"
@@ -76,6 +78,7 @@ const KernelCode kKernels[] = {
     {"router", spirv_router},
     {"qmatvec_norms", spirv_qmatvec_norms},
     {"qmatvec_heads", spirv_qmatvec_heads},
+    {"attention_tiled", spirv_attention_tiled},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
@@ -92,6 +95,14 @@ std::vector<std::string> comma_words(const std::string& text) {
     if (comma == std::string::npos) return words;
     start = comma + 1;
   }
+}
+
+// A setting's word as a number of at most 6 decimal digits; nothing for anything else (a sign,
+// spaces, an empty word).
+std::optional<uint32_t> setting_number(const std::string& word) {
+  if (word.empty() || word.size() > 6 || word.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return static_cast<uint32_t>(std::stoul(word));
 }
 
 }  // namespace
@@ -214,12 +225,10 @@ void choose_attention_split(DeviceInfo& info) {
                                    "(1-65536, 1-256)");
     };
     const std::vector<std::string> words = comma_words(text);
-    const auto number = [&](const std::string& w, unsigned long low, unsigned long high) {
-      if (w.empty() || w.size() > 6 || w.find_first_not_of("0123456789") != std::string::npos)
-        throw refuse();
-      const unsigned long n = std::stoul(w);
-      if (n < low || n > high) throw refuse();
-      return static_cast<uint32_t>(n);
+    const auto number = [&](const std::string& w, uint32_t low, uint32_t high) {
+      const std::optional<uint32_t> n = setting_number(w);
+      if (!n || *n < low || *n > high) throw refuse();
+      return *n;
     };
     if (words.size() != 2 && words.size() != 3) throw refuse();
     split.workgroups = number(words[0], 1, 65536);
@@ -228,6 +237,14 @@ void choose_attention_split(DeviceInfo& info) {
       if (words[2] != "last" && words[2] != "separate") throw refuse();
       split.merge_in_last_workgroup = words[2] == "last";
     }
+  }
+  if (const char* tiles = std::getenv("REDWING_GPU_ATTENTION_TILES"); tiles && *tiles) {
+    const std::optional<uint32_t> rows = setting_number(tiles);
+    if (!rows)
+      throw std::invalid_argument(std::string("REDWING_GPU_ATTENTION_TILES=") + tiles +
+                                  ": expected the query rows from which prefill attention is "
+                                  "tiled (0: never)");
+    split.tiled_min_rows = *rows;
   }
   info.attention = split;
 }
