@@ -80,9 +80,13 @@ class ReadFile {
   std::string path_;
 };
 
-// Heap memory with a given power-of-two alignment (direct I/O wants page or 4 KiB alignment).
+// Memory with a given power-of-two alignment (direct I/O wants page or 4 KiB alignment), not
+// initialized. Blocks of 2 MiB and more come from the system directly where it can back them
+// with huge pages (Linux: 2 MiB-aligned, transparent huge pages asked for), which pays for
+// weights swept at every token (file_posix.cpp says why); smaller ones from the heap.
 struct AlignedFree {
   std::size_t alignment = 64;
+  std::size_t mapped_bytes = 0;  // nonzero: a mapping of that many bytes, returned to the system
   void operator()(std::byte* p) const noexcept;
 };
 using AlignedBytes = std::unique_ptr<std::byte[], AlignedFree>;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -193,10 +194,56 @@ void ReadFile::read_exact(void* dst, uint64_t n, uint64_t offset) const {
 // ---- aligned memory --------------------------------------------------------------------------
 
 void AlignedFree::operator()(std::byte* p) const noexcept {
+  if (mapped_bytes > 0) {
+    ::munmap(p, mapped_bytes);
+    return;
+  }
   ::operator delete[](p, std::align_val_t(alignment));
 }
 
+namespace {
+
+// Large blocks straight from the kernel, 2 MiB-aligned and marked for transparent huge pages
+// (Linux). Model weights are read once into such blocks and then swept at every token: with
+// 4 KiB pages a 13 GB model is 3.4 million pages, each a TLB miss per sweep and a page fault at
+// first use; in a virtual machine the first touch from user space of a page the kernel filled
+// (pread) traps to the hypervisor again, which measured 4-5 us per page on a 2-core KVM guest
+// (docs/cpu.md, session 20). Huge pages make those 512 times rarer. Returns null where the
+// system has no such mapping (the caller then uses the heap).
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+std::byte* map_huge_aligned(std::size_t bytes, std::size_t& mapped) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const std::size_t page = 4096;
+  mapped = (bytes + page - 1) / page * page;
+  const std::size_t span = mapped + kHugePage;
+  void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = (base + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+  // Unmap the unaligned head and the unused tail. The block ends at a 4 KiB page, not a 2 MiB
+  // one, so its last partial huge page stays in small pages and holds no untouched memory.
+  if (start > base) ::munmap(p, start - base);
+  const uintptr_t end = base + span;
+  if (end > start + mapped) ::munmap(reinterpret_cast<void*>(start + mapped), end - start - mapped);
+  // A hint: where huge pages are off or none are free, the block keeps small pages.
+  ::madvise(reinterpret_cast<void*>(start), mapped, MADV_HUGEPAGE);
+  return reinterpret_cast<std::byte*>(start);
+#else
+  (void)bytes;
+  mapped = 0;
+  return nullptr;
+#endif
+}
+
+}  // namespace
+
 AlignedBytes allocate_aligned(std::size_t bytes, std::size_t alignment) {
+  if (bytes >= kHugePage && alignment <= kHugePage) {
+    std::size_t mapped = 0;
+    if (std::byte* p = map_huge_aligned(bytes, mapped))
+      return AlignedBytes(p, AlignedFree{alignment, mapped});
+  }
   auto* p = static_cast<std::byte*>(
       ::operator new[](bytes == 0 ? 1 : bytes, std::align_val_t(alignment)));
   return AlignedBytes(p, AlignedFree{alignment});
