@@ -517,6 +517,108 @@ TEST_CASE("qmatvec's integer method is off when asked, and tells") {
   CHECK_FALSE(set_integer_exact_product(false));
 }
 
+TEST_CASE("qmatmul_x24 gives every row of X the bits of qmatvec_x24, near double precision") {
+  // Tokens 1, 3 and 50: one register tile, a tile and a remainder, and more than one token tile
+  // (kernels_avx512vnni.cpp); rows in ranges that start and end inside the 4-row register tiles;
+  // 704 columns end in half a 128-column block. Each token's row must have the bits the
+  // single-row product gives it (prefill and decode agree), whichever range computed it, and
+  // lie within the integer method's bound of double-precision math (as in the qmatvec test).
+  int checked = 0;
+  for (Isa isa : available_isas()) {
+    IsaScope scope(isa);
+    IntegerProductScope product(true);
+    if (!integer_exact_product_active()) continue;
+    for (int gs : {32, 64, 128})
+      for (int64_t cols : {int64_t{gs} * 5, int64_t{704}})
+        for (ScaleType type : {ScaleType::bf16, ScaleType::f16, ScaleType::f32})
+          for (int64_t n_x : {1, 3, 50}) {
+            if (cols % gs != 0) continue;
+            CAPTURE(std::string(isa_name(isa)));
+            CAPTURE(gs);
+            CAPTURE(cols);
+            CAPTURE(std::string(type_name(type)));
+            CAPTURE(n_x);
+            const int64_t rows = 23, x_stride = cols + 5, y_stride = rows + 2;
+            const TestMatrix m = make_matrix(4, gs, rows, cols, type, 900 + gs);
+            std::vector<float> x = random_vector(n_x * x_stride, 41, -2.0f, 2.0f);
+            // Values over many magnitudes, so the lanes' units differ.
+            const std::vector<float> spread = random_vector(n_x * x_stride, 42, -4.0f, 4.0f);
+            for (size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, spread[i]);
+            X24Buffer xs;
+            REQUIRE(xs.resize(n_x, cols, gs));
+            for (int64_t t = 0; t < n_x; ++t) REQUIRE(xs.prepare_row(t, x.data() + t * x_stride));
+            REQUIRE(xs.rows() == n_x);
+            std::vector<float> y(static_cast<size_t>(n_x * y_stride), -7.0f);
+            const std::pair<int64_t, int64_t> ranges[] = {{1, 6}, {6, 6}, {6, 19}, {19, 22}};
+            for (auto [b, e] : ranges) qmatmul_x24(m.view(), xs, y.data(), y_stride, b, e);
+            for (int64_t t = 0; t < n_x; ++t) {
+              const float* xt = x.data() + t * x_stride;
+              X24Buffer one;
+              REQUIRE(one.prepare(xt, cols, gs));
+              std::vector<float> want(static_cast<size_t>(rows));
+              qmatvec_x24(m.view(), one, want.data(), 0, rows);
+              for (int64_t r = 0; r < y_stride; ++r) {
+                CAPTURE(t);
+                CAPTURE(r);
+                const float got = y[t * y_stride + r];
+                if (r < 1 || r >= 22) {
+                  REQUIRE(got == -7.0f);  // rows outside every range stay untouched
+                  continue;
+                }
+                REQUIRE(std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(want[r]));
+                double exact = 0.0, unit_bound = 0.0;
+                for (int64_t c = 0; c < cols; ++c) {
+                  exact += m.w(r, c) * xt[c];
+                  double lane_max = 0.0;
+                  for (int64_t j = c / 8 * 8; j < c / 8 * 8 + 8; ++j)
+                    lane_max = std::max(lane_max, std::fabs(double{xt[j]}));
+                  const int64_t g = r * (cols / gs) + c / gs;
+                  unit_bound += std::fabs(m.s[g] * m.q[r * cols + c]) * std::ldexp(lane_max, -22);
+                }
+                REQUIRE(std::fabs(got - exact) <= unit_bound + row_tolerance(m, r, xt));
+                ++checked;
+              }
+            }
+          }
+  }
+  if (checked == 0) MESSAGE("skipped: no ISA here has the integer method (AVX512-VNNI)");
+}
+
+TEST_CASE("X24Buffer rows: inf and NaN refused per row, bad shapes and inputs refused") {
+  IntegerProductScope product(true);
+  const std::vector<float> x = random_vector(3 * 64, 8);
+  X24Buffer xs;
+  CHECK_THROWS_AS(xs.resize(2, 48, 32), std::invalid_argument);  // not whole groups
+  CHECK_THROWS_AS(xs.resize(0, 64, 32), std::invalid_argument);
+  if (!integer_exact_product_active()) {
+    CHECK_FALSE(xs.resize(3, 64, 32));  // no integer method here: the caller uses float32
+    CHECK(xs.rows() == 0);
+    MESSAGE("skipped the rest: no ISA here has the integer method (AVX512-VNNI)");
+    return;
+  }
+  REQUIRE(xs.resize(3, 64, 32));
+  CHECK_THROWS_AS(xs.prepare_row(3, x.data()), std::logic_error);
+  CHECK(xs.prepare_row(0, x.data()));
+  std::vector<float> bad(x.begin() + 64, x.begin() + 128);
+  bad[17] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(xs.prepare_row(1, bad.data()));
+  bad[17] = -HUGE_VALF;
+  CHECK_FALSE(xs.prepare_row(1, bad.data()));
+  const TestMatrix four = make_matrix(4, 32, 4, 64, ScaleType::bf16, 1);
+  const TestMatrix eight = make_matrix(8, 32, 4, 64, ScaleType::bf16, 1);
+  const TestMatrix wide = make_matrix(4, 32, 4, 128, ScaleType::bf16, 1);
+  const TestMatrix other_group = make_matrix(4, 64, 4, 64, ScaleType::bf16, 1);
+  std::vector<float> y(3 * 4);
+  CHECK_THROWS_AS(qmatmul_x24(eight.view(), xs, y.data(), 4, 0, 4), std::invalid_argument);
+  CHECK_THROWS_AS(qmatmul_x24(wide.view(), xs, y.data(), 4, 0, 4), std::invalid_argument);
+  CHECK_THROWS_AS(qmatmul_x24(other_group.view(), xs, y.data(), 4, 0, 4), std::invalid_argument);
+  CHECK_THROWS_AS(qmatmul_x24(four.view(), xs, y.data(), 3, 0, 4), std::invalid_argument);
+  CHECK_THROWS_AS(qmatmul_x24(four.view(), xs, y.data(), 4, 2, 5), std::invalid_argument);
+  xs.clear();
+  CHECK(xs.rows() == 0);
+  CHECK_THROWS_AS(qmatmul_x24(four.view(), xs, y.data(), 4, 0, 4), std::invalid_argument);
+}
+
 TEST_CASE("qmatmul matches double-precision math for every row of X") {
   for (Isa isa : available_isas()) {
     IsaScope scope(isa);

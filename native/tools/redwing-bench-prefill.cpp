@@ -1,13 +1,15 @@
 // redwing-bench-prefill: an interleaved A/B of the exact prefill product alone, at Gemma 4
 // 26B-A4B shapes: the float32 qmatmul of the best SIMD ISA without matrix units (A) against the
 // matrix-unit path the CPU backend takes on AMX CPUs (B: the input split into bfloat16 parts
-// once, counted in the time, then qmatmul_split). Both run on the same thread pool with the same
-// row chunks as the backend. Each round times A and B back to back, alternating which goes
+// once, counted in the time, then qmatmul_split), or with --x24 against the integer method the
+// backend takes on AVX512-VNNI CPUs without AMX (B: the input prepared as 24-bit limbs once,
+// counted in the time, then qmatmul_x24). Both run on the same thread pool with the same row
+// chunks as the backend. Each round times A and B back to back, alternating which goes
 // first, so that a shared machine's load hits both alike; it prints the median time of each, the
 // median of the per-round ratios, and every ratio.
 //
 //   redwing-bench-prefill [--threads 2] [--rounds 5] [--tokens 128,512] [--base avx512]
-//                         [--cpu-time] [--avx2-previous]
+//                         [--cpu-time] [--avx2-previous] [--x24]
 //
 // --avx2-previous compares the AVX2 qmatmuls instead (no AMX needed): A is the previous kernel
 // (dot products over whole dequantized rows), B the blocked outer-product one the avx2 table now
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   Isa base = Isa::avx512;
   bool cpu_time = false;
   bool avx2_previous = false;
+  bool x24 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -104,13 +107,15 @@ int main(int argc, char** argv) {
       cpu_time = true;
     } else if (a == "--avx2-previous") {
       avx2_previous = true;
+    } else if (a == "--x24") {
+      x24 = true;
     } else if (a == "--base" && i + 1 < argc) {
       const std::string b = argv[++i];
       base = b == "avx2" ? Isa::avx2 : b == "scalar" ? Isa::scalar : Isa::avx512;
     } else {
       std::fprintf(stderr,
                    "usage: redwing-bench-prefill [--threads 2] [--rounds 5] [--tokens 128,512] "
-                   "[--base avx512|avx2|scalar] [--cpu-time] [--avx2-previous]\n");
+                   "[--base avx512|avx2|scalar] [--cpu-time] [--avx2-previous] [--x24]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -118,7 +123,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "redwing-bench-prefill: this CPU has no AVX2; nothing to do\n");
     return 1;
   }
-  if (!avx2_previous && (!set_active_isa(Isa::amx) || !set_active_isa(base))) {
+  if (x24 && (!set_active_isa(Isa::avx512) || !integer_exact_product_active())) {
+    std::fprintf(stderr, "redwing-bench-prefill: this CPU has no AVX512-VNNI; nothing to do\n");
+    return 1;
+  }
+  if (!avx2_previous && !x24 && (!set_active_isa(Isa::amx) || !set_active_isa(base))) {
     std::fprintf(stderr, "redwing-bench-prefill: this CPU has no AMX (or no %s); nothing to do\n",
                  isa_name(base));
     return 1;
@@ -137,6 +146,10 @@ int main(int argc, char** argv) {
   if (avx2_previous)
     std::printf("A = previous avx2 qmatmul, B = avx2 qmatmul; %d thread(s), %d rounds, %s\n",
                 threads, rounds, cpu_time ? "CPU time" : "wall time");
+  else if (x24)
+    std::printf(
+        "A = avx512 qmatmul, B = x24 (prepare + qmatmul_x24); %d thread(s), %d rounds, %s\n",
+        threads, rounds, cpu_time ? "CPU time" : "wall time");
   else
     std::printf("A = %s qmatmul, B = amx (split + qmatmul_split); %d thread(s), %d rounds, %s\n",
                 isa_name(base), threads, rounds, cpu_time ? "CPU time" : "wall time");
@@ -153,6 +166,7 @@ int main(int argc, char** argv) {
       const int64_t grain = std::max<int64_t>(4, 65536 / sh.cols);
       const int64_t split_grain = (std::max<int64_t>(32, 65536 / sh.cols) + 31) / 32 * 32;
       SplitActivation xs;
+      X24Buffer xq;
       const QuantMatrix& w = m.view;
 #if defined(REDWING_HAVE_AVX2)
       const auto previous = avx2_previous_qmatmul();
@@ -167,7 +181,7 @@ int main(int argc, char** argv) {
           });
           return;
         }
-        set_active_isa(base);
+        set_active_isa(x24 ? Isa::avx512 : base);
         pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
           qmatmul(w, x.data(), n, w.cols, ya.data(), w.rows, b, e);
         });
@@ -176,6 +190,16 @@ int main(int argc, char** argv) {
         if (avx2_previous) {
           pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
             qmatmul(w, x.data(), n, w.cols, yb.data(), w.rows, b, e);
+          });
+          return;
+        }
+        if (x24) {
+          xq.resize(n, w.cols, static_cast<int>(w.group_size));
+          pool.parallel_for(n, 4, [&](int64_t b, int64_t e) {
+            for (int64_t t = b; t < e; ++t) xq.prepare_row(t, x.data() + t * w.cols);
+          });
+          pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
+            qmatmul_x24(w, xq, yb.data(), w.rows, b, e);
           });
           return;
         }

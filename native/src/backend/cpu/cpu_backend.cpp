@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -228,6 +229,41 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // Prepares the input rows of an exact 4-bit product for the integer method (cpu::X24Buffer).
+  // False where the method is off, not on this CPU, or the input holds inf or NaN: the product
+  // then takes the float32 path.
+  bool prepare_x24(cpu::X24Buffer& xa, const float* x, int64_t rows, int64_t stride,
+                   const cpu::QuantMatrix& w) {
+    if (w.bits != 4 || !xa.resize(rows, w.cols, w.group_size)) return false;
+    if (rows == 1) return xa.prepare_row(0, x);
+    x24_inputs_.assign(1, {&xa, x, stride});
+    prepare_x24_inputs();
+    return xa.cols() > 0;
+  }
+
+  // Prepares every row of the resized buffers in x24_inputs_ in one parallel loop. Where any row
+  // holds inf or NaN every buffer is emptied (cols() == 0), and their products take the float32
+  // path, which propagates them.
+  void prepare_x24_inputs() {
+    x24_first_.assign(1, 0);
+    for (const X24Input& in : x24_inputs_) x24_first_.push_back(x24_first_.back() + in.buf->rows());
+    std::atomic<bool> finite{true};
+    pool_.parallel_for(x24_first_.back(), 4, [&](int64_t b, int64_t e) {
+      // The input holding row b, then onwards.
+      auto i = static_cast<size_t>(std::upper_bound(x24_first_.begin(), x24_first_.end(), b) -
+                                   x24_first_.begin() - 1);
+      for (int64_t r = b; r < e; ++r) {
+        while (r >= x24_first_[i + 1]) ++i;
+        const X24Input& in = x24_inputs_[i];
+        const int64_t t = r - x24_first_[i];
+        if (!in.buf->prepare_row(t, in.x + t * in.stride))
+          finite.store(false, std::memory_order_relaxed);
+      }
+    });
+    if (!finite.load())
+      for (const X24Input& in : x24_inputs_) in.buf->clear();
+  }
+
   // Whether an exact product of n_rows inputs runs on the matrix unit (AMX): it pads the tokens
   // to tiles of 16, so it pays from a few rows on (bench: redwing-bench-prefill).
   static bool use_split(const cpu::QuantMatrix& w, int64_t n_rows) {
@@ -267,16 +303,20 @@ class CpuBackend final : public Backend {
       });
       return;
     }
+    if (x24_.empty()) x24_.emplace_back();
+    cpu::X24Buffer& xa = x24_.front();
     if (x.rows == 1) {
-      if (x24_.empty()) x24_.emplace_back();
-      cpu::X24Buffer& xa = x24_.front();
-      if (w.bits == 4 && xa.prepare(px, w.cols, w.group_size)) {
+      if (prepare_x24(xa, px, 1, x.stride, w)) {
         pool_.parallel_for(w.rows, grain,
                            [&](int64_t b, int64_t e) { cpu::qmatvec_x24(w, xa, py, b, e); });
       } else {
         pool_.parallel_for(w.rows, grain,
                            [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
       }
+    } else if (!use_split(w, x.rows) && prepare_x24(xa, px, x.rows, x.stride, w)) {
+      pool_.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
+        cpu::qmatmul_x24(w, xa, py, y.stride, b, e);
+      });
     } else if (use_split(w, x.rows)) {
       if (split_.empty()) split_.emplace_back();
       cpu::SplitActivation& xs = split_.front();
@@ -340,22 +380,32 @@ class CpuBackend final : public Backend {
       split_input(split_[n_split], j.x, j.x_rows, j.x_stride, j.w->cols);
       j.split = &split_[n_split++];
     }
-    // Exact single-row products by integer dot products (cpu::qmatvec_x24): prepare each
+    // Exact products by integer dot products (cpu::qmatvec_x24, cpu::qmatmul_x24): prepare each
     // distinct input once, likewise.
+    // distinct input once, likewise: the rows of all of them in one parallel loop (a layer's
+    // experts each have their own input).
     size_t n_x24 = 0;
+    x24_inputs_.clear();
     for (size_t i = 0; i < batch_.size(); ++i) {
       BatchedProduct& j = batch_[i];
-      if (j.int8 || j.x_rows != 1 || j.split != nullptr || j.w->bits != 4) continue;
+      if (j.int8 || j.split != nullptr || j.w->bits != 4) continue;
       for (size_t k = 0; k < i && j.x24 == nullptr; ++k) {
         const BatchedProduct& o = batch_[k];
-        if (o.x24 != nullptr && o.x == j.x && o.w->cols == j.w->cols &&
-            o.w->group_size == j.w->group_size)
+        if (o.x24 != nullptr && o.x == j.x && o.x_rows == j.x_rows && o.x_stride == j.x_stride &&
+            o.w->cols == j.w->cols && o.w->group_size == j.w->group_size)
           j.x24 = o.x24;
       }
       if (j.x24 != nullptr) continue;
       if (x24_.size() <= n_x24) x24_.resize(n_x24 + 1);
-      if (x24_[n_x24].prepare(j.x, j.w->cols, j.w->group_size)) j.x24 = &x24_[n_x24++];
+      cpu::X24Buffer& xa = x24_[n_x24];
+      if (!xa.resize(j.x_rows, j.w->cols, j.w->group_size)) continue;
+      x24_inputs_.push_back({&xa, j.x, j.x_stride});
+      j.x24 = &xa;
+      ++n_x24;
     }
+    prepare_x24_inputs();
+    for (BatchedProduct& j : batch_)
+      if (j.x24 != nullptr && j.x24->cols() == 0) j.x24 = nullptr;  // inf or NaN: float32
     const int64_t grain =
         any_split ? split_grain(max_cols) : std::max<int64_t>(4, 65536 / max_cols);
     pool_.parallel_for(total_rows, grain, [&](int64_t b, int64_t e) {
@@ -367,8 +417,10 @@ class CpuBackend final : public Backend {
           cpu::qmatvec_q8(*j.w, j.q8->row(0), j.y, lo, hi);
         else if (j.q8 != nullptr)
           cpu::qmatmul_q8(*j.w, *j.q8, j.y, j.y_stride, lo, hi);
-        else if (j.x24 != nullptr)
+        else if (j.x24 != nullptr && j.x_rows == 1)
           cpu::qmatvec_x24(*j.w, *j.x24, j.y, lo, hi);
+        else if (j.x24 != nullptr)
+          cpu::qmatmul_x24(*j.w, *j.x24, j.y, j.y_stride, lo, hi);
         else if (j.x_rows == 1)
           cpu::qmatvec(*j.w, j.x, j.y, lo, hi);
         else if (j.split != nullptr)
@@ -580,6 +632,15 @@ class CpuBackend final : public Backend {
   // Inputs split for the matrix unit (exact products of several rows on AMX CPUs).
   std::deque<cpu::SplitActivation> split_;
   std::deque<cpu::X24Buffer> x24_;
+  // The inputs prepare_x24_inputs prepares (buffer, rows, row stride) and the first combined
+  // row of each.
+  struct X24Input {
+    cpu::X24Buffer* buf;
+    const float* x;
+    int64_t stride;
+  };
+  std::vector<X24Input> x24_inputs_;
+  std::vector<int64_t> x24_first_;
   std::vector<BatchedProduct> batch_;  // kept to avoid an allocation per call
   // Attention's per-block partials (max, weight, values), kept between calls; at most
   // kPartialFloats values (16 MiB) beyond a single row's.

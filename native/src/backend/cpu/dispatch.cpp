@@ -258,46 +258,86 @@ bool integer_exact_product_active() {
          kernels().x24.product != nullptr;
 }
 
-bool X24Buffer::prepare(const float* x, int64_t cols, int group_size) {
+bool X24Buffer::resize(int64_t n_rows, int64_t cols, int group_size) {
   cols_ = 0;
   if (!integer_exact_product_active()) return false;
   if (cols <= 0 || (group_size != 32 && group_size != 64 && group_size != 128) ||
       cols % group_size != 0)
     throw std::invalid_argument("redwing::cpu::X24Buffer: " + std::to_string(cols) +
                                 " columns are not whole groups of " + std::to_string(group_size));
+  if (n_rows < 1)
+    throw std::invalid_argument("redwing::cpu::X24Buffer: " + std::to_string(n_rows) + " rows");
   const int64_t blocks = (cols + 127) / 128;
   const int64_t groups = cols / group_size;
-  // One allocation: limbs, then units, then sums, each at a 64-byte boundary.
-  const size_t limb_bytes = static_cast<size_t>(blocks * 384);
-  const size_t unit_bytes = static_cast<size_t>(blocks * 16) * sizeof(float);
-  const size_t sum_bytes = static_cast<size_t>((groups + 15) / 16 * 16) * sizeof(float);
+  // One allocation: every row's limbs, then every row's units, then every row's sums, each row
+  // at a 64-byte boundary.
+  limb_stride_ = blocks * 384;
+  unit_stride_ = blocks * 16;
+  sum_stride_ = (groups + 15) / 16 * 16;
+  const size_t limb_bytes = static_cast<size_t>(n_rows * limb_stride_);
+  const size_t unit_bytes = static_cast<size_t>(n_rows * unit_stride_) * sizeof(float);
+  const size_t sum_bytes = static_cast<size_t>(n_rows * sum_stride_) * sizeof(float);
   storage_.resize(limb_bytes + unit_bytes + sum_bytes + 64);
   auto* base =
       reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(storage_.data()) + 63) / 64 * 64);
   limbs_ = reinterpret_cast<int8_t*>(base);
   units_ = reinterpret_cast<float*>(base + limb_bytes);
   sums_ = reinterpret_cast<float*>(base + limb_bytes + unit_bytes);
-  if (!kernels().x24.prepare(x, cols, group_size, limbs_, units_, sums_)) return false;
+  rows_ = n_rows;
   cols_ = cols;
   group_size_ = group_size;
   return true;
 }
 
-void qmatvec_x24(const QuantMatrix& w, const X24Buffer& xa, float* y, int64_t row_begin,
-                 int64_t row_end) {
-  check_quant_matrix(w, "qmatvec_x24");
-  check_row_range(w, row_begin, row_end, "qmatvec_x24");
+bool X24Buffer::prepare_row(int64_t t, const float* x) {
+  if (cols_ == 0 || t < 0 || t >= rows_)
+    throw std::logic_error("redwing::cpu::X24Buffer::prepare_row: row " + std::to_string(t) +
+                           " of " + std::to_string(rows()));
+  return kernels().x24.prepare(x, cols_, group_size_, limbs_ + t * limb_stride_,
+                               units_ + t * unit_stride_, sums_ + t * sum_stride_);
+}
+
+bool X24Buffer::prepare(const float* x, int64_t cols, int group_size) {
+  if (!resize(1, cols, group_size)) return false;
+  if (prepare_row(0, x)) return true;
+  cols_ = 0;
+  return false;
+}
+
+namespace {
+void check_x24_input(const QuantMatrix& w, const X24Buffer& xa, int64_t row_begin, int64_t row_end,
+                     const char* what) {
+  check_quant_matrix(w, what);
+  check_row_range(w, row_begin, row_end, what);
   if (w.bits != 4 || xa.cols() != w.cols || xa.group_size() != w.group_size)
     throw std::invalid_argument(
-        "redwing::cpu::qmatvec_x24: the input was prepared for " + std::to_string(xa.cols()) +
-        " columns in groups of " + std::to_string(xa.group_size()) + ", the matrix has " +
-        std::to_string(w.cols) + " in groups of " + std::to_string(w.group_size) + " (" +
-        std::to_string(w.bits) + "-bit)");
-  const KernelTable& k = kernels();
-  if (k.x24.product == nullptr)
-    throw std::logic_error("redwing::cpu::qmatvec_x24: the active ISA has no integer method");
+        std::string("redwing::cpu::") + what + ": the input was prepared for " +
+        std::to_string(xa.cols()) + " columns in groups of " + std::to_string(xa.group_size()) +
+        ", the matrix has " + std::to_string(w.cols) + " in groups of " +
+        std::to_string(w.group_size) + " (" + std::to_string(w.bits) + "-bit)");
+  if (kernels().x24.product == nullptr)
+    throw std::logic_error(std::string("redwing::cpu::") + what +
+                           ": the active ISA has no integer method");
+}
+}  // namespace
+
+void qmatvec_x24(const QuantMatrix& w, const X24Buffer& xa, float* y, int64_t row_begin,
+                 int64_t row_end) {
+  check_x24_input(w, xa, row_begin, row_end, "qmatvec_x24");
   if (row_begin == row_end) return;
-  k.x24.product(w, xa.limbs_, xa.units_, xa.sums_, y, row_begin, row_end);
+  kernels().x24.product(w, xa.limbs_, xa.units_, xa.sums_, y, row_begin, row_end);
+}
+
+void qmatmul_x24(const QuantMatrix& w, const X24Buffer& xs, float* y, int64_t y_stride,
+                 int64_t row_begin, int64_t row_end) {
+  check_x24_input(w, xs, row_begin, row_end, "qmatmul_x24");
+  if (xs.rows() > 1 && y_stride < row_end)
+    throw std::invalid_argument("redwing::cpu::qmatmul_x24: output stride " +
+                                std::to_string(y_stride) + " is under the row end " +
+                                std::to_string(row_end));
+  if (row_begin == row_end) return;
+  kernels().x24.product_rows(w, xs.limbs_, xs.limb_stride_, xs.units_, xs.unit_stride_, xs.sums_,
+                             xs.sum_stride_, xs.rows(), y, y_stride, row_begin, row_end);
 }
 
 void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, int64_t row_end) {

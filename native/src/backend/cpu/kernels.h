@@ -73,35 +73,56 @@ void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, 
 bool set_integer_exact_product(bool on);
 bool integer_exact_product_active();
 
-// x prepared once for the integer method, then read by any number of threads (a product's row
-// ranges, and every product of a batch with the same input): qmatvec converts x again at every
-// call, which costs about as much as 20 rows of a 2,816-column product.
+// Rows of x prepared once for the integer method, then read by any number of threads (a
+// product's row ranges, and every product of a batch with the same input): qmatvec converts x
+// again at every call, which costs about as much as 20 rows of a 2,816-column product.
 class X24Buffer {
  public:
-  // Prepares cols values of x for 4-bit matrices with this group size. Returns false, leaving
-  // the buffer empty, where qmatvec would not use the integer method (off, not on this ISA) or
-  // x holds inf or NaN: callers then use qmatvec. Throws std::invalid_argument for a width that
-  // is not whole groups.
+  // Prepares one row of cols values for 4-bit matrices with this group size. Returns false,
+  // leaving the buffer empty, where qmatvec would not use the integer method (off, not on this
+  // ISA) or x holds inf or NaN: callers then use qmatvec. Throws std::invalid_argument for a
+  // width that is not whole groups.
   bool prepare(const float* x, int64_t cols, int group_size);
+  // The same for n_rows rows in two steps, so that rows can be prepared in parallel: resize
+  // (false where the integer method is not in use; the same checks), then prepare_row for every
+  // row t < n_rows, false where row t holds inf or NaN (the buffer must then not be used: take
+  // the float32 path, which propagates them).
+  bool resize(int64_t n_rows, int64_t cols, int group_size);
+  bool prepare_row(int64_t t, const float* x);
+  void clear() { cols_ = 0; }             // empty again (the storage is kept)
   int64_t cols() const { return cols_; }  // 0 when empty
+  int64_t rows() const { return cols_ == 0 ? 0 : rows_; }
   int group_size() const { return group_size_; }
 
  private:
   friend void qmatvec(const QuantMatrix&, const float*, float*, int64_t, int64_t);
   friend void qmatvec_x24(const QuantMatrix&, const X24Buffer&, float*, int64_t, int64_t);
+  friend void qmatmul_x24(const QuantMatrix&, const X24Buffer&, float*, int64_t, int64_t, int64_t);
+  // Row t's limbs, units and sums are at limbs_ + t * limb_stride_ and so on.
   std::vector<std::byte> storage_;
   int8_t* limbs_ = nullptr;
   float* units_ = nullptr;
   float* sums_ = nullptr;
+  int64_t limb_stride_ = 0, unit_stride_ = 0, sum_stride_ = 0;
+  int64_t rows_ = 0;
   int64_t cols_ = 0;
   int group_size_ = 0;
 };
 
-// qmatvec of a 4-bit matrix with a prepared x: the same bits as qmatvec with the integer method.
-// Throws std::invalid_argument for a bad matrix or row range or an x prepared for another width
-// or group size (or none), std::logic_error if the active ISA has no integer method.
+// qmatvec of a 4-bit matrix with a prepared x (row 0 of xa): the same bits as qmatvec with the
+// integer method. Throws std::invalid_argument for a bad matrix or row range or an x prepared for
+// another width or group size (or none), std::logic_error if the active ISA has no integer
+// method.
 void qmatvec_x24(const QuantMatrix& w, const X24Buffer& xa, float* y, int64_t row_begin,
                  int64_t row_end);
+
+// Y[t * y_stride + r] for every prepared row t of xs and r in [row_begin, row_end): the exact
+// prefill product by the integer method, row t getting the bits qmatvec_x24 gives it (so a
+// token's products do not depend on how many tokens share the call). Weight rows stay in
+// cache across a tile of tokens and each weight block's nibbles are unpacked once for several
+// tokens. The same checks as qmatvec_x24.
+void qmatmul_x24(const QuantMatrix& w, const X24Buffer& xs, float* y, int64_t y_stride,
+                 int64_t row_begin, int64_t row_end);
 
 // Y[t * y_stride + r] = sum_c W[r, c] * X[t * x_stride + c] for t in [0, n_rows_x),
 // r in [row_begin, row_end). Reads each weight block once for all rows of X.

@@ -85,6 +85,13 @@ inline __m512i lane_dots_x24(__m512i wv, const int8_t* a) {
 
 constexpr int kPrefetchGroups = 2;  // row groups ahead, as in kernels_avx512.cpp
 
+// The lane sum of one vector in reduce4's order, so that a row's sum has the same bits whether
+// it was reduced alone or with three others.
+inline float reduce1(__m512 a) {
+  const __m512 z = _mm512_setzero_ps();
+  return _mm_cvtss_f32(reduce4(a, z, z, z));
+}
+
 inline int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // What every row needs of one activation row: each lane's d per register block (16 floats per
@@ -164,7 +171,7 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
     if constexpr (kRows == 4) {
       _mm_storeu_ps(yt + r0, reduce4(acc[0], acc[1], acc[2], acc[3]));
     } else {
-      for (int i = 0; i < kRows; ++i) yt[r0 + i] = _mm512_reduce_add_ps(acc[i]);
+      for (int i = 0; i < kRows; ++i) yt[r0 + i] = reduce1(acc[i]);
     }
   }
 }
@@ -306,6 +313,161 @@ void qmatvec_x24_prepared(const QuantMatrix& w, const int8_t* limbs, const float
   });
 }
 
+// ---- the exact prefill product on integer dot products (qmatmul_x24, kernels.h) ----------
+//
+// qmatvec_x24's arithmetic for kR weight rows and kT tokens at a time: a block's nibbles are
+// unpacked and its scales gathered once for the kT tokens, and a token's limbs loaded once for
+// the kR rows, so that the six dot products of a (row, token, block) are most of the work.
+// Each (row, token) takes exactly the operations q8_rows<4, kGroup, kRows, true> does (the bias
+// part, then one FMA per block in block order, then reduce4's sum), so its bits do not depend on
+// kR, kT or the call's token count.
+struct X24Row {
+  const int8_t* limbs;
+  const float* units;
+  const float* sums;
+};
+
+template <int kGroup, int kR, int kT>
+inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float* bbuf,
+                     int64_t stride, const X24Row* xs, int64_t n_blocks, int tail_words,
+                     int64_t gpr, __m512i idx, float* y, int64_t y_stride, int64_t r0) {
+  __m512 acc[kR][kT];
+  for (int t = 0; t < kT; ++t) {
+    for (int i = 0; i < kR; ++i) {
+      __m512 b = _mm512_setzero_ps();
+      for (int64_t g = 0; g < gpr; g += 16)
+        b = _mm512_fmadd_ps(_mm512_loadu_ps(bbuf + i * stride + g), _mm512_load_ps(xs[t].sums + g),
+                            b);
+      acc[i][t] = b;
+    }
+  }
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  const __m512i up8 = _mm512_set4_epi32(0x0e0d0c80, 0x0a090880, 0x06050480, 0x02010080);
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const bool partial = blk == n_blocks - 1 && tail_words > 0;
+    const __mmask16 lanes = partial ? first_lanes(tail_words) : static_cast<__mmask16>(0xffff);
+    const int64_t g0 = blk * 128 / kGroup;
+    __m512i lo[kR], hi[kR];
+    __m512 s[kR];
+    for (int i = 0; i < kR; ++i) {
+      const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows[i] + blk * 16)
+                                 : _mm512_loadu_si512(rows[i] + blk * 16);
+      lo[i] = _mm512_and_si512(wv, nibble);
+      hi[i] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble);
+      if constexpr (kGroup >= 128) {
+        s[i] = _mm512_set1_ps(sbuf[i * stride + g0]);
+      } else {
+        s[i] = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sbuf + i * stride + g0));
+      }
+    }
+    for (int t = 0; t < kT; ++t) {
+      const int8_t* a = xs[t].limbs + blk * 384;
+      const __m512i top_even = _mm512_load_si512(a);
+      const __m512i top_odd = _mm512_load_si512(a + 64);
+      const __m512i mid_even = _mm512_load_si512(a + 128);
+      const __m512i mid_odd = _mm512_load_si512(a + 192);
+      const __m512i low_even = _mm512_load_si512(a + 256);
+      const __m512i low_odd = _mm512_load_si512(a + 320);
+      const __m512 e = _mm512_load_ps(xs[t].units + blk * 16);
+      for (int i = 0; i < kR; ++i) {
+        // lane_dots_x24, with the unpacked nibbles and the limbs shared.
+        __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], top_even);
+        d = _mm512_dpbusd_epi32(d, hi[i], top_odd);
+        d = _mm512_shuffle_epi8(d, up8);
+        d = _mm512_dpbusd_epi32(d, mid_even, lo[i]);
+        d = _mm512_dpbusd_epi32(d, mid_odd, hi[i]);
+        d = _mm512_shuffle_epi8(d, up8);
+        d = _mm512_dpbusd_epi32(d, low_even, lo[i]);
+        d = _mm512_dpbusd_epi32(d, low_odd, hi[i]);
+        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s[i], e), acc[i][t]);
+      }
+    }
+  }
+  for (int t = 0; t < kT; ++t) {
+    float* yt = y + t * y_stride + r0;
+    if constexpr (kR == 4) {
+      _mm_storeu_ps(yt, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+    } else {
+      for (int i = 0; i < kR; ++i) yt[i] = reduce1(acc[i][t]);
+    }
+  }
+}
+
+// Tokens per tile: their limbs (384 bytes per 128 columns) stay in the L2 cache while every row
+// group of the range goes by, and each row group's weights stay in L1 across the tile.
+constexpr int64_t kX24TokenTile = 48;
+constexpr int kX24Rows = 4;    // weight rows per register tile
+constexpr int kX24Tokens = 2;  // tokens per register tile
+
+template <int kGroup>
+void x24_rows_range(const QuantMatrix& w, const X24Row* xs, int64_t n_x, float* y, int64_t y_stride,
+                    int64_t rb, int64_t re) {
+  thread_local Scratch s_buf, b_buf;
+  const int64_t wpr = w.cols / 8;
+  const int64_t gpr = w.cols / kGroup;
+  const int64_t stride = pad16(gpr) + 16;
+  const int64_t n_blocks = (w.cols + 127) / 128;
+  const int tail_words = static_cast<int>((w.cols % 128) / 8);
+  float* sbuf = s_buf.floats(static_cast<size_t>(kX24Rows * stride));
+  float* bbuf = b_buf.floats(static_cast<size_t>(kX24Rows * stride));
+  alignas(64) int32_t lane_group[16];
+  for (int i = 0; i < 16; ++i) lane_group[i] = kGroup >= 128 ? 0 : i * 8 / kGroup;
+  const __m512i idx = _mm512_load_si512(lane_group);
+  for (int64_t t0 = 0; t0 < n_x; t0 += kX24TokenTile) {
+    const int64_t t_end = std::min(n_x, t0 + kX24TokenTile);
+    for (int64_t r0 = rb; r0 < re; r0 += kX24Rows) {
+      const int n_rows = static_cast<int>(std::min<int64_t>(kX24Rows, re - r0));
+      const uint32_t* rows[kX24Rows];
+      for (int i = 0; i < n_rows; ++i) {
+        const int64_t first = (r0 + i) * gpr;
+        for (int64_t g = 0; g < stride; g += 16) {
+          const __mmask16 lanes = g < gpr ? first_lanes(gpr - g) : static_cast<__mmask16>(0);
+          _mm512_storeu_ps(sbuf + i * stride + g,
+                           load_scales16(w.scales, w.scale_type, first + g, lanes));
+          _mm512_storeu_ps(bbuf + i * stride + g,
+                           load_scales16(w.biases, w.scale_type, first + g, lanes));
+        }
+        rows[i] = w.packed + (r0 + i) * wpr;
+      }
+      int64_t t = t0;
+      if (n_rows == kX24Rows) {
+        for (; t + kX24Tokens <= t_end; t += kX24Tokens)
+          x24_tile<kGroup, kX24Rows, kX24Tokens>(rows, sbuf, bbuf, stride, xs + t, n_blocks,
+                                                 tail_words, gpr, idx, y + t * y_stride, y_stride,
+                                                 r0);
+        for (; t < t_end; ++t)
+          x24_tile<kGroup, kX24Rows, 1>(rows, sbuf, bbuf, stride, xs + t, n_blocks, tail_words, gpr,
+                                        idx, y + t * y_stride, y_stride, r0);
+      } else {
+        for (int i = 0; i < n_rows; ++i) {
+          for (t = t0; t < t_end; ++t)
+            x24_tile<kGroup, 1, 1>(rows + i, sbuf + i * stride, bbuf + i * stride, stride, xs + t,
+                                   n_blocks, tail_words, gpr, idx, y + t * y_stride, y_stride,
+                                   r0 + i);
+        }
+      }
+    }
+  }
+}
+
+void qmatmul_x24_prepared(const QuantMatrix& w, const int8_t* limbs, int64_t limb_stride,
+                          const float* units, int64_t unit_stride, const float* sums,
+                          int64_t sum_stride, int64_t n_x, float* y, int64_t y_stride, int64_t rb,
+                          int64_t re) {
+  thread_local std::unique_ptr<X24Row[]> rows_buf;
+  thread_local int64_t rows_cap = 0;
+  if (rows_cap < n_x) {
+    rows_buf = std::make_unique<X24Row[]>(static_cast<size_t>(n_x));
+    rows_cap = n_x;
+  }
+  X24Row* xs = rows_buf.get();
+  for (int64_t t = 0; t < n_x; ++t)
+    xs[t] = {limbs + t * limb_stride, units + t * unit_stride, sums + t * sum_stride};
+  with_quant_shape(w, [&]<int kBits, int kGroup>() {
+    if constexpr (kBits == 4) x24_rows_range<kGroup>(w, xs, n_x, y, y_stride, rb, re);
+  });
+}
+
 }  // namespace
 }  // namespace redwing::cpu
 
@@ -319,7 +481,7 @@ void qmatvec_x24_prepared(const QuantMatrix& w, const int8_t* limbs, const float
 namespace redwing::cpu {
 // Outside the target region: handing out the pointer must not need the instructions.
 Q8Kernel avx512_vnni_qmatmul_q8() { return qmatmul_q8_vnni; }
-X24Kernels avx512_vnni_x24() { return {prepare_x24, qmatvec_x24_prepared}; }
+X24Kernels avx512_vnni_x24() { return {prepare_x24, qmatvec_x24_prepared, qmatmul_x24_prepared}; }
 }  // namespace redwing::cpu
 
 #endif  // REDWING_HAVE_AVX2

@@ -22,6 +22,12 @@ struct X24Kernels {
                   float* sums) = nullptr;
   void (*product)(const QuantMatrix& w, const int8_t* limbs, const float* units, const float* sums,
                   float* y, int64_t row_begin, int64_t row_end) = nullptr;
+  // n_x prepared rows, row t's parts at limbs + t * limb_stride (bytes), units + t * unit_stride
+  // and sums + t * sum_stride (floats): Y[t * y_stride + r] for r in [row_begin, row_end).
+  void (*product_rows)(const QuantMatrix& w, const int8_t* limbs, int64_t limb_stride,
+                       const float* units, int64_t unit_stride, const float* sums,
+                       int64_t sum_stride, int64_t n_x, float* y, int64_t y_stride,
+                       int64_t row_begin, int64_t row_end) = nullptr;
 };
 
 // One entry per dispatched kernel. Implementations that do not provide a kernel copy the
