@@ -117,6 +117,9 @@ class ModelDir {
   // its shape differs from the expected one (when >= 0).
   HostQuantMatrix quant(const std::string& name, int64_t expected_rows = -1,
                         int64_t expected_cols = -1) const;
+  // Reads weights.bin into memory now (platform::MappedFile::populate): the engine calls it
+  // while loading, so that the first prompt does not fault the resident weights in page by page.
+  void load_weights() const { weights_.populate(); }
   // The expert file description of an MoE layer, or nullptr.
   const ExpertLayerInfo* expert_layer(int layer) const;
   // Absolute path of a file of the directory.

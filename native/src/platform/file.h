@@ -39,6 +39,10 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Reads the whole file into memory now and maps it (Linux: MADV_POPULATE_READ, else a
+  // read-ahead hint), so that the first pass over it does not fault page by page, from the disk
+  // where the page cache lost it. A hint: errors are ignored (the pages then fault in on use).
+  void populate() const;
 
  private:
   void reset() noexcept;

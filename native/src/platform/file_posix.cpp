@@ -73,6 +73,15 @@ MappedFile MappedFile::open(const std::string& path) {
   return file;
 }
 
+void MappedFile::populate() const {
+  if (data_ == nullptr) return;
+  void* p = const_cast<std::byte*>(data_);
+#if defined(MADV_POPULATE_READ)
+  if (::madvise(p, size_, MADV_POPULATE_READ) == 0) return;
+#endif
+  ::madvise(p, size_, MADV_WILLNEED);  // older kernels, macOS: read-ahead only
+}
+
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(other.data_), size_(other.size_), path_(std::move(other.path_)) {
   other.data_ = nullptr;

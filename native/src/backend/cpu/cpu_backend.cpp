@@ -248,7 +248,8 @@ class CpuBackend final : public Backend {
     x24_first_.assign(1, 0);
     for (const X24Input& in : x24_inputs_) x24_first_.push_back(x24_first_.back() + in.buf->rows());
     std::atomic<bool> finite{true};
-    pool_.parallel_for(x24_first_.back(), 4, [&](int64_t b, int64_t e) {
+    // 16 rows a chunk: a decode step's few one-row inputs are prepared inline by the caller.
+    pool_.parallel_for(x24_first_.back(), 16, [&](int64_t b, int64_t e) {
       // The input holding row b, then onwards.
       auto i = static_cast<size_t>(std::upper_bound(x24_first_.begin(), x24_first_.end(), b) -
                                    x24_first_.begin() - 1);
