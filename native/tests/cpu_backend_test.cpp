@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -346,6 +347,74 @@ TEST_CASE("qmatmul_batch: the same bits as one qmatmul per product, for 1 and se
   CHECK_THROWS_AS(b->qmatmul_batch(std::vector<Backend::QProduct>{
                       {b->import_qweight(w0.host).get(), Mat{}, Mat{}}}),
                   std::logic_error);
+}
+
+TEST_CASE("exact products: a prompt's rows get decode's bits; inf or NaN takes float32") {
+  // Where the CPU has the integer method (AVX512-VNNI without AMX), a prefill chunk's 4-bit
+  // products give each row the bits that row gets as a one-row (decode) product, alone or in a
+  // batch with products sharing or not sharing its input; elsewhere the float32 paths differ in
+  // rounding only, so this checks the integer method where it runs.
+  auto b = make_cpu_backend(2);
+  const bool integer = cpu::integer_exact_product_active() && !cpu::has_matrix_product();
+  const RandomQuant w0(45, 256, 31), w1(70, 256, 32), w2(20, 128, 33);
+  const int64_t T = 5;
+  auto q0 = b->import_qweight(w0.host), q1 = b->import_qweight(w1.host),
+       q2 = b->import_qweight(w2.host);
+  const std::vector<float> x01 = randn(static_cast<size_t>(T * 256), 40);
+  const std::vector<float> x2 = randn(static_cast<size_t>(T * 128), 41);
+  auto bx01 = upload(*b, x01), bx2 = upload(*b, x2);
+  auto y0 = b->alloc(T * 45 * 4), y1 = b->alloc(T * 70 * 4), y2 = b->alloc(T * 20 * 4);
+  const Backend::QProduct batch[] = {
+      {q0.get(), Mat{bx01.get(), 0, T, 256, 256}, Mat{y0.get(), 0, T, 45, 45}},
+      {q1.get(), Mat{bx01.get(), 0, T, 256, 256}, Mat{y1.get(), 0, T, 70, 70}},
+      {q2.get(), Mat{bx2.get(), 0, T, 128, 128}, Mat{y2.get(), 0, T, 20, 20}}};
+  b->qmatmul_batch(batch);
+  auto whole = b->alloc(T * 70 * 4);
+  b->qmatmul(*q1, Mat{bx01.get(), 0, T, 256, 256}, Mat{whole.get(), 0, T, 70, 70});
+  const std::vector<float> got1 = download(*b, *y1, T * 70);
+  CHECK(std::memcmp(got1.data(), download(*b, *whole, T * 70).data(), T * 70 * 4) == 0);
+  if (integer) {
+    const std::pair<const QWeight*, std::pair<const Buffer*, int64_t>> ws[] = {
+        {q0.get(), {y0.get(), 45}}, {q1.get(), {y1.get(), 70}}, {q2.get(), {y2.get(), 20}}};
+    for (int i = 0; i < 3; ++i) {
+      const int64_t rows = ws[i].second.second, cols = i == 2 ? 128 : 256;
+      const std::vector<float> got =
+          download(*b, *ws[i].second.first, static_cast<size_t>(T * rows));
+      for (int64_t t = 0; t < T; ++t) {
+        auto one = b->alloc(static_cast<size_t>(rows) * 4);
+        b->qmatmul(*ws[i].first, Mat{i == 2 ? bx2.get() : bx01.get(), t * cols, 1, cols, cols},
+                   Mat{one.get(), 0, 1, rows, rows});
+        const std::vector<float> want = download(*b, *one, static_cast<size_t>(rows));
+        CAPTURE(i);
+        CAPTURE(t);
+        CHECK(std::memcmp(got.data() + t * rows, want.data(), static_cast<size_t>(rows) * 4) == 0);
+      }
+    }
+  } else {
+    MESSAGE("bits against decode not checked: no integer method here, or a matrix unit (AMX)");
+  }
+  // A NaN in one row of the input: that row's outputs are not finite, the others are finite and
+  // still the product (the float32 path, which propagates it row by row).
+  std::vector<float> bad = x01;
+  bad[static_cast<size_t>(2 * 256 + 77)] = std::numeric_limits<float>::quiet_NaN();
+  auto bbad = upload(*b, bad);
+  b->qmatmul(*q1, Mat{bbad.get(), 0, T, 256, 256}, Mat{whole.get(), 0, T, 70, 70});
+  const std::vector<float> out = download(*b, *whole, T * 70);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < 70; ++r) {
+      const float v = out[static_cast<size_t>(t * 70 + r)];
+      CAPTURE(t);
+      CAPTURE(r);
+      if (t == 2) {
+        CHECK_FALSE(std::isfinite(v));
+        continue;
+      }
+      double ref = 0;
+      for (int64_t c = 0; c < 256; ++c)
+        ref += static_cast<double>(w1.dense[static_cast<size_t>(r * 256 + c)]) *
+               bad[static_cast<size_t>(t * 256 + c)];
+      CHECK(v == doctest::Approx(ref).epsilon(1e-4).scale(1.0));
+    }
 }
 
 TEST_CASE("int8 activations: qmatmul and qmatmul_batch give the q8 kernels' bits") {

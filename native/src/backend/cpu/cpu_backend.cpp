@@ -235,7 +235,11 @@ class CpuBackend final : public Backend {
   bool prepare_x24(cpu::X24Buffer& xa, const float* x, int64_t rows, int64_t stride,
                    const cpu::QuantMatrix& w) {
     if (w.bits != 4 || !xa.resize(rows, w.cols, w.group_size)) return false;
-    if (rows == 1) return xa.prepare_row(0, x);
+    if (rows == 1) {
+      if (xa.prepare_row(0, x)) return true;
+      xa.clear();
+      return false;
+    }
     x24_inputs_.assign(1, {&xa, x, stride});
     prepare_x24_inputs();
     return xa.cols() > 0;
@@ -382,8 +386,7 @@ class CpuBackend final : public Backend {
       j.split = &split_[n_split++];
     }
     // Exact products by integer dot products (cpu::qmatvec_x24, cpu::qmatmul_x24): prepare each
-    // distinct input once, likewise.
-    // distinct input once, likewise: the rows of all of them in one parallel loop (a layer's
+    // distinct input once, likewise, the rows of all of them in one parallel loop (a layer's
     // experts each have their own input).
     size_t n_x24 = 0;
     x24_inputs_.clear();
