@@ -85,6 +85,27 @@ inline __m512i lane_dots_x24(__m512i wv, const int8_t* a) {
 
 constexpr int kPrefetchGroups = 2;  // row groups ahead, as in kernels_avx512.cpp
 
+// Row r's scales and biases as float32 (stride floats each, zero past its gpr groups), so that a
+// product converts them once per row and gathers them per block with lane_groups.
+inline void row_scales_f32(const QuantMatrix& w, int64_t r, int64_t gpr, int64_t stride, float* s,
+                           float* b) {
+  const int64_t first = r * gpr;
+  for (int64_t g = 0; g < stride; g += 16) {
+    const __mmask16 lanes = g < gpr ? first_lanes(gpr - g) : static_cast<__mmask16>(0);
+    _mm512_storeu_ps(s + g, load_scales16(w.scales, w.scale_type, first + g, lanes));
+    _mm512_storeu_ps(b + g, load_scales16(w.biases, w.scale_type, first + g, lanes));
+  }
+}
+
+// Lane i's group within a register block of 16 lanes of kPerLane values (0 for every lane when a
+// group spans the block): the index that gathers the lanes' scales from a block's first group.
+template <int kPerLane, int kGroup>
+inline __m512i lane_groups() {
+  alignas(64) int32_t lane_group[16];
+  for (int i = 0; i < 16; ++i) lane_group[i] = kGroup >= 16 * kPerLane ? 0 : i * kPerLane / kGroup;
+  return _mm512_load_si512(lane_group);
+}
+
 // The lane sum of one vector in reduce4's order, so that a row's sum has the same bits whether
 // it was reduced alone or with three others.
 inline float reduce1(__m512 a) {
@@ -118,20 +139,11 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
   const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
   const uint32_t* rows[kRows];
   for (int i = 0; i < kRows; ++i) {
-    const int64_t first = (r0 + i) * gpr;
-    for (int64_t g = 0; g < stride; g += 16) {
-      const __mmask16 lanes = g < gpr ? first_lanes(gpr - g) : static_cast<__mmask16>(0);
-      _mm512_storeu_ps(sbuf + i * stride + g,
-                       load_scales16(w.scales, w.scale_type, first + g, lanes));
-      _mm512_storeu_ps(bbuf + i * stride + g,
-                       load_scales16(w.biases, w.scale_type, first + g, lanes));
-    }
+    row_scales_f32(w, r0 + i, gpr, stride, sbuf + i * stride, bbuf + i * stride);
     rows[i] = w.packed + (r0 + i) * wpr;
   }
   const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
-  alignas(64) int32_t lane_group[16];
-  for (int i = 0; i < 16; ++i) lane_group[i] = kGroup >= L::kValues ? 0 : i * L::kPerLane / kGroup;
-  const __m512i idx = _mm512_load_si512(lane_group);
+  const __m512i idx = lane_groups<L::kPerLane, kGroup>();
   for (int64_t t = 0; t < n_x; ++t) {
     const Q8Prepared& x = xs[t];
     __m512 acc[kRows];
@@ -410,23 +422,14 @@ void x24_rows_range(const QuantMatrix& w, const X24Row* xs, int64_t n_x, float* 
   const int tail_words = static_cast<int>((w.cols % 128) / 8);
   float* sbuf = s_buf.floats(static_cast<size_t>(kX24Rows * stride));
   float* bbuf = b_buf.floats(static_cast<size_t>(kX24Rows * stride));
-  alignas(64) int32_t lane_group[16];
-  for (int i = 0; i < 16; ++i) lane_group[i] = kGroup >= 128 ? 0 : i * 8 / kGroup;
-  const __m512i idx = _mm512_load_si512(lane_group);
+  const __m512i idx = lane_groups<8, kGroup>();
   for (int64_t t0 = 0; t0 < n_x; t0 += kX24TokenTile) {
     const int64_t t_end = std::min(n_x, t0 + kX24TokenTile);
     for (int64_t r0 = rb; r0 < re; r0 += kX24Rows) {
       const int n_rows = static_cast<int>(std::min<int64_t>(kX24Rows, re - r0));
       const uint32_t* rows[kX24Rows];
       for (int i = 0; i < n_rows; ++i) {
-        const int64_t first = (r0 + i) * gpr;
-        for (int64_t g = 0; g < stride; g += 16) {
-          const __mmask16 lanes = g < gpr ? first_lanes(gpr - g) : static_cast<__mmask16>(0);
-          _mm512_storeu_ps(sbuf + i * stride + g,
-                           load_scales16(w.scales, w.scale_type, first + g, lanes));
-          _mm512_storeu_ps(bbuf + i * stride + g,
-                           load_scales16(w.biases, w.scale_type, first + g, lanes));
-        }
+        row_scales_f32(w, r0 + i, gpr, stride, sbuf + i * stride, bbuf + i * stride);
         rows[i] = w.packed + (r0 + i) * wpr;
       }
       int64_t t = t0;
