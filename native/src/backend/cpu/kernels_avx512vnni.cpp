@@ -188,19 +188,24 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
   }
 }
 
+// This thread's array of at least n prepared rows, kept between calls. (A unique_ptr of a type
+// with internal linkage: no weak symbol leaves this file.)
+Q8Prepared* prepared_rows(int64_t n) {
+  thread_local std::unique_ptr<Q8Prepared[]> buf;
+  thread_local int64_t cap = 0;
+  if (cap < n) {
+    buf = std::make_unique<Q8Prepared[]>(static_cast<size_t>(n));
+    cap = n;
+  }
+  return buf.get();
+}
+
 template <int kBits, int kGroup>
 void q8_range(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y, int64_t y_stride,
               int64_t rb, int64_t re) {
   using L = Q8Layout<kBits>;
   thread_local Scratch dl_buf, sum_buf, s_buf, b_buf;
-  // (unique_ptr of a type with internal linkage: no weak symbol leaves this file.)
-  thread_local std::unique_ptr<Q8Prepared[]> prepared_buf;
-  thread_local int64_t prepared_cap = 0;
-  if (prepared_cap < n_x) {
-    prepared_buf = std::make_unique<Q8Prepared[]>(static_cast<size_t>(n_x));
-    prepared_cap = n_x;
-  }
-  Q8Prepared* prepared = prepared_buf.get();
+  Q8Prepared* prepared = prepared_rows(n_x);
   const int64_t gpr = w.cols / kGroup;
   const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
   const int64_t n_act_blocks = w.cols / kQ8Block;
@@ -333,15 +338,9 @@ void qmatvec_x24_prepared(const QuantMatrix& w, const int8_t* limbs, const float
 // Each (row, token) takes exactly the operations q8_rows<4, kGroup, kRows, true> does (the bias
 // part, then one FMA per block in block order, then reduce4's sum), so its bits do not depend on
 // kR, kT or the call's token count.
-struct X24Row {
-  const int8_t* limbs;
-  const float* units;
-  const float* sums;
-};
-
 template <int kGroup, int kR, int kT>
 inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float* bbuf,
-                     int64_t stride, const X24Row* xs, int64_t n_blocks, int tail_words,
+                     int64_t stride, const Q8Prepared* xs, int64_t n_blocks, int tail_words,
                      int64_t gpr, __m512i idx, float* y, int64_t y_stride, int64_t r0) {
   __m512 acc[kR][kT];
   for (int t = 0; t < kT; ++t) {
@@ -373,14 +372,14 @@ inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float
       }
     }
     for (int t = 0; t < kT; ++t) {
-      const int8_t* a = xs[t].limbs + blk * 384;
+      const int8_t* a = xs[t].q + blk * 384;
       const __m512i top_even = _mm512_load_si512(a);
       const __m512i top_odd = _mm512_load_si512(a + 64);
       const __m512i mid_even = _mm512_load_si512(a + 128);
       const __m512i mid_odd = _mm512_load_si512(a + 192);
       const __m512i low_even = _mm512_load_si512(a + 256);
       const __m512i low_odd = _mm512_load_si512(a + 320);
-      const __m512 e = _mm512_load_ps(xs[t].units + blk * 16);
+      const __m512 e = _mm512_load_ps(xs[t].dl + blk * 16);
       for (int i = 0; i < kR; ++i) {
         // lane_dots_x24, with the unpacked nibbles and the limbs shared.
         __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], top_even);
@@ -412,8 +411,8 @@ constexpr int kX24Rows = 4;    // weight rows per register tile
 constexpr int kX24Tokens = 2;  // tokens per register tile
 
 template <int kGroup>
-void x24_rows_range(const QuantMatrix& w, const X24Row* xs, int64_t n_x, float* y, int64_t y_stride,
-                    int64_t rb, int64_t re) {
+void x24_rows_range(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, float* y,
+                    int64_t y_stride, int64_t rb, int64_t re) {
   thread_local Scratch s_buf, b_buf;
   const int64_t wpr = w.cols / 8;
   const int64_t gpr = w.cols / kGroup;
@@ -457,13 +456,7 @@ void qmatmul_x24_prepared(const QuantMatrix& w, const int8_t* limbs, int64_t lim
                           const float* units, int64_t unit_stride, const float* sums,
                           int64_t sum_stride, int64_t n_x, float* y, int64_t y_stride, int64_t rb,
                           int64_t re) {
-  thread_local std::unique_ptr<X24Row[]> rows_buf;
-  thread_local int64_t rows_cap = 0;
-  if (rows_cap < n_x) {
-    rows_buf = std::make_unique<X24Row[]>(static_cast<size_t>(n_x));
-    rows_cap = n_x;
-  }
-  X24Row* xs = rows_buf.get();
+  Q8Prepared* xs = prepared_rows(n_x);
   for (int64_t t = 0; t < n_x; ++t)
     xs[t] = {limbs + t * limb_stride, units + t * unit_stride, sums + t * sum_stride};
   with_quant_shape(w, [&]<int kBits, int kGroup>() {
