@@ -310,28 +310,26 @@ class CpuBackend final : public Backend {
     }
     if (x24_.empty()) x24_.emplace_back();
     cpu::X24Buffer& xa = x24_.front();
-    if (x.rows == 1) {
-      if (prepare_x24(xa, px, 1, x.stride, w)) {
-        pool_.parallel_for(w.rows, grain,
-                           [&](int64_t b, int64_t e) { cpu::qmatvec_x24(w, xa, py, b, e); });
-      } else {
-        pool_.parallel_for(w.rows, grain,
-                           [&](int64_t b, int64_t e) { cpu::qmatvec(w, px, py, b, e); });
-      }
-    } else if (!use_split(w, x.rows) && prepare_x24(xa, px, x.rows, x.stride, w)) {
-      pool_.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
-        cpu::qmatmul_x24(w, xa, py, y.stride, b, e);
-      });
-    } else if (use_split(w, x.rows)) {
+    if (use_split(w, x.rows)) {
       if (split_.empty()) split_.emplace_back();
       cpu::SplitActivation& xs = split_.front();
       split_input(xs, px, x.rows, x.stride, w.cols);
       pool_.parallel_for(w.rows, split_grain(w.cols), [&](int64_t b, int64_t e) {
         cpu::qmatmul_split(w, xs, py, y.stride, b, e);
       });
+    } else if (prepare_x24(xa, px, x.rows, x.stride, w)) {
+      pool_.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
+        if (x.rows == 1)
+          cpu::qmatvec_x24(w, xa, py, b, e);
+        else
+          cpu::qmatmul_x24(w, xa, py, y.stride, b, e);
+      });
     } else {
       pool_.parallel_for(w.rows, grain, [&](int64_t b, int64_t e) {
-        cpu::qmatmul(w, px, x.rows, x.stride, py, y.stride, b, e);
+        if (x.rows == 1)
+          cpu::qmatvec(w, px, py, b, e);
+        else
+          cpu::qmatmul(w, px, x.rows, x.stride, py, y.stride, b, e);
       });
     }
   }
