@@ -73,21 +73,6 @@ float bias_dot(const void* p, ScaleType type, int64_t offset, int64_t n, const f
 
 // ---- qmatvec ---------------------------------------------------------------------------------
 
-// How many row groups ahead qmv_rows prefetches.
-constexpr int kPrefetchGroups = 2;
-
-// Scales and biases are small separate streams that the hardware prefetcher tends to miss
-// (each row group touches a few dozen bytes of each): fetch those of a later row group.
-inline void prefetch_scales(const QuantMatrix& w, int64_t first_group, int64_t n_groups) {
-  const int64_t esize = w.scale_type == ScaleType::f32 ? 4 : 2;
-  const char* s = static_cast<const char*>(w.scales) + first_group * esize;
-  const char* b = static_cast<const char*>(w.biases) + first_group * esize;
-  for (int64_t off = 0; off < n_groups * esize + 63; off += 64) {  // + 63: an unaligned start
-    _mm_prefetch(s + off, _MM_HINT_T0);
-    _mm_prefetch(b + off, _MM_HINT_T0);
-  }
-}
-
 template <int kBits>
 struct Layout {
   static constexpr int kPerWord = 32 / kBits;  // elements per uint32 word
@@ -371,6 +356,7 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
   const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
   const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
   const uint32_t* rows[kRows];
+  prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
   for (int i = 0; i < kRows; ++i) {
     scales_to_f32(w.scales, w.scale_type, (r0 + i) * gpr, gpr, sbuf + i * (gpr + 8));
     sbuf[i * (gpr + 8) + gpr] = 0.0f;  // read by the pair load of a partial last block

@@ -55,22 +55,6 @@ __m512 bias_lanes(const void* p, ScaleType type, int64_t offset, int64_t n, cons
   return acc;
 }
 
-// How many row groups ahead qmv_rows prefetches (measured: 1 and 2 are close, 2 slightly better
-// on the large matrices).
-constexpr int kPrefetchGroups = 2;
-
-// Scales and biases are small separate streams that the hardware prefetcher tends to miss
-// (each row group touches a few dozen bytes of each): fetch those of a later row group.
-inline void prefetch_scales(const QuantMatrix& w, int64_t first_group, int64_t n_groups) {
-  const int64_t esize = w.scale_type == ScaleType::f32 ? 4 : 2;
-  const char* s = static_cast<const char*>(w.scales) + first_group * esize;
-  const char* b = static_cast<const char*>(w.biases) + first_group * esize;
-  for (int64_t off = 0; off < n_groups * esize + 63; off += 64) {  // + 63: an unaligned start
-    _mm_prefetch(s + off, _MM_HINT_T0);
-    _mm_prefetch(b + off, _MM_HINT_T0);
-  }
-}
-
 template <int kBits>
 struct Layout {
   static constexpr int kPerWord = 32 / kBits;   // elements per uint32 word

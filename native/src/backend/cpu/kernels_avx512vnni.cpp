@@ -83,8 +83,6 @@ inline __m512i lane_dots_x24(__m512i wv, const int8_t* a) {
   return _mm512_dpbusd_epi32(t, _mm512_load_si512(a + 320), hi);
 }
 
-constexpr int kPrefetchGroups = 2;  // row groups ahead, as in kernels_avx512.cpp
-
 // Row r's scales and biases as float32 (stride floats each, zero past its gpr groups), so that a
 // product converts them once per row and gathers them per block with lane_groups.
 inline void row_scales_f32(const QuantMatrix& w, int64_t r, int64_t gpr, int64_t stride, float* s,
@@ -138,6 +136,7 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
   const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
   const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
   const uint32_t* rows[kRows];
+  prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
   for (int i = 0; i < kRows; ++i) {
     row_scales_f32(w, r0 + i, gpr, stride, sbuf + i * stride, bbuf + i * stride);
     rows[i] = w.packed + (r0 + i) * wpr;
