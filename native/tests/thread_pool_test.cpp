@@ -2,11 +2,14 @@
 // nesting, repeated dispatch and shutdown.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
@@ -32,6 +35,34 @@ TEST_CASE("parallel_for covers every index exactly once, in grain-aligned chunks
         CHECK_FALSE(misaligned.load());
         for (int64_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
       }
+    }
+  }
+}
+
+TEST_CASE("chunks shrink towards the end of a loop, so the threads finish together") {
+  for (int threads : {2, 4}) {
+    ThreadPool pool(threads);
+    for (int64_t grain : {1, 16}) {
+      CAPTURE(threads);
+      CAPTURE(grain);
+      const int64_t n = 10000;
+      std::mutex m;
+      std::vector<std::pair<int64_t, int64_t>> chunks;
+      pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+        std::lock_guard lock(m);
+        chunks.emplace_back(b, e);
+      });
+      std::sort(chunks.begin(), chunks.end());  // handed out in order of their first row
+      REQUIRE(chunks.size() >= 2);
+      // The first takes a share of the whole loop, not a grain; then no chunk is larger than the
+      // one before it, and the last two are a grain (or the rest of the rows).
+      CHECK(chunks.front().second - chunks.front().first >= n / (2 * threads) - grain);
+      for (size_t i = 1; i < chunks.size(); ++i)
+        CHECK(chunks[i].second - chunks[i].first <= chunks[i - 1].second - chunks[i - 1].first);
+      CHECK(chunks.back().second - chunks.back().first <= grain);
+      CHECK(chunks[chunks.size() - 2].second - chunks[chunks.size() - 2].first <= grain);
+      // Few chunks all the same: about 2 * threads per halving of the rows left.
+      CHECK(chunks.size() < 200);
     }
   }
 }

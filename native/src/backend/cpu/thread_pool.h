@@ -37,10 +37,11 @@ class ThreadPool {
 
   // Calls fn(begin, end) over disjoint chunks that cover [0, n) exactly once, in parallel, and
   // returns when all are done. Chunk boundaries are multiples of grain (the last chunk may be
-  // shorter); chunks are handed out dynamically, a few per thread, so a slow thread does not
-  // hold up the loop. The first exception thrown by fn is rethrown here after every running chunk
-  // has finished; chunks not yet started are skipped. A parallel_for called from inside fn runs
-  // serially on the calling thread. Calls from different threads are serialized.
+  // shorter); chunks are handed out dynamically and shrink towards the end of the loop (guided
+  // scheduling), so a slow thread does not hold up the loop and the threads finish together. The
+  // first exception thrown by fn is rethrown here after every running chunk has finished; chunks
+  // not yet started are skipped. A parallel_for called from inside fn runs serially on the calling
+  // thread. Calls from different threads are serialized.
   template <typename F>
   void parallel_for(int64_t n, int64_t grain, F&& fn) {
     using Fn = std::remove_reference_t<F>;
@@ -62,9 +63,9 @@ class ThreadPool {
   void* ctx_ = nullptr;
   Trampoline call_ = nullptr;
   int64_t n_ = 0;
-  int64_t chunk_ = 1;
-  int64_t n_chunks_ = 0;
-  std::atomic<int64_t> next_chunk_{0};
+  int64_t grain_ = 1;
+  int64_t divisor_ = 1;                 // a chunk is 1 / divisor_ of the rows left
+  std::atomic<int64_t> next_begin_{0};  // the first row not yet handed out
   std::atomic<bool> failed_{false};
   std::mutex error_mutex_;
   std::exception_ptr error_;
