@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <vector>
@@ -85,6 +86,33 @@ TEST_CASE("temperature 0 is argmax, lowest id on ties") {
   std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f};
   CHECK(s.sample(l, {}) == 1);
   CHECK(argmax(std::vector<float>{-5.0f, -2.0f, -2.0f}) == 1);
+}
+
+TEST_CASE("argmax: the first largest at any position and length, NaN never chosen") {
+  for (size_t n : {1, 7, 8, 9, 17, 1000}) {
+    for (size_t at = 0; at < n; at += (n > 20 ? 97 : 1)) {
+      CAPTURE(n);
+      CAPTURE(at);
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7919) % 101) - 200.0f;
+      v[at] = 5.0f;
+      CHECK(argmax(v) == static_cast<int32_t>(at));
+      if (at + 1 < n) {
+        v[n - 1] = 5.0f;  // a tie later on: the first one wins
+        CHECK(argmax(v) == static_cast<int32_t>(at));
+      }
+      if (at > 0) {
+        v[0] = std::nanf("");  // NaN is skipped wherever it is
+        if (n > 3) v[n / 2 == at ? n / 2 + 1 : n / 2] = std::nanf("");
+        CHECK(argmax(v) == static_cast<int32_t>(at));
+      }
+    }
+  }
+  CHECK(argmax(std::vector<float>{std::nanf(""), std::nanf("")}) == 0);
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(argmax(std::vector<float>{-inf, -inf}) == 0);
+  CHECK(argmax(std::vector<float>{-inf, 1.0f, inf, inf}) == 2);
+  CHECK_THROWS_AS(argmax(std::vector<float>{}), std::invalid_argument);
 }
 
 TEST_CASE("top-p keeps the most probable tokens while the mass above them is below top_p") {

