@@ -248,6 +248,7 @@ async function runTable(o: {
     engines.map((e) => [e, {}]),
   );
   const lastParts: Record<string, Record<string, number> | undefined> = {};
+  const probes: number[] = [];
   for (let round = 0; round < runs; round++) {
     for (const c of cases) {
       // Rotate who goes first, so no engine always gets the cooler machine.
@@ -273,6 +274,11 @@ async function runTable(o: {
         );
       }
     }
+    // The probe once a round, between the engines' runs: on a shared machine the bandwidth moves
+    // from minute to minute (46-70 GB/s within seconds on the EPYC guest), so one probe at the end
+    // made the shares below say more about that moment than about the engines.
+    const gbps = await bandwidthProbe(threads);
+    if (gbps !== null) probes.push(gbps);
   }
   const pick = (engine: string, c: string, k: keyof Rates) =>
     median(samples[engine]![c]!.map((r) => r[k]));
@@ -299,12 +305,13 @@ async function runTable(o: {
         ratio_int8: int8 / llama,
       };
     });
-  const probe = await bandwidthProbe(threads);
+  const probe = probes.length > 0 ? median(probes) : null;
   const bytesPerToken = decodeWeightBytes(layers);
   const decodeGbps = (rate: number) => (bytesPerToken * rate) / 1e9;
   const bandwidth = {
     weight_bytes_per_decode_token: bytesPerToken,
     probe_gbps: probe,
+    probe_gbps_by_round: probes,
     redwing_decode_gbps: decodeGbps(rows[0]!.redwing),
     redwing_head_decode_gbps: decodeGbps(rows[0]!.redwing_head),
     redwing_int8_decode_gbps: decodeGbps(rows[0]!.redwing_int8),
@@ -350,7 +357,7 @@ async function runTable(o: {
       `${bandwidth.redwing_head_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_head_decode_gbps)} head, ` +
       `${bandwidth.redwing_int8_decode_gbps.toFixed(1)} GB/s${share(bandwidth.redwing_int8_decode_gbps)} int8, ` +
       `llama.cpp ${bandwidth.llama_cpp_decode_gbps.toFixed(1)} GB/s${share(bandwidth.llama_cpp_decode_gbps)}; ` +
-      `bandwidth probe ${probe?.toFixed(1) ?? "n/a"} GB/s at ${threads} threads`,
+      `bandwidth probe ${probe?.toFixed(1) ?? "n/a"} GB/s at ${threads} threads (median of one a round: ${probes.map((p) => p.toFixed(1)).join(", ") || "none"})`,
   );
   for (const [engine, parts] of Object.entries(lastParts))
     if (parts) console.log(`${engine} decode parts (ms/token, last run):`, JSON.stringify(parts));
