@@ -1,45 +1,12 @@
-// Y[t, row0 + r] = sum_c W[r, c] X[t, c] for many tokens (prefill), register-tiled: a workgroup
-// computes a tile of BM weight rows by BN tokens, each thread a 4 x 4 block of it in registers
-// (the body, qmatmul_tiled.glsl, is shared with the routed experts' grouped product,
-// moe_matmul_tiled.comp). The tile is chosen per dispatch (push constant tile_rows, BM = 32, 64
-// or 128; BN = 16 * THREADS / BM): the host fits it to the token count (gpu_backend.cpp).
+// The register-tiled prefill product, 4 x 4 outputs per thread in tiles of 4,096 at 256 threads
+// (32 x 128 to 128 x 32): a GPU's, and a CPU device's where the tokens are too few for
+// qmatmul_tiled_r8's tiles (qmatmul_tiled_kernel.glsl, qmatmul_tiled.glsl).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
-layout(local_size_x = 256, local_size_x_id = 0) in;
-layout(std430, set = 0, binding = 0) readonly buffer Packed { uint packed[]; };
-layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
-layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
-layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
-layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
-// The block of qmatvec.comp (the host fills one struct for both), then the tile.
-layout(push_constant) uniform Params {
-  uint rows;        // rows in this chunk (the bindings start at its first row)
-  uint cols;        // a multiple of the group size, so of 32
-  uint bits;
-  uint group_size;
-  uint scale_type;
-  uint scale0;      // index of the chunk's first scale inside the scale/bias bindings
-  uint x_offset;
-  uint x_stride;
-  uint y_offset;    // element of y for token 0, row 0 of the chunk
-  uint y_stride;
-  uint tokens;
-  uint norm_mode;   // (qmatvec's; 0 here)
-  float norm_offset;
-  float norm_eps;
-  float col_scale;
-  uint geglu_half;  // (qmatvec's; 0 here)
-  uint tile_rows;   // BM: 32, 64 or 128, with BM / 4 <= THREADS / 2 and BM + BN <= 160
-} p;
-
-#include "qmatmul_tiled.glsl"
-
-void main() {
-  const uint bn = 16u * THREADS / p.tile_rows;
-  tiled_product(p.rows, p.cols, p.bits, p.group_size, p.scale_type, 0u, p.scale0, p.x_offset,
-                p.x_stride, p.y_offset, p.y_stride, p.tokens, p.tile_rows, gl_WorkGroupID.y * bn);
-}
+#define TILE_RM 4u
+#define TILE_RN 4u
+#define TILE_SLAB 32u
+#include "qmatmul_tiled_kernel.glsl"

@@ -1,26 +1,33 @@
-// The register-tiled prefill product's body, shared by qmatmul_tiled.comp (one matrix) and
-// moe_matmul_tiled.comp (the routed experts' grouped product): a workgroup computes a tile of BM
-// weight rows by BN tokens, each thread a 4 x 4 block of it in registers. The columns go by in
-// slabs of 32 (inside one quantization group for group 32, never across a word): per slab the
-// workgroup dequantizes its BM rows' 32 columns once (s * q + b, the CPU's qmatmul and MLX's qmm
-// arithmetic) and stages its BN tokens' 32 inputs, both in shared memory as float rows of 8
-// vec4s (one pad vec4 per row, so that 8 threads reading 8 rows' vec4s hit all 32 banks); then
-// every thread takes, per 4 columns, its 4 rows' and 4 tokens' vec4s and adds their 16 dot
-// products. A weight is dequantized once per BN tokens (qmatmul.comp: once per 8) and an input
-// read from shared memory once per 4 rows (qmatmul.comp: once per row).
+// The register-tiled prefill product's body, shared by the single-matrix kernels
+// (qmatmul_tiled_kernel.glsl) and the routed experts' grouped ones (moe_matmul_tiled_kernel.glsl):
+// a workgroup computes a tile of BM weight rows by BN tokens, each thread a TILE_RM x TILE_RN
+// block of it in registers. The columns go by in slabs of TILE_SLAB (inside one quantization
+// group, never across a word): per slab the workgroup dequantizes its BM rows' columns once
+// (s * q + b, the CPU's qmatmul and MLX's qmm arithmetic) and stages its BN tokens' inputs, both in
+// shared memory as float rows of TILE_SLAB / 4 vec4s plus one pad vec4 (so that 8 threads reading
+// 8 rows' vec4s hit all 32 banks); then every thread takes, per 4 columns, its rows' and tokens'
+// vec4s and adds their dot products. A weight is dequantized once per BN tokens and an input read
+// from shared memory once per TILE_RM rows.
 //
-// BM = 32, 64 or 128 (BN = 16 * THREADS / BM) is chosen per dispatch by the host. Nothing
-// assumes a subgroup size; no specialization constant sizes an array (shared memory is sized for
-// the largest tile, BM + BN <= 160: 23 KB), so SPIRV-Cross translates it for Metal as is. Edge
-// tiles: rows past the last and tokens past the last are staged as zeros and not written.
+// Why two block sizes (docs/gpu.md, "Seventeenth round"): a thread's shared-memory reads per
+// multiply-add fall with the block (4 x 4: 8 vec4s per 64 multiply-adds; 8 x 8: 16 per 256). On a
+// CPU device (lavapipe), where a shared-memory read is a real load, the 8-row blocks halved the
+// products' time; on the H200 they were 13-35% slower (64 accumulators leave one workgroup per
+// multiprocessor to hide the loads' latency), so a GPU keeps 4 x 4. The host picks the kernel and
+// BM per dispatch (device.h's choose_matmul_tile).
 //
-// The including kernel declares THREADS (constant_id 0) and the bindings packed (uint words),
-// scales, biases, x and y, then calls tiled_product from main.
+// The including kernel defines TILE_RM, TILE_RN (multiples of 4 for TILE_RN) and TILE_SLAB (16 or
+// 32), declares THREADS (constant_id 0) and the bindings packed (uint words), scales, biases, x
+// and y, then calls tiled_product from main. Nothing assumes a subgroup size; no specialization
+// constant sizes an array (shared memory is sized by TILE_SLAB: BM + BN <= 160 rows of 9 vec4s
+// at slabs of 32, 320 rows of 5 at 16, 23 or 25 KB), so SPIRV-Cross translates it for Metal as
+// is. Edge tiles: rows past the last and tokens past the last are staged as zeros and not written.
 
-const uint SLAB = 32u;                // columns per step
-const uint SLAB_VEC4 = SLAB / 4u;     // 8
-const uint ROW_VEC4 = SLAB_VEC4 + 1u;  // a staged row's stride in vec4s (one pad)
-const uint MAX_TILE_SUM = 160u;        // BM + BN at most
+const uint SLAB = TILE_SLAB;              // columns per step
+const uint SLAB_VEC4 = SLAB / 4u;
+const uint ROW_VEC4 = SLAB_VEC4 + 1u;     // a staged row's stride in vec4s (one pad)
+const uint MAX_TILE_SUM = 5120u / SLAB;   // BM + BN at most: 160 at slabs of 32, 320 at 16
+const uint ACC_COLS = TILE_RN / 4u;       // vec4s of accumulators per row of the block
 // Rows 0..BM-1: the dequantized weights; rows BM..BM+BN-1: the tokens' inputs.
 shared vec4 tile[MAX_TILE_SUM * ROW_VEC4];
 
@@ -32,19 +39,20 @@ void tiled_product(uint rows, uint cols, uint bits, uint group_size, uint scale_
                    uint word_base, uint scale0, uint x_offset, uint x_stride, uint y_offset,
                    uint y_stride, uint tokens, uint bm, uint t0) {
   const uint tid = gl_LocalInvocationID.x;
-  const uint tr_count = bm / 4u;           // threads along the rows
+  const uint tr_count = bm / TILE_RM;        // threads along the rows
   const uint tc_count = THREADS / tr_count;  // threads along the tokens
-  const uint bn = 4u * tc_count;
+  const uint bn = TILE_RN * tc_count;
   const uint tr = tid % tr_count;
   const uint tc = tid / tr_count;
   const uint row0 = gl_WorkGroupID.x * bm;
-  const uint words_per_slab = SLAB * bits / 32u;  // of one row: 4 (4-bit) or 8 (8-bit)
+  const uint words_per_slab = SLAB * bits / 32u;  // of one row
   const uint cols_per_word = 32u / bits;
   const uint row_words = cols / cols_per_word;
   const uint groups = cols / group_size;
 
-  vec4 acc[4];  // acc[i][j]: row tr + i * tr_count, token tc + j * tc_count
-  [[unroll]] for (uint i = 0u; i < 4u; ++i) acc[i] = vec4(0.0);
+  // acc[i * ACC_COLS + jj][j]: row tr + i * tr_count, token tc + (4 * jj + j) * tc_count
+  vec4 acc[TILE_RM * ACC_COLS];
+  [[unroll]] for (uint i = 0u; i < TILE_RM * ACC_COLS; ++i) acc[i] = vec4(0.0);
 
   for (uint c0 = 0u; c0 < cols; c0 += SLAB) {
     barrier();  // the previous slab's readers are done
@@ -88,20 +96,25 @@ void tiled_product(uint rows, uint cols, uint bits, uint group_size, uint scale_
     }
     barrier();
     [[unroll]] for (uint q = 0u; q < SLAB_VEC4; ++q) {
-      vec4 a[4], b[4];
-      [[unroll]] for (uint i = 0u; i < 4u; ++i) a[i] = tile[(tr + i * tr_count) * ROW_VEC4 + q];
-      [[unroll]] for (uint j = 0u; j < 4u; ++j)
+      // The tokens' vec4s are held for the whole block; the rows' are read one at a time
+      // (fewer live registers than holding both: TILE_RN + 1 vec4s besides the accumulators).
+      vec4 b[TILE_RN];
+      [[unroll]] for (uint j = 0u; j < TILE_RN; ++j)
         b[j] = tile[(bm + tc + j * tc_count) * ROW_VEC4 + q];
-      [[unroll]] for (uint i = 0u; i < 4u; ++i)
-        acc[i] += vec4(dot(a[i], b[0]), dot(a[i], b[1]), dot(a[i], b[2]), dot(a[i], b[3]));
+      [[unroll]] for (uint i = 0u; i < TILE_RM; ++i) {
+        const vec4 a = tile[(tr + i * tr_count) * ROW_VEC4 + q];
+        [[unroll]] for (uint jj = 0u; jj < ACC_COLS; ++jj)
+          acc[i * ACC_COLS + jj] += vec4(dot(a, b[4u * jj]), dot(a, b[4u * jj + 1u]),
+                                         dot(a, b[4u * jj + 2u]), dot(a, b[4u * jj + 3u]));
+      }
     }
   }
-  [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+  [[unroll]] for (uint i = 0u; i < TILE_RM; ++i) {
     const uint r = row0 + tr + i * tr_count;
     if (r >= rows) continue;
-    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+    [[unroll]] for (uint j = 0u; j < TILE_RN; ++j) {
       const uint t = t0 + tc + j * tc_count;
-      if (t < tokens) y[y_offset + t * y_stride + r] = acc[i][j];
+      if (t < tokens) y[y_offset + t * y_stride + r] = acc[i * ACC_COLS + j / 4u][j % 4u];
     }
   }
 }

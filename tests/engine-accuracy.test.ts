@@ -344,6 +344,9 @@ for (const fixture of FIXTURES) {
     const modes: [string, string[]][] = [
       ["prefill chunk 1", ["--mode", "prefill", "--chunk", "1"]],
       ["prefill chunk 7", ["--mode", "prefill", "--chunk", "7"]],
+      // Chunks of 16 fill lavapipe's 256 x 16 tiles of 8 x 8 register blocks (qmatmul_tiled_r8;
+      // chunk 128 of these 48-token prompts takes the 4 x 4 blocks).
+      ["prefill chunk 16", ["--mode", "prefill", "--chunk", "16"]],
       ["prefill chunk 128", ["--mode", "prefill", "--chunk", "128"]],
       ["decode", ["--mode", "decode"]],
     ];

@@ -67,6 +67,11 @@ enum class Kernel : int {
   qmatvec_heads,
   // Prefill attention over tiles of query rows sharing each block of keys (attention_tiled.comp).
   attention_tiled,
+  // The register-tiled prefill products with 8 rows per thread (qmatmul_tiled_r8.comp: 8 x 8
+  // outputs; moe_matmul_tiled_r8.comp: 8 x 4): a CPU device's choice where the tokens fill their
+  // tiles (choose_matmul_tile, choose_grouped_matmul_tile).
+  qmatmul_tiled_r8,
+  moe_matmul_tiled_r8,
   count,
 };
 // The name a profile shows.
@@ -89,11 +94,14 @@ struct MatvecShape {
 };
 
 // How the prefill products (more than 4 tokens) pick their kernel: REDWING_GPU_QMATMUL =
-// "narrow" (qmatmul.comp always), "tiled" (qmatmul_tiled.comp always, its tile fitted to the
-// tokens) or "tiled:32|64|128" (that many rows per tile); unset: automatic (choose_matmul_tile).
+// "narrow" (qmatmul.comp always), "tiled" (the 4 x 4 register blocks of qmatmul_tiled.comp always,
+// the tile fitted to the tokens), "tiled:32|64|128" (that many rows per tile), "r8" (the 8-row
+// blocks of qmatmul_tiled_r8.comp always) or "r8:64|128|256"; unset: automatic
+// (choose_matmul_tile). A forced row count that the block or the device's threads cannot take
+// (the tile's rows plus tokens above the kernel's shared memory) is fitted instead.
 struct MatmulPolicy {
-  enum Mode { automatic, narrow, tiled } mode = automatic;
-  uint32_t tile_rows = 0;  // with tiled: the forced BM, 0 to fit it to the tokens
+  enum Mode { automatic, narrow, tiled, r8 } mode = automatic;
+  uint32_t tile_rows = 0;  // with tiled or r8: the forced BM, 0 to fit it to the tokens
 };
 
 // How decode attention splits a row's keys (attention_partial.comp, then an exact combine): about
@@ -183,30 +191,40 @@ void choose_knockout(DeviceInfo& info);
 // std::invalid_argument on a malformed value.
 void choose_attention_split(DeviceInfo& info);
 
-// A prefill product's kernel and tile: tiled, qmatmul_tiled with `rows` x `tokens` tiles (its
-// push constant tile_rows = rows); else qmatmul's 16 x 8.
+// A prefill product's kernel and tile: tiled, a register-tiled kernel with `rows` x `tokens`
+// tiles (its push constant tile_rows = rows), with 8 rows per thread where r8
+// (qmatmul_tiled_r8 / moe_matmul_tiled_r8) and 4 x 4 otherwise (qmatmul_tiled /
+// moe_matmul_tiled); else qmatmul's 16 x 8.
 struct MatmulTile {
   bool tiled = false;
+  bool r8 = false;
   uint32_t rows = 16, tokens = 8;
 };
 constexpr uint32_t kNarrowTileRows = 16;   // qmatmul.comp's TILE_ROWS
 constexpr uint32_t kNarrowTileTokens = 8;  // qmatmul.comp's TILE_TOKENS
-// On a GPU, the fewest tiled workgroups for which the tiled kernel is taken in automatic mode:
-// below it (an expert's product over a few tokens) the narrow kernel's many small workgroups
-// keep more of the GPU busy (docs/gpu.md: a 64 x 32 tile of the first round ran 2.7x slower on
-// the H200 for ~32-token expert products). A CPU device (lavapipe) always takes the tiled one.
+// On a GPU, the fewest tiled workgroups for which the register-tiled kernel is taken in
+// automatic mode: below it (an expert's product over a few tokens) the narrow kernel's many small
+// workgroups keep more of the GPU busy (docs/gpu.md: a 64 x 32 tile of the first round ran 2.7x
+// slower on the H200 for ~32-token expert products). A CPU device (lavapipe) always takes a
+// register-tiled kernel.
 constexpr uint64_t kMinTiledWorkgroups = 64;
 // The kernel and tile for a product of `rows` weight rows over `tokens` tokens (> 4) on this
-// device: the tile is the square one (64 x 64 at 256 threads, 32 x 32 at 64), made taller and
-// narrower while the tokens still fill it (up to 128 rows: 128 x 32 for 32 tokens at 256
-// threads); every tile has 16 * workgroup_threads elements, 4 x 4 per thread.
+// device. A tile is fitted to the tokens: the square one (for 4 x 4 blocks 64 x 64 at 256
+// threads, 32 x 32 at 64; for 8 x 8 128 x 128 and 64 x 64), made taller and narrower while the
+// tokens still fill it, within the kernel's shared memory. A GPU takes the 4 x 4 blocks where
+// their tiles fill it, else the narrow kernel: on the H200 the 8 x 8 blocks were slower (their 64
+// accumulators leave one workgroup per multiprocessor; docs/gpu.md, "Seventeenth round"). A CPU
+// device takes the 8 x 8 blocks where the tokens fill a column of their tiles (every shared
+// memory read there is a real load; through lavapipe they halved the products' time), else the
+// 4 x 4 ones. REDWING_GPU_QMATMUL forces a kernel (MatmulPolicy).
 MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens);
-// The tile of the routed experts' grouped prefill product (moe_matmul / moe_matmul_tiled), whose
-// experts have rows_per_expert grouped rows on average: the register tile fitted to that count
-// where its tiles are full on average (every expert's tiles are one dispatch, so there are
-// always enough workgroups) or on a CPU device, else the narrow 16 x 8 one (at chunk 128 an
-// expert has ~8 rows: a 128 x 32 tile would compute 3/4 zeros). REDWING_GPU_QMATMUL applies as
-// to choose_matmul_tile.
+// The tile of the routed experts' grouped prefill product (moe_matmul / moe_matmul_tiled /
+// moe_matmul_tiled_r8), whose experts have rows_per_expert grouped rows on average. A GPU: the
+// 4 x 4 blocks' tile fitted to that count where its tiles are full on average (every expert's
+// tiles are one dispatch, so there are always enough workgroups), else the narrow 16 x 8 one (at
+// chunk 128 an expert has ~8 rows: a 128 x 32 tile would compute 3/4 zeros). A CPU device: the
+// 8 x 4 blocks' fitted tile where it is full on average, else the 4 x 4 blocks'.
+// REDWING_GPU_QMATMUL applies as to choose_matmul_tile.
 MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_expert);
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;

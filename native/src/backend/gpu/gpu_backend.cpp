@@ -784,8 +784,10 @@ class GpuBackend final : public Backend {
         // (device.h's choose_matmul_tile).
         const gpu::MatmulTile tile = gpu::choose_matmul_tile(dev_->info(), n, x.rows);
         p.tile_rows = tile.tiled ? tile.rows : 0;
-        dispatch(tile.tiled ? Kernel::qmatmul_tiled : Kernel::qmatmul, binds, &p, sizeof p,
-                 u32((n + tile.rows - 1) / tile.rows),
+        const Kernel kernel = !tile.tiled ? Kernel::qmatmul
+                              : tile.r8   ? Kernel::qmatmul_tiled_r8
+                                          : Kernel::qmatmul_tiled;
+        dispatch(kernel, binds, &p, sizeof p, u32((n + tile.rows - 1) / tile.rows),
                  u32((x.rows + tile.tokens - 1) / tile.tokens), 1);
       }
     });
@@ -1634,7 +1636,7 @@ class GpuBackend final : public Backend {
   }
 
   // y[i] = W_e x[i] for the rows of every tile (e, first, count) of the table (moe_matmul.comp,
-  // or moe_matmul_tiled.comp for a register tile).
+  // or moe_matmul_tiled.comp / moe_matmul_tiled_r8.comp for a register tile).
   void moe_matmul(const StackedExperts& s, Mat x, Mat y, const Binding& table, size_t tiles,
                   const gpu::MatmulTile& tile) {
     if (x.cols != s.cols || y.cols != s.rows || x.rows != y.rows)
@@ -1663,10 +1665,12 @@ class GpuBackend final : public Backend {
         table};
     const auto row_tiles = u32((s.rows + tile.rows - 1) / tile.rows);
     const auto count = u32(static_cast<int64_t>(tiles));
+    const Kernel kernel = !tile.tiled ? Kernel::moe_matmul
+                          : tile.r8   ? Kernel::moe_matmul_tiled_r8
+                                      : Kernel::moe_matmul_tiled;
     for (uint32_t t0 = 0; t0 < count; t0 += 65535) {
       p.tile0 = t0;
-      dispatch(tile.tiled ? Kernel::moe_matmul_tiled : Kernel::moe_matmul, binds, &p, sizeof p,
-               row_tiles, std::min(count - t0, 65535u), 1);
+      dispatch(kernel, binds, &p, sizeof p, row_tiles, std::min(count - t0, 65535u), 1);
     }
   }
 

@@ -23,12 +23,14 @@
 #include "gpu_kernels/moe_combine.h"
 #include "gpu_kernels/moe_matmul.h"
 #include "gpu_kernels/moe_matmul_tiled.h"
+#include "gpu_kernels/moe_matmul_tiled_r8.h"
 #include "gpu_kernels/moe_matvec.h"
 #include "gpu_kernels/moe_matvec_down.h"
 #include "gpu_kernels/norm_rope.h"
 #include "gpu_kernels/penalize.h"
 #include "gpu_kernels/qmatmul.h"
 #include "gpu_kernels/qmatmul_tiled.h"
+#include "gpu_kernels/qmatmul_tiled_r8.h"
 #include "gpu_kernels/qmatvec.h"
 #include "gpu_kernels/qmatvec_heads.h"
 #include "gpu_kernels/qmatvec_norms.h"
@@ -79,6 +81,8 @@ const KernelCode kKernels[] = {
     {"qmatvec_norms", spirv_qmatvec_norms},
     {"qmatvec_heads", spirv_qmatvec_heads},
     {"attention_tiled", spirv_attention_tiled},
+    {"qmatmul_tiled_r8", spirv_qmatmul_tiled_r8},
+    {"moe_matmul_tiled_r8", spirv_moe_matmul_tiled_r8},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
@@ -173,14 +177,18 @@ void choose_matmul_policy(DeviceInfo& info) {
     const std::string v = value;
     if (v == "narrow") {
       policy.mode = MatmulPolicy::narrow;
-    } else if (v == "tiled") {
-      policy.mode = MatmulPolicy::tiled;
+    } else if (v == "tiled" || v == "r8") {
+      policy.mode = v == "r8" ? MatmulPolicy::r8 : MatmulPolicy::tiled;
     } else if (v == "tiled:32" || v == "tiled:64" || v == "tiled:128") {
       policy.mode = MatmulPolicy::tiled;
       policy.tile_rows = static_cast<uint32_t>(std::stoul(v.substr(6)));
+    } else if (v == "r8:64" || v == "r8:128" || v == "r8:256") {
+      policy.mode = MatmulPolicy::r8;
+      policy.tile_rows = static_cast<uint32_t>(std::stoul(v.substr(3)));
     } else {
       throw std::invalid_argument("REDWING_GPU_QMATMUL=" + v +
-                                  ": expected narrow, tiled, tiled:32, tiled:64 or tiled:128");
+                                  ": expected narrow, tiled, tiled:32, tiled:64, tiled:128, r8, "
+                                  "r8:64, r8:128 or r8:256");
     }
   }
   info.matmul = policy;
@@ -256,39 +264,89 @@ void choose_knockout(DeviceInfo& info) {
 
 namespace {
 
-// The register tile fitted to `tokens` (REDWING_GPU_QMATMUL's rows where forced): the square one
-// (32 x 32 at 64 threads, 64 x 32 at 128, 64 x 64 at 256), made taller and narrower while the
-// tokens still fill it, up to 128 rows.
-MatmulTile fitted_tile(const DeviceInfo& info, int64_t tokens) {
+// A register-tiled kernel's block: rows x tokens outputs per thread, and the most tile rows plus
+// tile tokens its shared memory holds (qmatmul_tiled.glsl: 5,120 / TILE_SLAB).
+struct RegisterBlock {
+  uint32_t rows, tokens, max_tile_sum;
+  bool r8;
+};
+constexpr RegisterBlock kBlock4x4{4, 4, 160, false};      // qmatmul_tiled, moe_matmul_tiled
+constexpr RegisterBlock kDenseBlock8{8, 8, 320, true};    // qmatmul_tiled_r8
+constexpr RegisterBlock kGroupedBlock8{8, 4, 320, true};  // moe_matmul_tiled_r8
+
+// Whether a tile of bm rows fits the block at `threads` threads: bm / block.rows threads along the
+// rows (a power of two dividing the threads), at least one along the tokens, within the kernel's
+// shared memory.
+bool tile_fits(const RegisterBlock& block, uint32_t threads, uint32_t bm) {
+  const uint32_t outputs = block.rows * block.tokens * threads;
+  if (bm < block.rows || bm % block.rows != 0 || outputs % bm != 0) return false;
+  const uint32_t along_rows = bm / block.rows;
+  return (along_rows & (along_rows - 1)) == 0 && along_rows <= threads &&
+         bm + outputs / bm <= block.max_tile_sum;
+}
+
+// The block's tile fitted to `tokens` (the policy's forced rows where they fit): the square one
+// (the least power of two of rows not below the tokens), made taller and narrower while the
+// tokens still fill it and it fits.
+MatmulTile fitted_tile(const DeviceInfo& info, const RegisterBlock& block, int64_t tokens) {
   const uint32_t threads = info.workgroup_threads;  // 64, 128 or 256
-  // 16 * threads outputs per tile; every BM of 32, 64 and 128 keeps BM + BN <= 160 (the kernel's
-  // shared memory) and at least 2 threads along the tokens for these thread counts.
-  const auto tokens_of = [&](uint32_t bm) { return 16 * threads / bm; };
+  const uint32_t outputs = block.rows * block.tokens * threads;
+  const auto tokens_of = [&](uint32_t bm) { return outputs / bm; };
   uint32_t bm = info.matmul.tile_rows;
-  if (bm == 0) {
-    bm = threads <= 64 ? 32 : 64;
-    while (bm * 2 <= 128 && tokens <= static_cast<int64_t>(tokens_of(bm * 2))) bm *= 2;
+  if (bm == 0 || !tile_fits(block, threads, bm)) {
+    bm = block.rows;
+    while (tokens_of(bm) > bm) bm *= 2;
+    while (tile_fits(block, threads, bm * 2) && tokens <= static_cast<int64_t>(tokens_of(bm * 2)))
+      bm *= 2;
   }
-  return MatmulTile{true, bm, tokens_of(bm)};
+  return MatmulTile{true, block.r8, bm, tokens_of(bm)};
+}
+
+uint64_t tile_count(const MatmulTile& tile, int64_t rows, int64_t tokens) {
+  return static_cast<uint64_t>((rows + tile.rows - 1) / tile.rows) *
+         static_cast<uint64_t>((tokens + tile.tokens - 1) / tile.tokens);
 }
 
 }  // namespace
 
 MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens) {
-  const MatmulTile narrow{false, kNarrowTileRows, kNarrowTileTokens};
-  if (info.matmul.mode == MatmulPolicy::narrow) return narrow;
-  const MatmulTile tiled = fitted_tile(info, tokens);
-  if (info.matmul.mode == MatmulPolicy::tiled || info.software) return tiled;
-  const uint64_t groups = static_cast<uint64_t>((rows + tiled.rows - 1) / tiled.rows) *
-                          static_cast<uint64_t>((tokens + tiled.tokens - 1) / tiled.tokens);
-  return groups >= kMinTiledWorkgroups ? tiled : narrow;
+  const MatmulTile narrow{false, false, kNarrowTileRows, kNarrowTileTokens};
+  switch (info.matmul.mode) {
+    case MatmulPolicy::narrow:
+      return narrow;
+    case MatmulPolicy::tiled:
+      return fitted_tile(info, kBlock4x4, tokens);
+    case MatmulPolicy::r8:
+      return fitted_tile(info, kDenseBlock8, tokens);
+    case MatmulPolicy::automatic:
+      break;
+  }
+  if (info.software) {
+    const MatmulTile wide = fitted_tile(info, kDenseBlock8, tokens);
+    return tokens >= static_cast<int64_t>(wide.tokens) ? wide
+                                                       : fitted_tile(info, kBlock4x4, tokens);
+  }
+  const MatmulTile tiled = fitted_tile(info, kBlock4x4, tokens);
+  return tile_count(tiled, rows, tokens) >= kMinTiledWorkgroups ? tiled : narrow;
 }
 
 MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_expert) {
-  const MatmulTile narrow{false, kNarrowTileRows, kNarrowTileTokens};
-  if (info.matmul.mode == MatmulPolicy::narrow) return narrow;
-  const MatmulTile tiled = fitted_tile(info, rows_per_expert);
-  if (info.matmul.mode == MatmulPolicy::tiled || info.software) return tiled;
+  const MatmulTile narrow{false, false, kNarrowTileRows, kNarrowTileTokens};
+  switch (info.matmul.mode) {
+    case MatmulPolicy::narrow:
+      return narrow;
+    case MatmulPolicy::tiled:
+      return fitted_tile(info, kBlock4x4, rows_per_expert);
+    case MatmulPolicy::r8:
+      return fitted_tile(info, kGroupedBlock8, rows_per_expert);
+    case MatmulPolicy::automatic:
+      break;
+  }
+  const MatmulTile tiled = fitted_tile(info, kBlock4x4, rows_per_expert);
+  if (info.software) {
+    const MatmulTile wide = fitted_tile(info, kGroupedBlock8, rows_per_expert);
+    return rows_per_expert >= static_cast<int64_t>(wide.tokens) ? wide : tiled;
+  }
   return rows_per_expert >= static_cast<int64_t>(tiled.tokens) ? tiled : narrow;
 }
 
