@@ -597,6 +597,16 @@ std::string expert_stats_json(const redwing::Engine& engine,
       static_cast<double>(decode.barriers) / n, decode.record_ms / n, decode.submit_ms / n,
       decode.wait_ms / n);
   out += buf;
+  // The whole prompt's: the device layer's host time (recording, submitting, waiting for the GPU)
+  // and the model's parts as the host timed them (on a GPU: recording, and the waits inside).
+  const auto& pp = prefill.parts;
+  std::snprintf(buf, sizeof(buf),
+                ", \"prefill_host_ms\": {\"record\": %.3f, \"submit\": %.3f, \"wait\": %.3f}"
+                ", \"prefill_parts_ms\": {\"embed\": %.3f, \"attention\": %.3f, "
+                "\"router\": %.3f, \"dense_mlp\": %.3f, \"experts\": %.3f, \"head\": %.3f}",
+                prefill.record_ms, prefill.submit_ms, prefill.wait_ms, pp.embed_ms, pp.attention_ms,
+                pp.router_ms, pp.dense_mlp_ms, pp.experts_ms, pp.head_ms);
+  out += buf;
   out += ", \"device\": \"" + json_escape(engine.backend().describe()) + "\"";
   out += ", \"kernel_times\": [";
   const auto timings = engine.backend().kernel_timings();

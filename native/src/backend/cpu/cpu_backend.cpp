@@ -12,6 +12,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/rope_tables.h"
 #include "platform/file.h"
 
 namespace redwing {
@@ -188,13 +189,10 @@ class CpuBackend final : public Backend {
     if (x.cols != static_cast<int64_t>(n_heads) * head_dim)
       throw std::logic_error("rope: bad width");
     const int half = head_dim / 2;
-    const std::vector<float> inv_freq = rope_inv_freq(rp, head_dim);
+    const std::span<const float> table = rope_tables_.get(x.rows, head_dim, rp, pos0);
     float* p = f32(x);
     for_rows(x.rows, x.cols, [&](int64_t r) {
-      thread_local std::vector<float> cs;
-      cs.resize(2 * static_cast<size_t>(half));
-      float* c = cs.data();
-      rope_cos_sin(inv_freq, pos0 + r, c, c + half);
+      const float* c = table.data() + r * 2 * half;
       cpu::rope_neox(p + r * x.stride, n_heads, head_dim, c, c + half);
     });
   }
@@ -629,6 +627,7 @@ class CpuBackend final : public Backend {
   };
   ThreadPool pool_;
   ActivationPlan plan_ = ActivationPlan::exact();
+  RopeTables rope_tables_;  // computed once per chunk and layer kind
   // Quantized inputs of the current product(s); a deque keeps them in place as it grows.
   std::deque<cpu::Q8Buffer> q8_;
   // Inputs split for the matrix unit (exact products of several rows on AMX CPUs).

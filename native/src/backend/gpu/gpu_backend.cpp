@@ -29,6 +29,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backend/rope_tables.h"
+
 namespace redwing {
 namespace {
 
@@ -1973,15 +1975,10 @@ class GpuBackend final : public Backend {
   std::optional<std::pair<RopeKey, Binding>> last_rope_;
 
   Binding upload_rope_table(int64_t rows, int head_dim, const RopeParams& rp, int64_t pos0) {
-    const int half = head_dim / 2;
-    const std::vector<float> inv_freq = rope_inv_freq(rp, head_dim);
-    std::vector<float> table(static_cast<size_t>(rows) * 2 * static_cast<size_t>(half));
-    for (int64_t r = 0; r < rows; ++r) {
-      float* c = table.data() + r * 2 * half;
-      rope_cos_sin(inv_freq, pos0 + r, c, c + half);
-    }
-    return upload_host(table.data(), table.size() * sizeof(float));
+    const std::span<const float> table = rope_tables_.get(rows, head_dim, rp, pos0);
+    return upload_host(table.data(), table.size_bytes());
   }
+  RopeTables rope_tables_;  // computed once per chunk and layer kind
 
   void elementwise(ElementOp op, Mat a, Mat b, Mat out, const Buffer* v, float s) {
     if (out.rows == 0 || out.cols == 0) return;
