@@ -1,20 +1,13 @@
-// The routed experts' grouped prefill product over register tiles: the bindings, push constants
-// and main of moe_matmul_tiled.comp (4 x 4 per thread) and moe_matmul_tiled_r8.comp (8 x 4),
-// which define TILE_RM, TILE_RN and TILE_SLAB and include this. moe_matmul.comp with the register
-// tiles of qmatmul_tiled.glsl: each workgroup takes one BM-row tile of an expert's matrix (x; BM =
-// tile_rows) and one entry of the tile table (y + tile0): (e, first, count), up to BN = TILE_RM *
-// TILE_RN * THREADS / BM consecutive rows first.. of the grouped input that expert e (a slot index
-// for streamed experts) computes. The bank is read through one binding per section as
-// moe_matvec.comp reads it: expert e's packed rows start at word e * packed_stride, its scales and
-// biases at element e * scale_stride of their sections.
+// The routed experts' grouped prefill product over register tiles: the tile table's binding, the
+// push constants and main of moe_matmul_tiled.comp (4 x 4 per thread) and
+// moe_matmul_tiled_r8.comp (8 x 4), which define TILE_RM, TILE_RN and TILE_SLAB and include this.
+// moe_matmul.comp with the register tiles of qmatmul_tiled.glsl: each workgroup takes one BM-row
+// tile of an expert's matrix (x; BM = tile_rows) and one entry of the tile table (y + tile0):
+// (e, first, count), up to BN = TILE_RM * TILE_RN * THREADS / BM consecutive rows first.. of the
+// grouped input that expert e (a slot index for streamed experts) computes. The bank is read
+// through one binding per section as moe_matvec.comp reads it: expert e's packed rows start at
+// word e * packed_stride, its scales and biases at element e * scale_stride of their sections.
 
-layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
-layout(local_size_x = 256, local_size_x_id = 0) in;
-layout(std430, set = 0, binding = 0) readonly buffer Packed { uint packed[]; };
-layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
-layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
-layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
-layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
 layout(std430, set = 0, binding = 5) readonly buffer Tiles { uint tiles[]; };  // 3 words each
 layout(push_constant) uniform Params {
   uint rows;           // rows of one expert's matrix

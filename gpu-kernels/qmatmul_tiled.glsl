@@ -16,12 +16,21 @@
 // multiprocessor to hide the loads' latency), so a GPU keeps 4 x 4. The host picks the kernel and
 // BM per dispatch (device.h's choose_matmul_tile).
 //
-// The including kernel defines TILE_RM, TILE_RN (multiples of 4 for TILE_RN) and TILE_SLAB (16 or
-// 32), declares THREADS (constant_id 0) and the bindings packed (uint words), scales, biases, x
-// and y, then calls tiled_product from main. Nothing assumes a subgroup size; no specialization
+// The including kernel defines TILE_RM, TILE_RN (a multiple of 4) and TILE_SLAB (16 or 32),
+// declares its push constants and any bindings from 5 on, and calls tiled_product from main.
+// Declared here: THREADS (constant_id 0) and bindings 0-4, the matrix (packed uint words, scales,
+// biases), x and y. Nothing assumes a subgroup size; no specialization
 // constant sizes an array (shared memory is sized by TILE_SLAB: BM + BN <= 160 rows of 9 vec4s
 // at slabs of 32, 320 rows of 5 at 16, 23 or 25 KB), so SPIRV-Cross translates it for Metal as
 // is. Edge tiles: rows past the last and tokens past the last are staged as zeros and not written.
+
+layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
+layout(local_size_x = 256, local_size_x_id = 0) in;
+layout(std430, set = 0, binding = 0) readonly buffer Packed { uint packed[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
+layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
+layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
 
 const uint SLAB = TILE_SLAB;              // columns per step
 const uint SLAB_VEC4 = SLAB / 4u;

@@ -1,17 +1,10 @@
-// Y[t, row0 + r] = sum_c W[r, c] X[t, c] for many tokens (prefill), register-tiled: the bindings,
-// push constants and main of qmatmul_tiled.comp (4 x 4 per thread) and qmatmul_tiled_r8.comp
+// Y[t, row0 + r] = sum_c W[r, c] X[t, c] for many tokens (prefill), register-tiled: the push
+// constants and main of qmatmul_tiled.comp (4 x 4 per thread) and qmatmul_tiled_r8.comp
 // (8 x 8), which define TILE_RM, TILE_RN and TILE_SLAB and include this (the body,
 // qmatmul_tiled.glsl, is shared with the routed experts' grouped products). The tile is chosen per
 // dispatch (push constant tile_rows, BM; BN = TILE_RM * TILE_RN * THREADS / BM): the host fits it
 // to the token count (device.h's choose_matmul_tile).
 
-layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
-layout(local_size_x = 256, local_size_x_id = 0) in;
-layout(std430, set = 0, binding = 0) readonly buffer Packed { uint packed[]; };
-layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
-layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
-layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
-layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
 // The block of qmatvec.comp (the host fills one struct for both), then the tile.
 layout(push_constant) uniform Params {
   uint rows;        // rows in this chunk (the bindings start at its first row)

@@ -6,7 +6,7 @@ namespace redwing {
 
 std::span<const float> RopeTables::get(int64_t rows, int head_dim, const RopeParams& rp,
                                        int64_t pos0) {
-  const Key key{rows, head_dim, rp.theta, rp.rotary_pairs, rp.freq_dim, rp.scale, pos0};
+  const Key key = RopeTables::key(rows, head_dim, rp, pos0);
   ++calls_;
   for (Entry& e : entries_)
     if (e.key == key) {

@@ -26,7 +26,7 @@ class RopeTables {
   // chunk's while the next one starts.
   static constexpr size_t kCapacity = 4;
 
- private:
+  // What makes one table differ from another.
   struct Key {
     int64_t rows;
     int head_dim;
@@ -36,6 +36,11 @@ class RopeTables {
     int64_t pos0;
     bool operator==(const Key&) const = default;
   };
+  static Key key(int64_t rows, int head_dim, const RopeParams& rp, int64_t pos0) {
+    return {rows, head_dim, rp.theta, rp.rotary_pairs, rp.freq_dim, rp.scale, pos0};
+  }
+
+ private:
   struct Entry {
     Key key;
     std::vector<float> table;

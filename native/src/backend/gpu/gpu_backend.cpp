@@ -1951,33 +1951,21 @@ class GpuBackend final : public Backend {
   // same table, and a second upload would be a write into the ring after the barrier that q's
   // rotation needs, i.e. one more dependent step for k's.
   Binding rope_table(int64_t rows, int head_dim, const RopeParams& rp, int64_t pos0) {
-    const RopeKey key{rows,        head_dim, rp.theta, rp.rotary_pairs,
-                      rp.freq_dim, rp.scale, pos0,     dev_->submissions(),
-                      ring_.get()};
-    if (last_rope_ && last_rope_->first == key) return last_rope_->second;
-    const Binding b = upload_rope_table(rows, head_dim, rp, pos0);
-    last_rope_.emplace(RopeKey{rows, head_dim, rp.theta, rp.rotary_pairs, rp.freq_dim, rp.scale,
-                               pos0, dev_->submissions(), ring_.get()},
-                       b);
+    const RopeTables::Key table = RopeTables::key(rows, head_dim, rp, pos0);
+    if (last_rope_ && last_rope_->first == RopeKey{table, dev_->submissions(), ring_.get()})
+      return last_rope_->second;
+    const std::span<const float> values = rope_tables_.get(rows, head_dim, rp, pos0);
+    const Binding b = upload_host(values.data(), values.size_bytes());
+    last_rope_.emplace(RopeKey{table, dev_->submissions(), ring_.get()}, b);
     return b;
   }
   struct RopeKey {
-    int64_t rows;
-    int head_dim;
-    double theta;
-    int rotary_pairs, freq_dim;
-    double scale;
-    int64_t pos0;
-    uint64_t epoch;
+    RopeTables::Key table;
+    uint64_t epoch;  // the submission the upload ring is in
     const DeviceBuffer* ring;
     bool operator==(const RopeKey&) const = default;
   };
   std::optional<std::pair<RopeKey, Binding>> last_rope_;
-
-  Binding upload_rope_table(int64_t rows, int head_dim, const RopeParams& rp, int64_t pos0) {
-    const std::span<const float> table = rope_tables_.get(rows, head_dim, rp, pos0);
-    return upload_host(table.data(), table.size_bytes());
-  }
   RopeTables rope_tables_;  // computed once per chunk and layer kind
 
   void elementwise(ElementOp op, Mat a, Mat b, Mat out, const Buffer* v, float s) {

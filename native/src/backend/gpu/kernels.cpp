@@ -307,47 +307,46 @@ uint64_t tile_count(const MatmulTile& tile, int64_t rows, int64_t tokens) {
          static_cast<uint64_t>((tokens + tile.tokens - 1) / tile.tokens);
 }
 
-}  // namespace
+constexpr MatmulTile kNarrowTile{false, false, kNarrowTileRows, kNarrowTileTokens};
 
-MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens) {
-  const MatmulTile narrow{false, false, kNarrowTileRows, kNarrowTileTokens};
+// The kernel REDWING_GPU_QMATMUL forces (`wide`: the 8-row blocks of this product), nothing in
+// automatic mode.
+std::optional<MatmulTile> forced_tile(const DeviceInfo& info, const RegisterBlock& wide,
+                                      int64_t tokens) {
   switch (info.matmul.mode) {
     case MatmulPolicy::narrow:
-      return narrow;
+      return kNarrowTile;
     case MatmulPolicy::tiled:
       return fitted_tile(info, kBlock4x4, tokens);
     case MatmulPolicy::r8:
-      return fitted_tile(info, kDenseBlock8, tokens);
+      return fitted_tile(info, wide, tokens);
     case MatmulPolicy::automatic:
       break;
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens) {
+  if (const auto forced = forced_tile(info, kDenseBlock8, tokens)) return *forced;
   if (info.software) {
     const MatmulTile wide = fitted_tile(info, kDenseBlock8, tokens);
     return tokens >= static_cast<int64_t>(wide.tokens) ? wide
                                                        : fitted_tile(info, kBlock4x4, tokens);
   }
   const MatmulTile tiled = fitted_tile(info, kBlock4x4, tokens);
-  return tile_count(tiled, rows, tokens) >= kMinTiledWorkgroups ? tiled : narrow;
+  return tile_count(tiled, rows, tokens) >= kMinTiledWorkgroups ? tiled : kNarrowTile;
 }
 
 MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_expert) {
-  const MatmulTile narrow{false, false, kNarrowTileRows, kNarrowTileTokens};
-  switch (info.matmul.mode) {
-    case MatmulPolicy::narrow:
-      return narrow;
-    case MatmulPolicy::tiled:
-      return fitted_tile(info, kBlock4x4, rows_per_expert);
-    case MatmulPolicy::r8:
-      return fitted_tile(info, kGroupedBlock8, rows_per_expert);
-    case MatmulPolicy::automatic:
-      break;
-  }
+  if (const auto forced = forced_tile(info, kGroupedBlock8, rows_per_expert)) return *forced;
   const MatmulTile tiled = fitted_tile(info, kBlock4x4, rows_per_expert);
   if (info.software) {
     const MatmulTile wide = fitted_tile(info, kGroupedBlock8, rows_per_expert);
     return rows_per_expert >= static_cast<int64_t>(wide.tokens) ? wide : tiled;
   }
-  return rows_per_expert >= static_cast<int64_t>(tiled.tokens) ? tiled : narrow;
+  return rows_per_expert >= static_cast<int64_t>(tiled.tokens) ? tiled : kNarrowTile;
 }
 
 const char* kernel_name(Kernel k) {
