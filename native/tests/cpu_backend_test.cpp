@@ -535,3 +535,30 @@ TEST_CASE("activation plan: names parse and print back; bad ones are refused") {
   for (const char* bad : {"", "fast", "head,", ",head", "head,head", "Head", "other", "exact,head"})
     CHECK_THROWS_AS(parse_activation_plan(bad), std::invalid_argument);
 }
+
+// group_expert_rows: experts ascending, each with the rows that chose it in row order and their
+// weights; experts nobody chose are absent; an id outside [0, num_experts) or routes of another
+// size are refused.
+TEST_CASE("group_expert_rows groups the routes by expert in order, and refuses bad ids") {
+  // 4 rows, top 2, 6 experts: expert 5 by rows 0 and 3, 2 by rows 0, 1 and 2, 0 by rows 1 and 3,
+  // 4 by row 2; 1 and 3 by nobody.
+  const std::vector<int32_t> ids = {5, 2, 2, 0, 4, 2, 0, 5};
+  const std::vector<float> w = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
+  const ExpertRowGroups g = group_expert_rows(ids, w, 4, 2, 6);
+  std::vector<int32_t> experts;
+  for (const auto& [e, group] : g) experts.push_back(e);
+  CHECK(experts == std::vector<int32_t>{0, 2, 4, 5});
+  CHECK(g.at(0).first == std::vector<int32_t>{1, 3});
+  CHECK(g.at(0).second == std::vector<float>{0.4f, 0.7f});
+  CHECK(g.at(2).first == std::vector<int32_t>{0, 1, 2});
+  CHECK(g.at(2).second == std::vector<float>{0.2f, 0.3f, 0.6f});
+  CHECK(g.at(4).first == std::vector<int32_t>{2});
+  CHECK(g.at(5).first == std::vector<int32_t>{0, 3});
+  CHECK(g.at(5).second == std::vector<float>{0.1f, 0.8f});
+  for (const int32_t bad : {-1, 6}) {
+    std::vector<int32_t> b = ids;
+    b[5] = bad;
+    CHECK_THROWS_AS(group_expert_rows(b, w, 4, 2, 6), std::logic_error);
+  }
+  CHECK_THROWS_AS(group_expert_rows(ids, w, 3, 2, 6), std::logic_error);
+}
