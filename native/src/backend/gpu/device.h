@@ -215,8 +215,8 @@ constexpr uint64_t kMinTiledWorkgroups = 64;
 // their tiles fill it, else the narrow kernel: on the H200 the 8 x 8 blocks were slower (their 64
 // accumulators leave one workgroup per multiprocessor; docs/gpu.md, "Seventeenth round"). A CPU
 // device takes the 8 x 8 blocks where the tokens fill a column of their tiles (every shared
-// memory read there is a real load; through lavapipe they halved the products' time), else the
-// 4 x 4 ones. REDWING_GPU_QMATMUL forces a kernel (MatmulPolicy).
+// memory read there is a real load; through lavapipe they cut the products' time by 15-40%), else
+// the 4 x 4 ones. REDWING_GPU_QMATMUL forces a kernel (MatmulPolicy).
 MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t tokens);
 // The tile of the routed experts' grouped prefill product (moe_matmul / moe_matmul_tiled /
 // moe_matmul_tiled_r8), whose experts have rows_per_expert grouped rows on average. A GPU: the
