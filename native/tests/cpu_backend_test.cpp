@@ -561,4 +561,12 @@ TEST_CASE("group_expert_rows groups the routes by expert in order, and refuses b
     CHECK_THROWS_AS(group_expert_rows(b, w, 4, 2, 6), std::logic_error);
   }
   CHECK_THROWS_AS(group_expert_rows(ids, w, 3, 2, 6), std::logic_error);
+  // The same grouping by entry (t * top_k + k), the GPU's prefill layout.
+  const ExpertEntryGroups entries = group_entries_by_expert(ids, 6);
+  CHECK(entries.size() == 4u);
+  CHECK(entries.at(0) == std::vector<int64_t>{3, 6});
+  CHECK(entries.at(2) == std::vector<int64_t>{1, 2, 5});
+  CHECK(entries.at(4) == std::vector<int64_t>{4});
+  CHECK(entries.at(5) == std::vector<int64_t>{0, 7});
+  CHECK_THROWS_AS(group_entries_by_expert(ids, 5), std::logic_error);
 }

@@ -195,32 +195,36 @@ ExpertRowGroups group_expert_rows(std::span<const int32_t> idx, std::span<const 
   const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(top_k);
   if (idx.size() != count || weights.size() != count)
     throw std::logic_error("routed_experts: routes of another size");
-  // Counted first, so that each expert's lists are reserved once and found without a map lookup
-  // per entry (a prefill chunk of 512 tokens routes 4,096 entries per layer; the map's lookups and
-  // regrowth took about as long as a GPU's small kernels).
+  ExpertRowGroups groups;
+  for (const auto& [e, entries] : group_entries_by_expert(idx, num_experts)) {
+    auto& g = groups.emplace_hint(groups.end(), e, ExpertRowGroups::mapped_type{})->second;
+    g.first.reserve(entries.size());
+    g.second.reserve(entries.size());
+    for (const int64_t j : entries) {
+      g.first.push_back(static_cast<int32_t>(j / top_k));
+      g.second.push_back(weights[static_cast<size_t>(j)]);
+    }
+  }
+  return groups;
+}
+
+ExpertEntryGroups group_entries_by_expert(std::span<const int32_t> ids, int num_experts) {
   std::vector<int32_t> counts(static_cast<size_t>(std::max(num_experts, 0)), 0);
-  for (const int32_t e : idx) {
+  for (const int32_t e : ids) {
     if (e < 0 || e >= num_experts) throw std::logic_error("routed_experts: expert id out of range");
     ++counts[static_cast<size_t>(e)];
   }
-  ExpertRowGroups groups;
-  std::vector<ExpertRowGroups::mapped_type*> group_of(counts.size(), nullptr);
+  ExpertEntryGroups groups;
+  std::vector<std::vector<int64_t>*> group_of(counts.size(), nullptr);
   for (size_t e = 0; e < counts.size(); ++e) {
     if (counts[e] == 0) continue;
     auto& g =
-        groups.emplace_hint(groups.end(), static_cast<int32_t>(e), ExpertRowGroups::mapped_type{})
-            ->second;
-    g.first.reserve(static_cast<size_t>(counts[e]));
-    g.second.reserve(static_cast<size_t>(counts[e]));
+        groups.emplace_hint(groups.end(), static_cast<int32_t>(e), std::vector<int64_t>{})->second;
+    g.reserve(static_cast<size_t>(counts[e]));
     group_of[e] = &g;
   }
-  for (int64_t t = 0; t < rows; ++t)
-    for (int j = 0; j < top_k; ++j) {
-      const size_t i = static_cast<size_t>(t * top_k + j);
-      auto& g = *group_of[static_cast<size_t>(idx[i])];
-      g.first.push_back(static_cast<int32_t>(t));
-      g.second.push_back(weights[i]);
-    }
+  for (size_t j = 0; j < ids.size(); ++j)
+    group_of[static_cast<size_t>(ids[j])]->push_back(static_cast<int64_t>(j));
   return groups;
 }
 

@@ -1250,30 +1250,9 @@ class GpuBackend final : public Backend {
   // host_expert_products): the routed entries (t * top_k + k) grouped by expert, experts
   // ascending and each group's entries in order, the order group_expert_rows gives the rows
   // (combine_grouped gathers them back into entry order).
-  static std::map<int32_t, std::vector<int64_t>> entries_by_expert(std::span<const int32_t> ids) {
-    std::map<int32_t, std::vector<int64_t>> groups;
-    if (ids.empty()) return groups;
-    const auto [low, high] = std::ranges::minmax(ids);
-    if (low < 0 || high >= kMaxCountedExpert) {  // not expert ids the caller checked: plain inserts
-      for (size_t j = 0; j < ids.size(); ++j) groups[ids[j]].push_back(static_cast<int64_t>(j));
-      return groups;
-    }
-    // Counted first (group_expert_rows' reasoning: 4,096 entries a prefill layer).
-    std::vector<int32_t> counts(static_cast<size_t>(high) + 1, 0);
-    for (const int32_t e : ids) ++counts[static_cast<size_t>(e)];
-    std::vector<std::vector<int64_t>*> group_of(counts.size(), nullptr);
-    for (size_t e = 0; e < counts.size(); ++e) {
-      if (counts[e] == 0) continue;
-      auto& g = groups.emplace_hint(groups.end(), static_cast<int32_t>(e), std::vector<int64_t>{})
-                    ->second;
-      g.reserve(static_cast<size_t>(counts[e]));
-      group_of[e] = &g;
-    }
-    for (size_t j = 0; j < ids.size(); ++j)
-      group_of[static_cast<size_t>(ids[j])]->push_back(static_cast<int64_t>(j));
-    return groups;
+  static ExpertEntryGroups entries_by_expert(std::span<const int32_t> ids) {
+    return group_entries_by_expert(ids, ids.empty() ? 0 : std::ranges::max(ids) + 1);
   }
-  static constexpr int32_t kMaxCountedExpert = 1 << 16;
 
   void slot_expert_products(const ExpertBank& base, Mat x, std::span<const int32_t> ids,
                             std::span<const int32_t> entry_slot, int top_k) override {
