@@ -9,6 +9,7 @@ import { runCachePolicyBench } from "./cache-policy.ts";
 import { runVsLlamaCppBench } from "./vs-llama-cpp.ts";
 import { runGpuBench } from "./gpu.ts";
 import { runGpuStreamingBench } from "./gpu-streaming.ts";
+import { runGpuOpsBench } from "./gpu-ops.ts";
 import { runConversationSearchBench } from "./conversation-search.ts";
 
 const benches: Record<string, () => Promise<unknown>> = {
@@ -21,6 +22,7 @@ const benches: Record<string, () => Promise<unknown>> = {
   "vs-llama-cpp": runVsLlamaCppBench,
   gpu: runGpuBench,
   "gpu-streaming": runGpuStreamingBench,
+  "gpu-ops": () => runGpuOpsBench(),
   search: runConversationSearchBench,
 };
 
@@ -28,8 +30,8 @@ const benches: Record<string, () => Promise<unknown>> = {
 const args = process.argv.slice(2);
 const requested = args.filter((arg, i) => !arg.startsWith("-") && !args[i - 1]?.startsWith("--"));
 // vs-llama-cpp installs its peer from the npm registry and writes two 14 GB models, and gpu and
-// gpu-streaming need a Vulkan device: they run only when named.
-const onlyNamed = new Set(["vs-llama-cpp", "gpu", "gpu-streaming"]);
+// gpu-streaming and gpu-ops need a Vulkan device: they run only when named.
+const onlyNamed = new Set(["vs-llama-cpp", "gpu", "gpu-streaming", "gpu-ops"]);
 const names =
   requested.length > 0 ? requested : Object.keys(benches).filter((n) => !onlyNamed.has(n));
 for (const name of names) {

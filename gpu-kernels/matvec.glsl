@@ -50,52 +50,66 @@ uint mv_thread() {
 // Position of column c (inside the chunk) in mv_x: one pad float after every 32.
 uint mv_slot(uint c) { return c + (c >> 5u); }
 
+// Stages columns [c0, c0 + n) of x's row starting at xb into mv_x (n <= MV_CHUNK), each scaled
+// by MV_X_FACTOR, and adds the squares of the raw values to mv_ss. Every thread of the workgroup
+// must call it (barriers inside: before, so that earlier readers of mv_x are done, and after).
+void mv_stage(uint xb, uint c0, uint n) {
+  const uint tid = gl_LocalInvocationID.x;
+  barrier();
+  for (uint c = tid; c < n; c += THREADS) {
+    const float xv = MV_X(xb + c0 + c);
+    mv_ss += xv * xv;
+    mv_x[mv_slot(c)] = xv * MV_X_FACTOR(c0 + c);
+  }
+  barrier();
+}
+
+// acc plus the dot product of row `row_quad0` (its first uvec4 in packed4) with the staged
+// columns [c0, c0 + n) (mv_stage), or acc where `row_ok` is false.
+float mv_chunk(float acc, bool row_ok, uint row_quad0, uint scale_base, uint c0, uint n, uint bits,
+               uint group_size, uint lane) {
+  if (!row_ok) return acc;
+  const uint cols_per_quad = bits == 4u ? 32u : 16u;
+  const uint quads = n / cols_per_quad;
+  const uint quad0 = row_quad0 + c0 / cols_per_quad;
+  for (uint q = lane; q < quads; q += MV_LANES) {
+    const uvec4 w = packed4[quad0 + q];
+    const uint cl = q * cols_per_quad;  // first column inside the chunk
+    const uint si = scale_base + (c0 + cl) / group_size;
+    const uint xs = mv_slot(cl);  // the quad's columns are consecutive in mv_x (no pad inside)
+    float sxq = 0.0;
+    float sx = 0.0;
+    if (bits == 4u) {
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        [[unroll]] for (uint k = 0u; k < 8u; ++k) {
+          const float xv = mv_x[xs + j * 8u + k];
+          sxq += xv * float((w[j] >> (k * 4u)) & 15u);
+          sx += xv;
+        }
+      }
+    } else {
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+          const float xv = mv_x[xs + j * 4u + k];
+          sxq += xv * float((w[j] >> (k * 8u)) & 255u);
+          sx += xv;
+        }
+      }
+    }
+    acc += MV_SCALE(si) * sxq + MV_BIAS(si) * sx;
+  }
+  return acc;
+}
+
 // The dot product of row `row_quad0` (its first uvec4 in packed4) with x[xb ..], or 0 where
 // `row_ok` is false. Every thread of the workgroup must call it (barriers inside).
 float mv_row(bool row_ok, uint row_quad0, uint scale_base, uint xb, uint cols, uint bits,
              uint group_size, uint lane) {
-  const uint tid = gl_LocalInvocationID.x;
-  const uint cols_per_quad = bits == 4u ? 32u : 16u;
   float acc = 0.0;
   for (uint c0 = 0u; c0 < cols; c0 += MV_CHUNK) {
     const uint n = min(MV_CHUNK, cols - c0);
-    barrier();  // the previous chunk's readers are done
-    for (uint c = tid; c < n; c += THREADS) {
-      const float xv = MV_X(xb + c0 + c);
-      mv_ss += xv * xv;
-      mv_x[mv_slot(c)] = xv * MV_X_FACTOR(c0 + c);
-    }
-    barrier();
-    if (row_ok) {
-      const uint quads = n / cols_per_quad;
-      const uint quad0 = row_quad0 + c0 / cols_per_quad;
-      for (uint q = lane; q < quads; q += MV_LANES) {
-        const uvec4 w = packed4[quad0 + q];
-        const uint cl = q * cols_per_quad;  // first column inside the chunk
-        const uint si = scale_base + (c0 + cl) / group_size;
-        const uint xs = mv_slot(cl);  // the quad's columns are consecutive in mv_x (no pad inside)
-        float sxq = 0.0;
-        float sx = 0.0;
-        if (bits == 4u) {
-          [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-            [[unroll]] for (uint k = 0u; k < 8u; ++k) {
-              const float xv = mv_x[xs + j * 8u + k];
-              sxq += xv * float((w[j] >> (k * 4u)) & 15u);
-              sx += xv;
-            }
-          }
-        } else {
-          [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-            [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-              const float xv = mv_x[xs + j * 4u + k];
-              sxq += xv * float((w[j] >> (k * 8u)) & 255u);
-              sx += xv;
-            }
-          }
-        }
-        acc += MV_SCALE(si) * sxq + MV_BIAS(si) * sx;
-      }
-    }
+    mv_stage(xb, c0, n);
+    acc = mv_chunk(acc, row_ok, row_quad0, scale_base, c0, n, bits, group_size, lane);
   }
   return acc;
 }

@@ -33,6 +33,8 @@ layout(push_constant) uniform Params {
   uint y_stride;
   uint experts;        // ids outside [0, experts) contribute nothing
   uint geglu_half;     // 0, or x is the GeGLU of x's element i and i + geglu_half (see MV_X)
+  uint loop_groups;    // 0: a workgroup per block of rows; else that many per slot, each staging
+                       // x once and looping over blocks (rows of at most MV_CHUNK columns)
 } p;
 
 // With geglu_half, x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (the experts' GeGLU
@@ -45,7 +47,6 @@ layout(push_constant) uniform Params {
 
 void main() {
   const uint tid = mv_thread();  // a row's lanes are consecutive here
-  const uint r = linear_group() * MV_ROWS + tid / MV_LANES;
   const uint lane = tid % MV_LANES;
   const uint s = gl_WorkGroupID.z;
   const int id = ids[s];
@@ -53,10 +54,25 @@ void main() {
   const uint e = valid ? uint(id) : 0u;
   const uint row_quads = p.cols * p.bits / 128u;
   const uint groups = p.cols / p.group_size;
-  const float acc =
-      mv_row(r < p.rows && valid, e * (p.packed_stride / 4u) + r * row_quads,
-             e * p.scale_stride + r * groups, p.x_offset + (s / p.x_div) * p.x_stride, p.cols,
-             p.bits, p.group_size, lane);
-  const float sum = mv_reduce(acc, lane);
-  if (lane == 0u && r < p.rows) y[p.y_offset + s * p.y_stride + r] = sum;
+  const uint xb = p.x_offset + (s / p.x_div) * p.x_stride;
+  if (p.loop_groups == 0u) {
+    const uint r = linear_group() * MV_ROWS + tid / MV_LANES;
+    const float acc = mv_row(r < p.rows && valid, e * (p.packed_stride / 4u) + r * row_quads,
+                             e * p.scale_stride + r * groups, xb, p.cols, p.bits, p.group_size,
+                             lane);
+    const float sum = mv_reduce(acc, lane);
+    if (lane == 0u && r < p.rows) y[p.y_offset + s * p.y_stride + r] = sum;
+    return;
+  }
+  // As qmatvec_blocks (qmatvec.glsl): x staged once for several blocks; the same sums.
+  mv_stage(xb, 0u, p.cols);
+  const uint blocks = (p.rows + MV_ROWS - 1u) / MV_ROWS;
+  for (uint b = linear_group(); b < blocks; b += p.loop_groups) {  // uniform in the workgroup
+    const uint r = b * MV_ROWS + tid / MV_LANES;
+    const float acc = mv_chunk(0.0, r < p.rows && valid, e * (p.packed_stride / 4u) + r * row_quads,
+                               e * p.scale_stride + r * groups, 0u, p.cols, p.bits, p.group_size,
+                               lane);
+    const float sum = mv_reduce(acc, lane);
+    if (lane == 0u && r < p.rows) y[p.y_offset + s * p.y_stride + r] = sum;
+  }
 }

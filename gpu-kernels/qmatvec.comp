@@ -8,4 +8,12 @@
 #include "common.glsl"
 #include "qmatvec.glsl"
 
-void main() { qmatvec_product(); }
+// p.loop_groups: 0, one workgroup per block of rows; else the grid has that many workgroups per
+// token, each looping over blocks (qmatvec_blocks; the host sets it only for rows of at most
+// MV_CHUNK columns).
+void main() {
+  if (p.loop_groups == 0u)
+    qmatvec_product();
+  else
+    qmatvec_blocks(p.loop_groups);
+}

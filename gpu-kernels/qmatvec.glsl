@@ -39,6 +39,7 @@ layout(push_constant) uniform Params {
                     // GeGLU computed while staging the down product's input)
   uint tile_rows;   // (qmatmul_tiled's; unused here)
   uint top_k;       // router.comp: experts picked per token
+  uint loop_groups; // qmatvec.comp: 0, or workgroups per token that loop over blocks (qmatvec_blocks)
 #ifdef QMATVEC_EXTRA_PARAMS
   QMATVEC_EXTRA_PARAMS
 #endif
@@ -68,3 +69,34 @@ void qmatvec_product() {
   if (p.norm_mode != 0u) sum *= mv_norm_factor(p.cols, p.norm_eps);  // uniform branch
   if (lane == 0u && row_ok) y[p.y_offset + t * p.y_stride + r] = sum;
 }
+
+// qmatvec_product() for grids of fewer workgroups than blocks of MV_ROWS rows (rows of at most
+// MV_CHUNK columns): each workgroup stages its token's x once, then computes blocks
+// linear_group(), + groups, + 2 groups, ... The x staging is as much traffic as a block's
+// weights on a 2,816-column row, so sharing it among several blocks leaves the weights the
+// bulk of what a large product reads (docs/gpu.md, "Eighteenth round"). Each row's sum is
+// qmatvec_product()'s, in the same order.
+void qmatvec_blocks(uint groups) {
+  const uint tid = mv_thread();
+  const uint lane = tid % MV_LANES;
+  const uint t = gl_WorkGroupID.z;
+  const uint row_quads = p.cols * p.bits / 128u;
+  const uint row_groups = p.cols / p.group_size;
+  const uint blocks = (p.rows + MV_ROWS - 1u) / MV_ROWS;
+  mv_stage(p.x_offset + t * p.x_stride, 0u, p.cols);
+  float factor = 1.0;
+  if (p.norm_mode != 0u) {  // uniform branch
+    factor = mv_norm_factor(p.cols, p.norm_eps);
+    barrier();  // every thread has read the sum before mv_reduce reuses mv_partial
+  }
+  for (uint b = linear_group(); b < blocks; b += groups) {  // uniform in the workgroup
+    const uint r = b * MV_ROWS + tid / MV_LANES;
+    const bool row_ok = r < p.rows;
+    const float acc = mv_chunk(0.0, row_ok, r * row_quads, p.scale0 + r * row_groups, 0u, p.cols,
+                               p.bits, p.group_size, lane);
+    float sum = mv_reduce(acc, lane);
+    if (p.norm_mode != 0u) sum *= factor;
+    if (lane == 0u && row_ok) y[p.y_offset + t * p.y_stride + r] = sum;
+  }
+}
+

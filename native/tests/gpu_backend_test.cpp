@@ -618,6 +618,99 @@ TEST_CASE("gpu: gate and up in one buffer and the GeGLU inside the down product 
   }
 }
 
+// REDWING_GPU_MATVEC_GROUPS: the decode products (qmatvec and the experts' gate/up, moe_matvec)
+// on a grid of fewer workgroups than blocks of 8 rows, each staging x once and looping over
+// blocks. Every row adds the same terms in the same order, so the outputs must be the bits of the
+// one-workgroup-per-block grid (and within 1e-4 of the CPU): plain 4- and 8-bit products, a
+// folded norm, the GeGLU inside the down product, rows wider than one staging chunk (not looped),
+// and the routed experts, for 1 and 3 tokens. Malformed values are refused.
+TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-per-block bits") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  auto cpu = make_cpu_backend(2);
+  setenv("REDWING_GPU_FOLD_NORMS", "1", 1);  // a norm folded into every decode product
+  setenv("REDWING_GPU_MATVEC_GROUPS", "0", 1);
+  auto whole = gpu_backend(threads);
+  setenv("REDWING_GPU_MATVEC_GROUPS", "3", 1);
+  auto looped = gpu_backend(threads);
+  unsetenv("REDWING_GPU_MATVEC_GROUPS");
+  unsetenv("REDWING_GPU_FOLD_NORMS");
+  Backend* backends[] = {cpu.get(), whole.get(), looped.get()};
+
+  const int64_t rows = 300, cols = 192, wide = 4096 + 128, inter = 128;
+  HostQuant q4(rows, cols, 4, 64, DType::bf16, 1501), q8(rows + 1, cols, 8, 32, DType::f32, 1502);
+  HostQuant qw(rows, wide, 4, 64, DType::f16, 1503), qd(rows, inter, 4, 64, DType::bf16, 1504);
+  const int experts = 4, top_k = 2;
+  std::vector<HostQuant> host;  // gate, up, down per expert
+  for (int e = 0; e < experts; ++e) {
+    host.emplace_back(inter, cols, 4, 64, DType::bf16, 1510 + 3 * e);
+    host.emplace_back(inter, cols, 4, 64, DType::bf16, 1511 + 3 * e);
+    host.emplace_back(cols, inter, 8, 32, DType::bf16, 1512 + 3 * e);
+  }
+  const auto [gate, up, down] = expert_parts(host);
+  struct Imported {
+    std::unique_ptr<QWeight> w4, w8, ww, wd;
+    std::unique_ptr<ExpertBank> bank;
+  };
+  std::vector<Imported> weights;
+  for (Backend* b : backends)
+    weights.push_back({b->import_qweight(q4.m), b->import_qweight(q8.m), b->import_qweight(qw.m),
+                       b->import_qweight(qd.m), b->import_experts(gate, up, down)});
+
+  for (int64_t t : {1, 3}) {
+    CAPTURE(t);
+    const auto x = randn(static_cast<size_t>(t * wide), static_cast<uint64_t>(1520 + t), 2.0f);
+    const auto nw = randn(static_cast<size_t>(cols), static_cast<uint64_t>(1530 + t), 0.3f);
+    const auto gu = randn(static_cast<size_t>(t * 2 * inter), static_cast<uint64_t>(1540 + t));
+    std::vector<int32_t> ids;
+    std::vector<float> route_w;
+    for (int64_t i = 0; i < t * top_k; ++i) {
+      ids.push_back(static_cast<int32_t>((i * 3 + 1) % experts));
+      route_w.push_back(0.25f + 0.5f * static_cast<float>(i % 2));
+    }
+    // Each product's output, per backend.
+    std::vector<std::vector<std::vector<float>>> outs;
+    for (size_t i = 0; i < 3; ++i) {
+      Backend& b = *backends[i];
+      const Imported& w = weights[i];
+      auto xb = put(b, x), nb = put(b, nw), gub = put(b, gu);
+      auto y4 = b.alloc(static_cast<size_t>(t * rows) * 4);
+      auto y8 = b.alloc(static_cast<size_t>(t * (rows + 1)) * 4);
+      auto yn = b.alloc(static_cast<size_t>(t * rows) * 4);
+      auto normed = b.alloc(static_cast<size_t>(t * cols) * 4);
+      auto yw = b.alloc(static_cast<size_t>(t * rows) * 4);
+      auto yd = b.alloc(static_cast<size_t>(t * rows) * 4);
+      auto ye = b.alloc(static_cast<size_t>(t * cols) * 4);
+      const size_t count = static_cast<size_t>(t * top_k);
+      auto routes = b.alloc(route_buffer_bytes(count));
+      b.upload(*routes, 0, ids.data(), count * 4);
+      b.upload(*routes, route_weights_offset(count), route_w.data(), count * 4);
+      const Mat xs{xb.get(), 0, t, cols, wide};  // a strided x
+      b.qmatmul(*w.w4, xs, Mat{y4.get(), 0, t, rows, rows});
+      b.qmatmul(*w.w8, xs, Mat{y8.get(), 0, t, rows + 1, rows + 1});
+      Backend::InputNorm norm;
+      norm.weight = nb.get();
+      norm.weight_offset = 1.0f;
+      norm.eps = 1e-6f;
+      const Backend::QProduct normed_product[] = {
+          {w.w4.get(), Mat{normed.get(), 0, t, cols, cols}, Mat{yn.get(), 0, t, rows, rows}}};
+      b.qmatmul_normed(xs, norm, Mat{normed.get(), 0, t, cols, cols}, normed_product);
+      b.qmatmul(*w.ww, Mat{xb.get(), 0, t, wide, wide}, Mat{yw.get(), 0, t, rows, rows});
+      const Mat both{gub.get(), 0, t, 2 * inter, 2 * inter};
+      b.geglu_qmatmul(*w.wd, both.col_range(0, inter), both.col_range(inter, inter),
+                      Mat{yd.get(), 0, t, rows, rows});
+      b.routed_experts(*w.bank, xs, *routes, top_k, Mat{ye.get(), 0, t, cols, cols});
+      outs.push_back(
+          {get(b, *y4), get(b, *y8), get(b, *yn), get(b, *yw), get(b, *yd), get(b, *ye)});
+    }
+    for (size_t k = 0; k < outs[0].size(); ++k) {
+      CAPTURE(k);  // the products in the order above
+      CHECK(outs[2][k] == outs[1][k]);
+      CHECK(max_rel(outs[2][k], outs[0][k]) < 1e-4);
+    }
+  }
+  check_setting_refused("REDWING_GPU_MATVEC_GROUPS", {"-1", "x", "70000", "1,2", " 3"});
+}
+
 // Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096
 // columns (matvec.glsl), qmatmul in slabs of 512 (qmatmul_tiled, which lavapipe takes, in slabs
 // of 32), rms_norm holds 4,096 columns in registers and reads the rest again.

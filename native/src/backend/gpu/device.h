@@ -161,6 +161,13 @@ struct DeviceInfo {
   // (workgroup_threads / 8) by subgroupAdd: where they are one subgroup with arithmetic
   // operations (choose_matvec_down_shape; specialization constant 5).
   bool matvec_subgroup_reduce = false;
+  // The decode products' workgroups (qmatvec per token; the experts' gate/up, moe_matvec, shared
+  // among a token's slots) where a product has more blocks of 8 rows than that (0: one workgroup
+  // per block): each then stages x once and loops over blocks (qmatvec.glsl's qmatvec_blocks), for
+  // rows of at most 4,096 columns. Staging x costs a block as much traffic as its weights on a
+  // 2,816-column row; kGpuMatvecLoopGroups / kCpuMatvecLoopGroups (docs/gpu.md, "Eighteenth
+  // round").
+  uint32_t matvec_loop_groups = 0;
   // Which kernel the prefill products take (choose_matmul_tile).
   MatmulPolicy matmul;
   // Decode attention's splits and where prefill's tiles start (choose_attention_split).
@@ -180,6 +187,8 @@ struct DeviceInfo {
 // is capped at the workgroup's threads). info.matvec_subgroup_reduce where a row of the other
 // decode products is one subgroup. REDWING_GPU_SUBGROUP = "0" (shared-memory reductions
 // everywhere), "down" (subgroupAdd in this product only) or "1" (the default: wherever it fits).
+// info.matvec_loop_groups: REDWING_GPU_MATVEC_GROUPS (0 to 65,535) when set, else
+// kCpuMatvecLoopGroups on a CPU device and kGpuMatvecLoopGroups on a GPU.
 // Throws std::invalid_argument on a malformed value.
 void choose_matvec_down_shape(DeviceInfo& info);
 // Reads REDWING_GPU_QMATMUL into info.matmul; throws std::invalid_argument on a malformed value.
@@ -226,6 +235,12 @@ MatmulTile choose_matmul_tile(const DeviceInfo& info, int64_t rows, int64_t toke
 // 8 x 4 blocks' fitted tile where it is full on average, else the 4 x 4 blocks'.
 // REDWING_GPU_QMATMUL applies as to choose_matmul_tile.
 MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_expert);
+// The decode products' looping grid (DeviceInfo::matvec_loop_groups). On the H200 (132
+// multiprocessors) 264 workgroups took the output head from 511 to 385 us and a MoE layer's
+// experts from 49 to 43 us (132, 396, 528, 1,056 and 2,112 were slower), decode after 512 tokens
+// 1.046x; through lavapipe on 2 cores 4 to 64 took q's product from 22 to 13 ms.
+constexpr uint32_t kGpuMatvecLoopGroups = 264;
+constexpr uint32_t kCpuMatvecLoopGroups = 16;
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;
 // The workgroup_threads a device of this kind uses: REDWING_GPU_WORKGROUP (64, 128 or 256)

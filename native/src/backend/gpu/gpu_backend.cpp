@@ -105,9 +105,10 @@ struct QuantParams {
       tokens;
   uint32_t norm_mode = 0;  // qmatvec.comp: an RMSNorm of x folded into the product
   float norm_offset = 0, norm_eps = 0, col_scale = 1;
-  uint32_t geglu_half = 0;  // qmatvec.comp: x is GeGLU(x[c], x[c + geglu_half])
-  uint32_t tile_rows = 0;   // qmatmul_tiled.comp: rows per tile
-  uint32_t top_k = 0;       // router.comp: experts picked per token
+  uint32_t geglu_half = 0;   // qmatvec.comp: x is GeGLU(x[c], x[c + geglu_half])
+  uint32_t tile_rows = 0;    // qmatmul_tiled.comp: rows per tile
+  uint32_t top_k = 0;        // router.comp: experts picked per token
+  uint32_t loop_groups = 0;  // qmatvec.comp: workgroups per token looping over row blocks, or 0
 };
 enum NormMode : uint32_t { kNoNorm = 0, kNormWeighted, kNormMulCols, kNormPlain };
 // qmatvec_norms.comp's push constants after qmatvec's block.
@@ -190,6 +191,7 @@ struct RouteParams {
 struct MoeMatvecParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, bias0, x_offset,
       x_stride, x_div, y_offset, y_stride, experts, geglu_half;
+  uint32_t loop_groups = 0;  // moe_matvec.comp: workgroups per slot looping over row blocks, or 0
 };
 struct MoeMatmulParams {
   uint32_t rows, cols, bits, group_size, scale_type, packed_stride, scale_stride, x_offset,
@@ -218,6 +220,7 @@ constexpr int kMaxTopK = 32;                // route.comp's MAX_TOP_K
 constexpr int kMaxExperts = 512;            // route.glsl's RT_MAX_EXPERTS
 constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
+constexpr int64_t kMatvecChunkCols = 4096;  // matvec.glsl's MV_CHUNK: columns staged at once
 constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
 // A host range the device reads in place (Backend::map_host_memory), unmapped when it goes.
@@ -778,6 +781,13 @@ class GpuBackend final : public Backend {
             ebinds[count++] = epilogue->bindings[i];
           dispatch(epilogue->kernel, std::span<const Binding>(ebinds.data(), count), push.data(),
                    sizeof p + epilogue->tail_bytes, gx, gy, u32(x.rows));
+          return;
+        }
+        // Fewer workgroups than blocks, each staging x once for several (qmatvec_blocks).
+        const uint32_t loop = dev_->info().matvec_loop_groups;
+        if (loop != 0 && groups > loop && w.cols <= kMatvecChunkCols) {
+          p.loop_groups = loop;
+          dispatch(Kernel::qmatvec, binds, &p, sizeof p, loop, 1, u32(x.rows));
           return;
         }
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
@@ -1564,7 +1574,17 @@ class GpuBackend final : public Backend {
     const int64_t per_group = kernel == Kernel::moe_matvec_down
                                   ? info.matvec_down.rows_per_group(info.workgroup_threads)
                                   : kMatvecRowsPerGroup;
-    const auto [gx, gy] = grid(static_cast<uint64_t>((s.rows + per_group - 1) / per_group));
+    const auto blocks = static_cast<uint64_t>((s.rows + per_group - 1) / per_group);
+    // The gate/up product: fewer workgroups than blocks, each staging x once for several,
+    // where the device asks for it (matvec_loop_groups, shared among the slots).
+    const uint32_t loop = std::max<uint32_t>(1, info.matvec_loop_groups / std::max(slots, 1u));
+    if (kernel == Kernel::moe_matvec && info.matvec_loop_groups != 0 && blocks > loop &&
+        s.cols <= kMatvecChunkCols) {
+      p.loop_groups = loop;
+      dispatch(kernel, binds, &p, sizeof p, loop, 1, slots);
+      return;
+    }
+    const auto [gx, gy] = grid(blocks);
     dispatch(kernel, binds, &p, sizeof p, gx, gy, slots);
   }
 

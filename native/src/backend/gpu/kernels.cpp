@@ -168,6 +168,14 @@ void choose_matvec_down_shape(DeviceInfo& info) {
   // matvec.glsl's rows: 8 per workgroup, threads / 8 lanes each (32 on a GPU, 8 on lavapipe).
   info.matvec_subgroup_reduce = subgroups_allowed && sub_value != "down" &&
                                 info.subgroup_arithmetic && info.subgroup_size == threads / 8;
+  info.matvec_loop_groups = info.software ? kCpuMatvecLoopGroups : kGpuMatvecLoopGroups;
+  if (const char* groups = std::getenv("REDWING_GPU_MATVEC_GROUPS"); groups && *groups) {
+    const auto n = setting_number(groups);
+    if (!n || *n > 65535)
+      throw std::invalid_argument(std::string("REDWING_GPU_MATVEC_GROUPS=") + groups +
+                                  ": expected a number from 0 to 65535");
+    info.matvec_loop_groups = *n;
+  }
 }
 
 void choose_matmul_policy(DeviceInfo& info) {

@@ -1,0 +1,345 @@
+// redwing-bench-gpu-ops: what one decode op costs on a GPU, alone, at Gemma 4 26B-A4B shapes.
+//
+// A decode token on the GPU is a chain of ~200 dependent dispatches (docs/gpu.md), and whole-
+// model runs say only how long the chain takes. This tool records the same op `--repeat` times
+// in a row, twice:
+//   - dependent: every repeat writes the same output, so the backend puts a barrier between
+//     them (each waits for the previous one to drain, as the steps of a token do);
+//   - independent: every repeat writes an output of its own, so there is no barrier and the GPU
+//     may overlap them (what the op costs when its latency is hidden).
+// Each case is timed on the host from the first recorded dispatch to the wait for the last
+// (recording overlaps the GPU: work goes out every 64 dispatches), in `--rounds` rounds; the
+// median per repeat is printed. "dependent - independent" is about what the op adds to a chain
+// beyond its own work: launch, drain and the latency no other work hides. The smallest op (a
+// scale of 64 floats) gives the floor of a dependent step on this device and driver.
+//
+//   redwing-bench-gpu-ops [--backend vulkan] [--repeat 200] [--rounds 5] [--only NAME,...]
+//
+// Prints JSON on stdout (bench/gpu-ops.ts formats it) and progress on stderr. Weights are
+// random 4-bit (the router 8-bit) MLX-quantized matrices, group 64, bf16 scales.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/backend_select.h"
+#include "backend/cpu/kernels.h"
+#include "format/host_tensor.h"
+
+using namespace redwing;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// A random MLX-quantized matrix in host memory (the backend reads it at import).
+struct HostQuant {
+  std::vector<uint32_t> packed;
+  std::vector<uint16_t> scales, biases;
+  HostQuantMatrix m;
+  HostQuant(int64_t rows, int64_t cols, int bits, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    packed.resize(static_cast<size_t>(rows * cols * bits / 32));
+    for (auto& w : packed) w = static_cast<uint32_t>(rng());
+    const size_t groups = static_cast<size_t>(rows * (cols / 64));
+    std::uniform_real_distribution<float> s(0.001f, 0.01f), b(-0.05f, 0.05f);
+    for (size_t i = 0; i < groups; ++i) {
+      scales.push_back(cpu::f32_to_bf16(s(rng)));
+      biases.push_back(cpu::f32_to_bf16(b(rng)));
+    }
+    m = {packed.data(), scales.data(), biases.data(), DType::bf16, bits, 64, rows, cols};
+  }
+};
+
+std::unique_ptr<Buffer> random_buffer(Backend& b, size_t floats, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(floats);
+  for (float& x : v) x = d(rng);
+  auto buf = b.alloc(floats * 4);
+  b.upload(*buf, 0, v.data(), floats * 4);
+  return buf;
+}
+
+// One benchmark case: record(i) records one repeat writing output `i` (independent) or output
+// 0 every time (dependent); outputs() says how many distinct outputs it has room for.
+struct Case {
+  std::string name;
+  std::string what;
+  double weight_bytes = 0;  // weight bytes one repeat reads (0 for ops without weights)
+  std::function<void(size_t output)> record;
+  std::function<void()> wait;  // waits for everything recorded so far
+};
+
+struct Options {
+  std::string backend = "vulkan";
+  int repeat = 200;
+  int rounds = 5;
+  std::vector<std::string> only;
+};
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--backend") {
+      o.backend = value();
+    } else if (a == "--repeat") {
+      o.repeat = std::stoi(value());
+    } else if (a == "--rounds") {
+      o.rounds = std::stoi(value());
+    } else if (a == "--only") {
+      const std::string list = value();
+      for (size_t p = 0; p <= list.size();) {
+        const size_t q = std::min(list.find(',', p), list.size());
+        if (q > p) o.only.push_back(list.substr(p, q - p));
+        p = q + 1;
+      }
+    } else {
+      throw std::invalid_argument("unknown option " + a +
+                                  " (--backend, --repeat, --rounds, --only)");
+    }
+  }
+  if (o.repeat < 1 || o.rounds < 1)
+    throw std::invalid_argument("--repeat and --rounds must be >= 1");
+  return o;
+}
+
+constexpr int64_t kHidden = 2816;
+// 32 experts, not the model's 128: a token reads 8 either way, and 32 keep the stacked gate/up
+// weights inside lavapipe's 128 MiB binding limit (more would take the host-grouped path).
+constexpr int64_t kExperts = 32, kTopK = 8, kExpertInter = 704;
+constexpr int kQHeads = 16, kKvHeads = 8, kHeadDim = 256;
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options opt = parse_args(argc, argv);
+  auto backend = make_backend(opt.backend, 0);
+  Backend& b = *backend;
+  const auto outputs = static_cast<size_t>(opt.repeat);
+  std::fprintf(stderr, "redwing-bench-gpu-ops: %s\n", b.describe().c_str());
+
+  // Everything the cases use stays alive until the end.
+  std::vector<std::unique_ptr<HostQuant>> hosts;
+  std::vector<std::unique_ptr<QWeight>> weights;
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  std::vector<std::unique_ptr<ExpertBank>> banks;
+  auto keep = [&](std::unique_ptr<Buffer> buf) {
+    buffers.push_back(std::move(buf));
+    return buffers.back().get();
+  };
+  // `count` output buffers of `floats` each: the backend tracks hazards per buffer, so
+  // repeats that write different buffers need no barrier between them.
+  auto outputs_of = [&](size_t floats, size_t count) {
+    std::vector<Buffer*> outs;
+    for (size_t i = 0; i < count; ++i) outs.push_back(keep(b.alloc(floats * 4)));
+    return outs;
+  };
+  std::vector<Case> cases;
+  auto wanted = [&](const std::string& name) {
+    return opt.only.empty() || std::find(opt.only.begin(), opt.only.end(), name) != opt.only.end();
+  };
+
+  // The floor: an elementwise op on 64 floats.
+  if (wanted("scale64")) {
+    const auto outs = outputs_of(64, outputs);
+    for (Buffer* o : outs) b.fill_zero(Mat{o, 0, 1, 64, 64});
+    cases.push_back({"scale64", "x *= 1 on 64 floats (the floor of a dispatch)", 0,
+                     [&b, outs](size_t i) {
+                       b.scale(Mat{outs[i], 0, 1, 64, 64}, 1.0f);
+                     },
+                     [&b, outs] {
+                       float f;
+                       b.download(*outs[0], 0, &f, 4);
+                     }});
+  }
+  if (wanted("rms_norm")) {
+    Buffer* x = keep(random_buffer(b, kHidden, 2));
+    const auto outs = outputs_of(kHidden, outputs);
+    cases.push_back({"rms_norm", "RMSNorm of one 2,816-wide row", 0,
+                     [&b, x, outs](size_t i) {
+                       b.rms_norm(Mat{x, 0, 1, kHidden, kHidden}, nullptr, 0.0f, 1e-6f,
+                                  Mat{outs[i], 0, 1, kHidden, kHidden});
+                     },
+                     [&b, outs] {
+                       float f;
+                       b.download(*outs[0], 0, &f, 4);
+                     }});
+  }
+
+  // Decode products (one token): rows x cols, bits.
+  struct Shape {
+    const char* name;
+    const char* what;
+    int64_t rows, cols;
+    int bits;
+  };
+  const Shape shapes[] = {
+      {"router", "router 128 x 2,816, 8-bit", 128, kHidden, 8},
+      {"rows512", "512 x 2,816", 512, kHidden, 4},
+      {"kv", "k or v 2,048 x 2,816", 2048, kHidden, 4},
+      {"q", "q 4,096 x 2,816", 4096, kHidden, 4},
+      {"o", "o 2,816 x 4,096", kHidden, 4096, 4},
+      {"dense_gate_up", "dense gate and up 4,224 x 2,816", 4224, kHidden, 4},
+      {"dense_down", "dense down 2,816 x 2,112", kHidden, 2112, 4},
+      {"rows16k", "16,384 x 2,816", 16384, kHidden, 4},
+      {"head", "output head 262,144 x 2,816", 262144, kHidden, 4},
+  };
+  uint64_t seed = 10;
+  for (const Shape& s : shapes) {
+    if (!wanted(s.name)) continue;
+    hosts.push_back(std::make_unique<HostQuant>(s.rows, s.cols, s.bits, seed++));
+    weights.push_back(b.import_qweight(hosts.back()->m));
+    const QWeight* w = weights.back().get();
+    Buffer* x = keep(random_buffer(b, static_cast<size_t>(s.cols), seed++));
+    // The head's outputs are 1 MB each: independent repeats cycle through 8 of them (a
+    // repeat of this size is far longer than a barrier anyway).
+    const size_t n_out = s.rows >= 65536 ? 8 : outputs;
+    const auto ys = outputs_of(static_cast<size_t>(s.rows), n_out);
+    const double bytes = static_cast<double>(s.rows) * s.cols * s.bits / 8 +
+                         static_cast<double>(s.rows) * (s.cols / 64) * 4;
+    const int64_t rows = s.rows, cols = s.cols;
+    cases.push_back(
+        {s.name, s.what, bytes,
+         [&b, w, x, ys, rows, cols](size_t i) {
+           b.qmatmul(*w, Mat{x, 0, 1, cols, cols}, Mat{ys[i % ys.size()], 0, 1, rows, rows});
+         },
+         [&b, ys] {
+           float f;
+           b.download(*ys[0], 0, &f, 4);
+         }});
+  }
+
+  // The routed experts of one token: 8 of 128, gate/up then down, one dispatch each.
+  if (wanted("experts")) {
+    std::vector<HostQuantMatrix> gate, up, down;
+    for (int e = 0; e < kExperts; ++e) {
+      hosts.push_back(std::make_unique<HostQuant>(kExpertInter, kHidden, 4, seed++));
+      gate.push_back(hosts.back()->m);
+      hosts.push_back(std::make_unique<HostQuant>(kExpertInter, kHidden, 4, seed++));
+      up.push_back(hosts.back()->m);
+      hosts.push_back(std::make_unique<HostQuant>(kHidden, kExpertInter, 4, seed++));
+      down.push_back(hosts.back()->m);
+    }
+    banks.push_back(b.import_experts(gate, up, down));
+    const ExpertBank* bank = banks.back().get();
+    std::vector<std::byte> route(route_weights_offset(kTopK) + kTopK * 4);
+    for (int j = 0; j < kTopK; ++j) {
+      const int32_t id = 1 + 4 * j;
+      const float wgt = 1.0f / kTopK;
+      std::memcpy(route.data() + 4 * j, &id, 4);
+      std::memcpy(route.data() + route_weights_offset(kTopK) + 4 * j, &wgt, 4);
+    }
+    Buffer* routes = keep(b.alloc(route.size()));
+    b.upload(*routes, 0, route.data(), route.size());
+    Buffer* x = keep(random_buffer(b, kHidden, seed++));
+    const auto outs = outputs_of(kHidden, outputs);
+    const double bytes = 3.0 * kTopK * (kExpertInter * kHidden / 2 + kExpertInter * kHidden / 16);
+    cases.push_back({"experts", "8 routed experts, 704 x 2,816 (gate/up, down, combine)", bytes,
+                     [&b, bank, x, routes, outs](size_t i) {
+                       b.routed_experts(*bank, Mat{x, 0, 1, kHidden, kHidden}, *routes, kTopK,
+                                        Mat{outs[i], 0, 1, kHidden, kHidden});
+                     },
+                     [&b, outs] {
+                       float f;
+                       b.download(*outs[0], 0, &f, 4);
+                     }});
+  }
+
+  // Decode attention of one token over 512 keys (a sliding layer's shape, f16 cache).
+  if (wanted("attention512")) {
+    constexpr int64_t kCapacity = 1024, kPos = 511;
+    const size_t cache = static_cast<size_t>(kCapacity) * kKvHeads * kHeadDim / 2;  // f16 pairs
+    Buffer* k = keep(random_buffer(b, cache, seed++));
+    Buffer* v = keep(random_buffer(b, cache, seed++));
+    const int64_t width = static_cast<int64_t>(kQHeads) * kHeadDim;
+    Buffer* q = keep(random_buffer(b, static_cast<size_t>(width), seed++));
+    const auto outs = outputs_of(static_cast<size_t>(width), outputs);
+    const KvLayerView kv{k, v, kCapacity, false, 0, kKvHeads, kHeadDim, KvDType::f16};
+    cases.push_back({"attention512", "decode attention, 16 heads of 256 over 512 keys (f16)", 0,
+                     [&b, kv, q, outs, width](size_t i) {
+                       b.attention(Mat{q, 0, 1, width, width}, kv, kPos, kQHeads, 1.0f,
+                                   Mat{outs[i], 0, 1, width, width});
+                     },
+                     [&b, outs] {
+                       float f;
+                       b.download(*outs[0], 0, &f, 4);
+                     }});
+  }
+
+  if (cases.empty()) throw std::invalid_argument("--only names no case");
+  std::printf("{\"backend\":\"%s\",\"device\":\"%s\",\"repeat\":%d,\"rounds\":%d,\"cases\":[",
+              b.name().c_str(), b.describe().c_str(), opt.repeat, opt.rounds);
+  bool first = true;
+  for (Case& c : cases) {
+    // µs per repeat, for one round of the chain: `dependent` writes output 0 every time.
+    auto run_chain = [&](bool dependent) {
+      const auto before = b.work_counters();
+      const auto t0 = Clock::now();
+      for (int r = 0; r < opt.repeat; ++r) c.record(dependent ? 0 : static_cast<size_t>(r));
+      b.submit();
+      c.wait();
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      const auto after = b.work_counters();
+      struct {
+        double us_per_repeat, barriers_per_repeat, dispatches_per_repeat, record_us_per_repeat;
+      } r{us / opt.repeat, static_cast<double>(after.barriers - before.barriers) / opt.repeat,
+          static_cast<double>(after.dispatches - before.dispatches) / opt.repeat,
+          (after.record_ms - before.record_ms) * 1000.0 / opt.repeat};
+      return r;
+    };
+    run_chain(true);  // warm-up: pipelines built, clocks up
+    run_chain(false);
+    std::vector<double> dep, ind;
+    decltype(run_chain(true)) last_dep{}, last_ind{};
+    for (int round = 0; round < opt.rounds; ++round) {
+      // Alternate which goes first, so that a clock change hits both alike.
+      if (round % 2 == 0) {
+        last_dep = run_chain(true);
+        last_ind = run_chain(false);
+      } else {
+        last_ind = run_chain(false);
+        last_dep = run_chain(true);
+      }
+      dep.push_back(last_dep.us_per_repeat);
+      ind.push_back(last_ind.us_per_repeat);
+    }
+    const double dep_us = median(dep), ind_us = median(ind);
+    std::fprintf(stderr, "  %-14s dependent %8.2f us  independent %8.2f us  (%s)\n", c.name.c_str(),
+                 dep_us, ind_us, c.what.c_str());
+    std::printf(
+        "%s{\"name\":\"%s\",\"what\":\"%s\",\"weight_bytes\":%.0f,\"dependent_us\":%.3f,"
+        "\"independent_us\":%.3f,\"dependent_gbps\":%.2f,\"independent_gbps\":%.2f,"
+        "\"dispatches\":%.2f,\"barriers_dependent\":%.2f,\"barriers_independent\":%.2f,"
+        "\"record_us\":%.3f}",
+        first ? "" : ",", c.name.c_str(), c.what.c_str(), c.weight_bytes, dep_us, ind_us,
+        c.weight_bytes / dep_us / 1e3, c.weight_bytes / ind_us / 1e3,
+        last_dep.dispatches_per_repeat, last_dep.barriers_per_repeat, last_ind.barriers_per_repeat,
+        last_dep.record_us_per_repeat);
+    first = false;
+  }
+  std::printf("]}\n");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "redwing-bench-gpu-ops: %s\n", e.what());
+  return 1;
+}
