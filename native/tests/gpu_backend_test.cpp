@@ -232,6 +232,32 @@ TEST_CASE("gpu: quantized products and embedding match the CPU for every variant
   CHECK_THROWS_AS(gpu->embed(*w, bad, 1.0f, Mat{out.get(), 0, 1, 64, 64}), std::out_of_range);
 }
 
+// Many devices opened and closed one after another in one process, as a long-running service
+// does on every model load, all work, and with enumeration they share one Vulkan instance. On
+// the H200 the fourteenth device of a test process found no device at all while every device
+// made and destroyed its own instance (NVIDIA's driver goes wrong after about ten such cycles).
+TEST_CASE("gpu: devices opened one after another share one Vulkan instance and all work") {
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;  // Vulkan only
+  auto cpu = make_cpu_backend(2);
+  HostQuant q(72, 256, 4, 64, DType::bf16, 4001);
+  auto wc = cpu->import_qweight(q.m);
+  const auto x = randn(256, 4002);
+  const std::vector<float> y(72, 0.0f);
+  for (int i = 0; i < 20; ++i) {
+    CAPTURE(i);
+    REQUIRE(!gpu::list_vulkan_devices().empty());
+    auto gpu = gpu_backend(i % 2 == 0 ? 64 : 256);
+    auto wg = gpu->import_qweight(q.m);
+    const double d = compare(*cpu, *gpu, {x, y}, [&](Backend& b, auto& bufs) {
+      b.qmatmul(&b == cpu.get() ? *wc : *wg, Mat{bufs[0].get(), 0, 1, 256, 256},
+                Mat{bufs[1].get(), 0, 1, 72, 72});
+    });
+    CHECK(d < 1e-4);
+  }
+  CHECK(gpu::vulkan_instances_created() == 1);
+}
+
 // The prefill products (more than 4 tokens) in the kernels and tiles REDWING_GPU_QMATMUL forces
 // (`modes`), in 64- and 256-thread workgroups, on random shapes: rows and tokens that are not
 // multiples of a tile (edge tiles in both directions), 4 and 8 bits, groups 32/64/128,
@@ -1775,7 +1801,10 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
     CHECK(caches[0][1] == caches[1][1]);
     CHECK(max_rel(outs[0], outs[1]) == 0.0);
     CHECK(max_rel(qs[0], qs[2]) < 1e-4);
-    CHECK(max_rel(outs[0], outs[2]) < 1e-4);
+    // An f16 cache stores keys and values that differ from the CPU's in the last float bits;
+    // now and then one rounds to the next f16 (2^-11 of it, relative), which moves the output
+    // by that much of its weight: 1.6e-4 at head_dim 512 on the H200.
+    CHECK(max_rel(outs[0], outs[2]) < (c.dtype == KvDType::f16 ? 1e-3 : 1e-4));
     // Fused: one dispatch per product. The input norm is its own dispatch where it is not folded
     // into the products (more than 4 tokens, or more rows in all than REDWING_GPU_FOLD_NORMS=small
     // takes); the separate ops add q's norm_rope, the keys' store and the values' copy.

@@ -327,6 +327,9 @@ std::vector<DeviceInfo> list_vulkan_devices();
 // Opens Vulkan device `index` of list_vulkan_devices(); throws std::runtime_error.
 // workgroup_threads 0: choose_workgroup_threads() for the device; else that shape (tests).
 std::unique_ptr<Device> open_vulkan_device(int index, uint32_t workgroup_threads = 0);
+// How many VkInstances this process has made: one at most once any succeeded (enumeration and
+// every device share it; vulkan_device.cpp says why).
+int vulkan_instances_created();
 
 // The embedded SPIR-V of a kernel (generated at build time from gpu-kernels/).
 std::span<const uint32_t> kernel_spirv(Kernel k);

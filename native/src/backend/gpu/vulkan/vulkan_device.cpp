@@ -28,6 +28,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -125,7 +127,7 @@ bool has_device_extension(VkPhysicalDevice pd, const char* name) {
   return false;
 }
 
-// An instance shared by enumeration and devices, with the portability flag MoltenVK needs.
+// A new instance, with the portability flag MoltenVK needs.
 VkInstance create_instance() {
   uint32_t n = 0;
   if (vkEnumerateInstanceExtensionProperties(nullptr, &n, nullptr) != VK_SUCCESS)
@@ -148,6 +150,44 @@ VkInstance create_instance() {
   VkInstance instance = VK_NULL_HANDLE;
   check(vkCreateInstance(&ci, nullptr, &instance), "vkCreateInstance");
   return instance;
+}
+
+// Owns a VkInstance.
+struct Instance {
+  VkInstance handle = VK_NULL_HANDLE;
+  Instance() : handle(create_instance()) {}
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+  ~Instance() { vkDestroyInstance(handle, nullptr); }
+};
+
+std::mutex instance_mutex;
+int instances_created = 0;
+
+// The process's one instance, made on first use (a failure is retried on the next call) and
+// shared by enumeration and every device; each device holds a reference, so it outlives them
+// all. Why one: NVIDIA's driver goes wrong after about ten vkCreateInstance/vkDestroyInstance
+// cycles in one process (on the H200 the fourteenth device a test process opened found no
+// device at all; others report corrupted subgroup invocation ids), and a long-running decode
+// service lists devices on every hello and opens one on every load.
+//
+// The process's own reference is never dropped: at exit NVIDIA's driver may already be torn down,
+// and destroying the instance from a static destructor then crashes (seen on the H200: every test
+// passed, then a segmentation fault). A union's member is destroyed only by its own destructor,
+// which here does nothing; the end of the process frees the instance.
+std::shared_ptr<const Instance> process_instance() {
+  union Immortal {
+    std::shared_ptr<const Instance> ref;
+    Immortal() : ref() {}
+    ~Immortal() {}
+  };
+  static Immortal kept;
+  const std::lock_guard lock(instance_mutex);
+  if (!kept.ref) {
+    kept.ref = std::make_shared<const Instance>();
+    ++instances_created;
+  }
+  return kept.ref;
 }
 
 int compute_queue_family(VkPhysicalDevice pd) {
@@ -268,7 +308,7 @@ class VulkanDevice final : public Device {
   void collect_timestamps();
 
   DeviceInfo info_;
-  VkInstance instance_ = VK_NULL_HANDLE;
+  std::shared_ptr<const Instance> instance_;
   VkPhysicalDevice physical_ = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties memory_props_{};
   VkDevice device_ = VK_NULL_HANDLE;
@@ -348,8 +388,8 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
   // the tests of those paths).
   const bool want_push = env_switch("REDWING_GPU_PUSH_DESCRIPTORS");
   const bool want_import = env_switch("REDWING_GPU_MAP_HOST");
-  instance_ = create_instance();
-  auto devs = physical_devices(instance_);
+  instance_ = process_instance();
+  auto devs = physical_devices(instance_->handle);
   if (index < 0 || index >= static_cast<int>(devs.size()))
     throw std::runtime_error("vulkan: no device " + std::to_string(index));
   physical_ = devs[static_cast<size_t>(index)];
@@ -504,7 +544,6 @@ VulkanDevice::~VulkanDevice() {
   vkDestroyFence(device_, fence_, nullptr);
   vkDestroyCommandPool(device_, command_pool_, nullptr);
   vkDestroyDevice(device_, nullptr);
-  vkDestroyInstance(instance_, nullptr);
 }
 
 uint32_t VulkanDevice::memory_type(uint32_t allowed, Memory kind) const {
@@ -964,18 +1003,17 @@ void VulkanDevice::flush() {
 
 std::vector<DeviceInfo> list_vulkan_devices() {
   std::vector<DeviceInfo> out;
-  VkInstance instance;
   try {
-    instance = create_instance();
-  } catch (const std::exception&) {
-    return out;
-  }
-  try {
-    for (VkPhysicalDevice pd : physical_devices(instance)) out.push_back(describe(pd));
+    const auto instance = process_instance();
+    for (VkPhysicalDevice pd : physical_devices(instance->handle)) out.push_back(describe(pd));
   } catch (const std::exception&) {
   }
-  vkDestroyInstance(instance, nullptr);
   return out;
+}
+
+int vulkan_instances_created() {
+  const std::lock_guard lock(instance_mutex);
+  return instances_created;
 }
 
 std::unique_ptr<Device> open_vulkan_device(int index, uint32_t workgroup_threads) {
