@@ -13,19 +13,7 @@ layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
 layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
-layout(push_constant) uniform Params {
-  uint rows;
-  uint cols;
-  uint bits;
-  uint group_size;
-  uint scale_type;
-  uint scale0;
-  uint x_offset;
-  uint x_stride;
-  uint y_offset;
-  uint y_stride;
-  uint tokens;
-} p;
+#include "quant_params.glsl"
 
 #include "qmatmul_narrow.glsl"
 

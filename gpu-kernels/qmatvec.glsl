@@ -1,7 +1,7 @@
 // The decode product's kernel body (qmatvec.comp, and router.comp, which routes in the product's
 // last workgroup): declarations and qmatvec_product(), which writes y. An including kernel may
 // define QMATVEC_Y_COHERENT (its last workgroup reads what the others wrote to y) and
-// QMATVEC_EXTRA_PARAMS (its own push constants after qmatvec's).
+// QMATVEC_EXTRA_PARAMS (its own push constants after the shared block, quant_params.glsl).
 
 // Threads per workgroup: 256, or fewer on a CPU device (matvec.glsl; docs/gpu.md).
 layout(constant_id = 0) const uint THREADS = 256u;
@@ -16,34 +16,7 @@ layout(std430, set = 0, binding = 4) coherent buffer Y { float y[]; };
 layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
 #endif
 layout(std430, set = 0, binding = 5) readonly buffer NormWeight { float norm_weight[]; };
-layout(push_constant) uniform Params {
-  uint rows;        // rows in this chunk (the bindings start at its first row)
-  uint cols;
-  uint bits;
-  uint group_size;
-  uint scale_type;
-  uint scale0;      // index of the chunk's first scale inside the scale/bias bindings
-  uint x_offset;
-  uint x_stride;
-  uint y_offset;    // element of y for token 0, row 0 of the chunk
-  uint y_stride;
-  uint tokens;       // (qmatmul's; unused here)
-  // An RMSNorm of x folded into the product (backend.h's qmatmul_normed): 0 none; 1: x is
-  // normed with the weight factor (norm_offset + norm_weight[c]); 2: x * norm_weight[c] * col_scale
-  // (rms_norm_mul_cols); 3: normed without a weight.
-  uint norm_mode;
-  float norm_offset;
-  float norm_eps;
-  float col_scale;
-  uint geglu_half;  // 0, or x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (a gated MLP's
-                    // GeGLU computed while staging the down product's input)
-  uint tile_rows;   // (qmatmul_tiled's; unused here)
-  uint top_k;       // router.comp: experts picked per token
-  uint loop_groups; // qmatvec.comp: 0, or workgroups per token that loop over blocks (qmatvec_blocks)
-#ifdef QMATVEC_EXTRA_PARAMS
-  QMATVEC_EXTRA_PARAMS
-#endif
-} p;
+#include "quant_params.glsl"
 
 #define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
 #define MV_SCALE(I) LOAD_SCALE(scales, (I), p.scale_type)
