@@ -32,6 +32,7 @@
 #include "backend/backend.h"
 #include "backend/backend_select.h"
 #include "backend/cpu/kernels.h"
+#include "bench_median.h"
 #include "format/host_tensor.h"
 
 using namespace redwing;
@@ -40,11 +41,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 // A random MLX-quantized matrix in host memory (the backend reads it at import).
 struct HostQuant {

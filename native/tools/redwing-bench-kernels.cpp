@@ -26,6 +26,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
+#include "bench_median.h"
 
 using namespace redwing;
 using namespace redwing::cpu;
@@ -38,11 +39,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 // 64-byte aligned, zero-initialised storage that is freed on scope exit.
 struct AlignedBuffer {

@@ -35,6 +35,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_impl.h"
 #include "backend/cpu/thread_pool.h"
+#include "bench_median.h"
 
 using namespace redwing;
 using namespace redwing::cpu;
@@ -43,11 +44,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 uint64_t next_random(uint64_t& s) {
   s ^= s << 13;
