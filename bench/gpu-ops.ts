@@ -9,13 +9,10 @@
  *
  * The output head is a 369 MB product: through lavapipe leave it out (`--only`).
  */
-import { mkdir, writeFile } from "node:fs/promises";
-import { join, resolve } from "node:path";
+import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
-import { captureOutput, nativeBinary } from "../core/native.ts";
-
-const root = fileURLToPath(new URL("..", import.meta.url));
+import { passThrough, runNativeBench } from "./native-bench.ts";
 
 const OpResult = z.object({
   name: z.string(),
@@ -69,20 +66,15 @@ export function formatGpuOpsTable(report: GpuOpsReport): string {
 
 /** Runs the benchmark, prints the table and writes bench/results/gpu-ops.json. */
 export async function runGpuOpsBench(
-  args: string[] = process.argv.slice(2).filter((a, i, all) => {
-    const own = ["--repeat", "--rounds", "--only", "--backend"];
-    return own.includes(a) || own.includes(all[i - 1] ?? "");
-  }),
+  args: string[] = passThrough(["--repeat", "--rounds", "--only", "--backend"]),
 ): Promise<GpuOpsReport> {
-  const stdout = await captureOutput([nativeBinary("redwing-bench-gpu-ops"), ...args], {
-    inheritStderr: true,
+  return runNativeBench({
+    binary: "redwing-bench-gpu-ops",
+    args,
+    schema: GpuOpsReport,
+    format: formatGpuOpsTable,
+    name: "gpu-ops",
   });
-  const report = GpuOpsReport.parse(JSON.parse(stdout));
-  console.log(formatGpuOpsTable(report));
-  const outDir = join(root, "bench", "results");
-  await mkdir(outDir, { recursive: true });
-  await writeFile(join(outDir, "gpu-ops.json"), JSON.stringify(report, null, 2) + "\n");
-  return report;
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

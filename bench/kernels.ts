@@ -6,13 +6,10 @@
  *
  *   node --import tsx bench/kernels.ts [--quick] [--threads 1,2] [--runs N]
  */
-import { mkdir, writeFile } from "node:fs/promises";
-import { join, resolve } from "node:path";
+import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
-import { captureOutput, nativeBinary } from "../core/native.ts";
-
-const root = fileURLToPath(new URL("..", import.meta.url));
+import { passThrough, runNativeBench } from "./native-bench.ts";
 
 const Result = z.object({
   shape: z.tuple([z.number(), z.number()]),
@@ -70,22 +67,15 @@ export async function runKernelBench(args?: string[]): Promise<void> {
 
 /** As runKernelBench, returning the parsed report. */
 export async function measureKernels(
-  args: string[] = process.argv.slice(2).filter((a, i, all) => {
-    // Pass through the binary's own options (with their values) from our command line.
-    const own = ["--quick", "--threads", "--runs", "--only"];
-    return own.includes(a) || own.includes(all[i - 1] ?? "");
-  }),
+  args: string[] = passThrough(["--quick", "--threads", "--runs", "--only"]),
 ): Promise<KernelBenchReport> {
-  // Progress lines go straight to our stderr; the JSON report comes on stdout.
-  const stdout = await captureOutput([nativeBinary("redwing-bench-kernels"), ...args], {
-    inheritStderr: true,
+  return runNativeBench({
+    binary: "redwing-bench-kernels",
+    args,
+    schema: KernelBenchReport,
+    format: formatKernelTable,
+    name: "kernels",
   });
-  const report = KernelBenchReport.parse(JSON.parse(stdout));
-  console.log(formatKernelTable(report));
-  const outDir = join(root, "bench", "results");
-  await mkdir(outDir, { recursive: true });
-  await writeFile(join(outDir, "kernels.json"), JSON.stringify(report, null, 2) + "\n");
-  return report;
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

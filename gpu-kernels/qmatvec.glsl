@@ -72,4 +72,3 @@ void qmatvec_blocks(uint groups) {
     if (lane == 0u && row_ok) y[p.y_offset + t * p.y_stride + r] = sum;
   }
 }
-

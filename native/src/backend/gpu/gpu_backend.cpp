@@ -221,7 +221,14 @@ constexpr int kMaxExperts = 512;            // route.glsl's RT_MAX_EXPERTS
 constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 constexpr int64_t kMatvecChunkCols = 4096;  // matvec.glsl's MV_CHUNK: columns staged at once
-constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
+
+// The workgroups of a decode product that stage x once and loop over its blocks of rows
+// (qmatvec.glsl's qmatvec_blocks, moe_matvec.comp): `groups` where the product has more blocks
+// than that and its rows fit one staging pass, else 0 (a workgroup per block).
+uint32_t looping_groups(uint32_t groups, uint64_t blocks, int64_t cols) {
+  return groups != 0 && blocks > groups && cols <= kMatvecChunkCols ? groups : 0;
+}
+constexpr int64_t kNormHeld = 16;  // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
 // A host range the device reads in place (Backend::map_host_memory), unmapped when it goes.
 class DeviceHostMapping final : public Backend::HostMapping {
@@ -784,8 +791,7 @@ class GpuBackend final : public Backend {
           return;
         }
         // Fewer workgroups than blocks, each staging x once for several (qmatvec_blocks).
-        const uint32_t loop = dev_->info().matvec_loop_groups;
-        if (loop != 0 && groups > loop && w.cols <= kMatvecChunkCols) {
+        if (const uint32_t loop = looping_groups(dev_->info().matvec_loop_groups, groups, w.cols)) {
           p.loop_groups = loop;
           dispatch(Kernel::qmatvec, binds, &p, sizeof p, loop, 1, u32(x.rows));
           return;
@@ -1577,9 +1583,12 @@ class GpuBackend final : public Backend {
     const auto blocks = static_cast<uint64_t>((s.rows + per_group - 1) / per_group);
     // The gate/up product: fewer workgroups than blocks, each staging x once for several,
     // where the device asks for it (matvec_loop_groups, shared among the slots).
-    const uint32_t loop = std::max<uint32_t>(1, info.matvec_loop_groups / std::max(slots, 1u));
-    if (kernel == Kernel::moe_matvec && info.matvec_loop_groups != 0 && blocks > loop &&
-        s.cols <= kMatvecChunkCols) {
+    const uint32_t per_slot =
+        info.matvec_loop_groups == 0
+            ? 0
+            : std::max<uint32_t>(1, info.matvec_loop_groups / std::max(slots, 1u));
+    const uint32_t loop = looping_groups(per_slot, blocks, s.cols);
+    if (kernel == Kernel::moe_matvec && loop != 0) {
       p.loop_groups = loop;
       dispatch(kernel, binds, &p, sizeof p, loop, 1, slots);
       return;
