@@ -1156,7 +1156,7 @@ TEST_CASE("gpu: the decode products' subgroup sums are chosen where a row is one
     info.workgroup_threads = threads;
     info.subgroup_size = subgroup;
     info.subgroup_arithmetic = arithmetic;
-    gpu::choose_matvec_down_shape(info);
+    gpu::choose_matvec_shapes(info);
     return info.matvec_subgroup_reduce;
   };
   CHECK(reduce(256, 32, true));   // NVIDIA: 32 lanes a row, 32-wide subgroups
@@ -1173,7 +1173,7 @@ TEST_CASE("gpu: the decode products' subgroup sums are chosen where a row is one
   gpu::DeviceInfo info;
   info.subgroup_size = 32;
   info.subgroup_arithmetic = true;
-  gpu::choose_matvec_down_shape(info);
+  gpu::choose_matvec_shapes(info);
   unsetenv("REDWING_GPU_SUBGROUP");
   CHECK(info.matvec_down.subgroup_reduce);  // "down" keeps the down product's
   if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")

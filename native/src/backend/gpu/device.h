@@ -155,11 +155,11 @@ struct DeviceInfo {
   // compute shaders with, and whether it has arithmetic subgroup operations there.
   uint32_t subgroup_size = 0;
   bool subgroup_arithmetic = false;
-  // The experts' down product's shape (Kernel::moe_matvec_down; choose_matvec_down_shape).
+  // The experts' down product's shape (Kernel::moe_matvec_down; choose_matvec_shapes).
   MatvecShape matvec_down;
   // The other decode products (matvec.glsl: qmatvec, moe_matvec) sum a row's lanes
   // (workgroup_threads / 8) by subgroupAdd: where they are one subgroup with arithmetic
-  // operations (choose_matvec_down_shape; specialization constant 5).
+  // operations (choose_matvec_shapes; specialization constant 5).
   bool matvec_subgroup_reduce = false;
   // The decode products' workgroups (qmatvec per token; the experts' gate/up, moe_matvec, shared
   // among a token's slots) where a product has more blocks of 8 rows than that (0: one workgroup
@@ -180,17 +180,17 @@ struct DeviceInfo {
   // What the device drops (REDWING_GPU_KNOCKOUT; nothing unless set).
   Knockout knockout;
 };
-// Fills info.matvec_down from info's workgroup_threads and subgroup fields: 4 rows x 32 lanes x
-// 2 words on a GPU (the H200's best, docs/gpu.md's seventh round), 2 x 8 x 2 on a CPU device
-// (one lavapipe subgroup per team); subgroupAdd where the subgroup size divides the lanes and the
-// workgroup. REDWING_GPU_MATVEC_DOWN = "rows,lanes,unroll" forces a shape (A/B runs, tests; lanes
-// is capped at the workgroup's threads). info.matvec_subgroup_reduce where a row of the other
-// decode products is one subgroup. REDWING_GPU_SUBGROUP = "0" (shared-memory reductions
-// everywhere), "down" (subgroupAdd in this product only) or "1" (the default: wherever it fits).
-// info.matvec_loop_groups: REDWING_GPU_MATVEC_GROUPS (0 to 65,535) when set, else
-// kCpuMatvecLoopGroups on a CPU device and kGpuMatvecLoopGroups on a GPU.
-// Throws std::invalid_argument on a malformed value.
-void choose_matvec_down_shape(DeviceInfo& info);
+// The decode products' shapes, from info's workgroup_threads and subgroup fields. The experts'
+// down product, info.matvec_down: 4 rows x 32 lanes x 2 words on a GPU (the H200's best,
+// docs/gpu.md's seventh round), 2 x 8 x 2 on a CPU device (one lavapipe subgroup per team);
+// subgroupAdd where the subgroup size divides the lanes and the workgroup. REDWING_GPU_MATVEC_DOWN
+// = "rows,lanes,unroll" forces a shape (A/B runs, tests; lanes is capped at the workgroup's
+// threads). info.matvec_subgroup_reduce where a row of the other decode products is one subgroup.
+// REDWING_GPU_SUBGROUP = "0" (shared-memory reductions everywhere), "down" (subgroupAdd in this
+// product only) or "1" (the default: wherever it fits). info.matvec_loop_groups:
+// REDWING_GPU_MATVEC_GROUPS (0 to 65,535) when set, else kCpuMatvecLoopGroups on a CPU device and
+// kGpuMatvecLoopGroups on a GPU. Throws std::invalid_argument on a malformed value.
+void choose_matvec_shapes(DeviceInfo& info);
 // Reads REDWING_GPU_QMATMUL into info.matmul; throws std::invalid_argument on a malformed value.
 void choose_matmul_policy(DeviceInfo& info);
 // Reads REDWING_GPU_KNOCKOUT into info.knockout (parse_knockout).

@@ -146,7 +146,7 @@ MatvecShape parse_matvec_shape(const char* variable, MatvecShape fallback) {
 
 }  // namespace
 
-void choose_matvec_down_shape(DeviceInfo& info) {
+void choose_matvec_shapes(DeviceInfo& info) {
   const uint32_t threads = info.workgroup_threads;
   // A CPU device (lavapipe: 8-wide subgroups, one core per workgroup) wants teams of one
   // subgroup (no barrier at all) and few idle lanes; a GPU the H200's best (docs/gpu.md, seventh

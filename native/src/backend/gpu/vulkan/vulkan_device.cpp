@@ -399,7 +399,7 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
                                 std::to_string(workgroup_threads));
   info_.workgroup_threads =
       workgroup_threads != 0 ? workgroup_threads : choose_workgroup_threads(info_.software);
-  choose_matvec_down_shape(info_);
+  choose_matvec_shapes(info_);
   choose_matmul_policy(info_);
   choose_knockout(info_);
   choose_attention_split(info_);
