@@ -10,7 +10,6 @@
  *   npm run bench -- cache-policy        (or: node --import tsx bench/cache-policy.ts)
  */
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -26,8 +25,7 @@ import {
   type Policy,
   type Trace,
 } from "./cache-policy-sim.ts";
-
-const root = fileURLToPath(new URL("..", import.meta.url));
+import { writeResult } from "./stats.ts";
 
 const CHAT_PROMPTS = [
   "Quote Genesis 1:3",
@@ -150,9 +148,7 @@ export async function runCachePolicyBench(): Promise<unknown> {
   ];
   console.log("Expert cache hit rate (%) by slots per layer (32 experts, top 4), demo model\n");
   console.log(lines.join("\n"));
-  await mkdir(join(root, "bench", "results"), { recursive: true });
-  const out = join(root, "bench", "results", "cache-policy.json");
-  await writeFile(out, JSON.stringify({ policies: names, table }, null, 2) + "\n");
+  const out = await writeResult("cache-policy", { policies: names, table });
   console.log(`\nwrote ${out}`);
   return table;
 }

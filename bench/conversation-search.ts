@@ -6,13 +6,12 @@
  *
  *   npm run bench -- search      or      npx tsx bench/conversation-search.ts
  */
-import { mkdir, writeFile } from "node:fs/promises";
-import { join, resolve } from "node:path";
+import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Conversation, Message } from "../core/app/api.ts";
 import { SearchIndex } from "../core/app/conversation-search.ts";
+import { writeResult } from "./stats.ts";
 
-const root = fileURLToPath(new URL("..", import.meta.url));
 const WORDS = (
   "the of and to in is you that it he was for on are as with his they at be this have from or " +
   "one had by word but not what all were we when your can said there use each which she do how " +
@@ -67,9 +66,7 @@ export async function runConversationSearchBench(): Promise<unknown> {
     console.log(`  ${JSON.stringify(query)}: ${medianMs.toFixed(2)} ms, ${hits} hits`);
   }
   const result = { conversations: 1000, messagesEach: 20, indexMs, firstSearchMs, rows };
-  const dir = join(root, "bench", "results");
-  await mkdir(dir, { recursive: true });
-  await writeFile(join(dir, "conversation-search.json"), JSON.stringify(result, null, 2) + "\n");
+  await writeResult("conversation-search", result);
   return result;
 }
 

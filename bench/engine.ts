@@ -7,16 +7,13 @@
  *   node --import tsx bench/engine.ts [--layers 4] [--prompt 128] [--new 32] [--runs 3]
  */
 import { existsSync } from "node:fs";
-import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { greedyGenerateArgs, parseGenerateReport } from "./generate-report.ts";
-import { flag, median } from "./stats.ts";
-
-const root = fileURLToPath(new URL("..", import.meta.url));
+import { flag, median, writeResult } from "./stats.ts";
 
 /** The synthetic model, made on first use (about 2 GB for 4 layers). */
 async function benchModel(layers: number): Promise<string> {
@@ -81,9 +78,7 @@ export async function runEngineBench(): Promise<void> {
       `${String(r.threads).padStart(7)}  ${r.prefill_tokens_per_s.toFixed(1).padStart(13)}  ${(r.decode_tokens_per_s?.toFixed(2) ?? "-").padStart(12)}`,
     );
   }
-  const dir = join(root, "bench", "results");
-  await mkdir(dir, { recursive: true });
-  await writeFile(join(dir, "engine.json"), JSON.stringify(result, null, 2) + "\n");
+  await writeResult("engine", result);
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

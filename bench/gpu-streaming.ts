@@ -29,14 +29,14 @@
  * Results go to bench/results/gpu-streaming.json (or --out).
  */
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { parseGenerateReport } from "./generate-report.ts";
-import { flag } from "./stats.ts";
+import { flag, writeResult } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
@@ -197,15 +197,10 @@ export async function runGpuStreamingBench(): Promise<void> {
       ].join(" | "),
     );
   for (const r of refused) console.log(`${r.budget} ${r.tier}: refused: ${r.error.slice(-400)}`);
-  const dir = option("out") ?? join(root, "bench", "results");
-  await mkdir(dir, { recursive: true });
-  await writeFile(
-    join(dir, "gpu-streaming.json"),
-    JSON.stringify(
-      { model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows, refused },
-      null,
-      2,
-    ) + "\n",
+  await writeResult(
+    "gpu-streaming",
+    { model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows, refused },
+    option("out"),
   );
 }
 

@@ -21,14 +21,14 @@
  *     --peak-gbs (the device's stated or measured peak; none: not shown).
  * Results go to bench/results/gpu.json (or --out).
  */
-import { mkdir, mkdtemp, readFile, stat, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { greedyGenerateArgs, parseGenerateReport, type GenerateReport } from "./generate-report.ts";
-import { flag, median } from "./stats.ts";
+import { flag, median, writeResult } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
@@ -202,9 +202,7 @@ export async function runGpuBench(): Promise<void> {
     console.log(
       `  ${k.kernel.padEnd(18)} ${String(k.dispatches).padStart(8)} dispatches ${k.ms.toFixed(2).padStart(10)} ms ${(100 * k.share).toFixed(1).padStart(5)}%`,
     );
-  const dir = option("out") ?? join(root, "bench", "results");
-  await mkdir(dir, { recursive: true });
-  await writeFile(join(dir, "gpu.json"), JSON.stringify(result, null, 2) + "\n");
+  await writeResult("gpu", result, option("out"));
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

@@ -21,6 +21,7 @@ import {
   type TinySpec,
 } from "../testkit/checkpoints.ts";
 import { TestHub } from "../testkit/test-hub.ts";
+import { writeResult } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const MiB = 1024 * 1024;
@@ -304,9 +305,7 @@ export async function runInstallBench(mb = 300): Promise<InstallBenchReport> {
       `| ${r.checkpoint} | ${(r.fetchedBytes / 1e6).toFixed(0)} MB | ${r.seconds.toFixed(2)} | ${r.installMBps.toFixed(0)} | ${r.rawMBps.toFixed(0)} | ${(100 * r.fractionOfRaw).toFixed(0)}% | ${r.peakRssMB.toFixed(0)} MB |`,
     );
   }
-  const outDir = join(root, "bench", "results");
-  await mkdir(outDir, { recursive: true });
-  await writeFile(join(outDir, "install.json"), JSON.stringify(report, null, 2) + "\n");
+  await writeResult("install", report);
   return report;
 }
 

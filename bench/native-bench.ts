@@ -1,13 +1,9 @@
 // Running one of the native benchmark tools (native/tools/redwing-bench-*): its own options
 // passed through from our command line, its JSON report parsed, a table printed, the raw report
 // written to bench/results/<name>.json.
-import { mkdir, writeFile } from "node:fs/promises";
-import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import type { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
-
-const root = fileURLToPath(new URL("..", import.meta.url));
+import { writeResult } from "./stats.ts";
 
 /** Our command line's options among `own`, each with its value where it takes one. */
 export function passThrough(own: string[], argv = process.argv.slice(2)): string[] {
@@ -30,8 +26,6 @@ export async function runNativeBench<S extends z.ZodTypeAny>(options: {
   });
   const report = options.schema.parse(JSON.parse(stdout)) as z.infer<S>;
   console.log(options.format(report));
-  const outDir = join(root, "bench", "results");
-  await mkdir(outDir, { recursive: true });
-  await writeFile(join(outDir, `${options.name}.json`), JSON.stringify(report, null, 2) + "\n");
+  await writeResult(options.name, report);
   return report;
 }

@@ -12,11 +12,12 @@
  *   node --import tsx bench/server-load.ts [--clients 6] [--seconds 20] [--max-tokens 24]
  */
 import { spawn } from "node:child_process";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import { writeResult } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 
@@ -263,11 +264,7 @@ export async function runServerLoadBench(
         `(answered ${bigPrompt.status} in ${bigPrompt.requestMs} ms): ${bigPrompt.probes} probes, ` +
         `p50 ${bigPrompt.healthMs.p50} ms, max ${bigPrompt.healthMs.max} ms`,
     );
-    await mkdir(join(root, "bench", "results"), { recursive: true });
-    await writeFile(
-      join(root, "bench", "results", "server-load.json"),
-      `${JSON.stringify(report, null, 2)}\n`,
-    );
+    await writeResult("server-load", report);
     return report;
   } finally {
     child.kill("SIGTERM");

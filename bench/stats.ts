@@ -1,5 +1,19 @@
-// Small helpers every benchmark shares: command-line numbers and medians.
+// Small helpers every benchmark shares: command-line numbers, medians and the results file.
+import { mkdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { parseByteSize } from "../core/units.ts";
+
+/** Where benchmarks write their JSON unless told otherwise. */
+export const resultsDir = fileURLToPath(new URL("results", import.meta.url));
+
+/** Writes `data` as indented JSON to `dir`/`name`.json (the folder made if missing); the path. */
+export async function writeResult(name: string, data: unknown, dir = resultsDir): Promise<string> {
+  await mkdir(dir, { recursive: true });
+  const path = join(dir, `${name}.json`);
+  await writeFile(path, JSON.stringify(data, null, 2) + "\n");
+  return path;
+}
 
 /**
  * `--name N` from the command line: an integer of at least `min` (1 unless a flag gives 0 a

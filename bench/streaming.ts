@@ -20,7 +20,6 @@
  *                                        [--limit-mib N] [--skip-baseline]
  */
 import { existsSync } from "node:fs";
-import { mkdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -35,9 +34,7 @@ import {
   type TokenStat,
 } from "./generate-report.ts";
 import { dropCaches, memoryLimiter } from "./memory-limit.ts";
-import { flag } from "./stats.ts";
-
-const root = fileURLToPath(new URL("..", import.meta.url));
+import { flag, writeResult } from "./stats.ts";
 
 const MemoryReport = z.object({ total_bytes: z.number(), expert_bytes_each: z.number() });
 
@@ -229,9 +226,7 @@ export async function runStreamingBench(): Promise<void> {
   const c = result.rows.find((r) => r.name.startsWith("(c)"));
   if (b && c && c.decode_tok_s > 0)
     console.log(`(b) decodes ${(b.decode_tok_s / c.decode_tok_s).toFixed(1)}x faster than (c)`);
-  const dir = join(root, "bench", "results");
-  await mkdir(dir, { recursive: true });
-  await writeFile(join(dir, "streaming.json"), JSON.stringify(result, null, 2) + "\n");
+  await writeResult("streaming", result);
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

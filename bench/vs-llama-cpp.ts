@@ -31,7 +31,7 @@
  */
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, rename, writeFile } from "node:fs/promises";
+import { mkdir, rename } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -42,7 +42,7 @@ import { syntheticPrompt } from "./engine.ts";
 import { greedyGenerateArgs, parseGenerateReport } from "./generate-report.ts";
 import { gemma4Gguf, writeGemma4Gguf } from "./gguf-gemma4.ts";
 import { tensorBytes } from "./gguf.ts";
-import { flag, median, sizeFlag } from "./stats.ts";
+import { flag, median, sizeFlag, writeResult } from "./stats.ts";
 import { formatLimitedTable, runMemoryLimitedCase } from "./vs-llama-cpp-memory.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
@@ -213,12 +213,7 @@ export async function runVsLlamaCppBench(): Promise<void> {
       timeoutMs: flag("limited-timeout", 1800) * 1000,
     });
     console.log(formatLimitedTable(result).join("\n"));
-    const dir = join(root, "bench", "results");
-    await mkdir(dir, { recursive: true });
-    await writeFile(
-      join(dir, "vs-llama-cpp-memory-limit.json"),
-      JSON.stringify(result, null, 2) + "\n",
-    );
+    await writeResult("vs-llama-cpp-memory-limit", result);
   }
 }
 
@@ -361,9 +356,7 @@ async function runTable(o: {
   );
   for (const [engine, parts] of Object.entries(lastParts))
     if (parts) console.log(`${engine} decode parts (ms/token, last run):`, JSON.stringify(parts));
-  const dir = join(root, "bench", "results");
-  await mkdir(dir, { recursive: true });
-  await writeFile(join(dir, "vs-llama-cpp.json"), JSON.stringify(result, null, 2) + "\n");
+  await writeResult("vs-llama-cpp", result);
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
