@@ -19,6 +19,7 @@
 
 #include <math.h>
 
+#include "backend/cpu/attention_loops.h"
 #include "backend/cpu/kernels_impl.h"
 
 namespace redwing::cpu {
@@ -1031,122 +1032,65 @@ inline __m256 load_kv8(const void* base, int64_t at, int lanes) {
   }
 }
 
-// Scores of keys [j0, j0 + kKeys) for query heads [h0, h0 + kHeads): one 8-lane accumulator
-// per pair, summed over the head dimension, then reduced.
-template <bool kF16, int kKeys, int kHeads>
-inline void score_tile(const float* q, int64_t q_stride, int d, float scale, const void* k,
-                       const int64_t* rows, int64_t n, int h0, int64_t j0, float* s) {
-  __m256 acc[kKeys][kHeads];
-  for (int a = 0; a < kKeys; ++a)
-    for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_setzero_ps();
-  for (int c = 0; c < d; c += 8) {
-    __m256 qv[kHeads];
-    for (int h = 0; h < kHeads; ++h) qv[h] = load_kv8<false>(q + (h0 + h) * q_stride, c, d - c);
-    for (int a = 0; a < kKeys; ++a) {
-      const __m256 kv = load_kv8<kF16>(k, rows[j0 + a] + c, d - c);
-      for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_fmadd_ps(qv[h], kv, acc[a][h]);
+// The tiles of attention_loops.h at 8 lanes.
+struct Avx2AttentionTiles {
+  static constexpr int kLanes = 8;
+
+  // Scores of keys [j0, j0 + kKeys) for query heads [h0, h0 + kHeads): one 8-lane accumulator
+  // per pair, summed over the head dimension, then reduced.
+  template <bool kF16, int kKeys, int kHeads>
+  static void score_tile(const float* q, int64_t q_stride, int d, float scale, const void* k,
+                         const int64_t* rows, int64_t n, int h0, int64_t j0, float* s) {
+    __m256 acc[kKeys][kHeads];
+    for (int a = 0; a < kKeys; ++a)
+      for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+      __m256 qv[kHeads];
+      for (int h = 0; h < kHeads; ++h) qv[h] = load_kv8<false>(q + (h0 + h) * q_stride, c, d - c);
+      for (int a = 0; a < kKeys; ++a) {
+        const __m256 kv = load_kv8<kF16>(k, rows[j0 + a] + c, d - c);
+        for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_fmadd_ps(qv[h], kv, acc[a][h]);
+      }
     }
+    for (int a = 0; a < kKeys; ++a)
+      for (int h = 0; h < kHeads; ++h) s[(h0 + h) * n + j0 + a] = hsum(acc[a][h]) * scale;
   }
-  for (int a = 0; a < kKeys; ++a)
-    for (int h = 0; h < kHeads; ++h) s[(h0 + h) * n + j0 + a] = hsum(acc[a][h]) * scale;
-}
 
-template <bool kF16, int kHeads>
-void score_heads(const float* q, int64_t q_stride, int d, float scale, const AttentionKv& kv,
-                 const int64_t* rows, int64_t n, int h0, float* s, bool prefetch) {
-  constexpr int kKeys = 8 / kHeads;
-  int64_t j = 0;
-  for (; j + kKeys <= n; j += kKeys) {
-    if (prefetch) prefetch_kv_keys(kv, rows, n, j, kKeys, d);
-    score_tile<kF16, kKeys, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
-  }
-  for (; j < n; ++j) {
-    if (prefetch) prefetch_kv_keys(kv, rows, n, j, 1, d);
-    score_tile<kF16, 1, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
-  }
-}
-
-// When the rows are read once (decode), the first pass over the keys (the first heads of the
-// group) fetches them ahead; later passes find them in cache.
-template <bool kF16>
-void attention_scores_t(const float* q, int64_t q_stride, int group, int d, float scale,
-                        const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
-  int h = 0;
-  for (; h + 4 <= group; h += 4)
-    score_heads<kF16, 4>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
-  for (; h + 2 <= group; h += 2)
-    score_heads<kF16, 2>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
-  for (; h < group; ++h)
-    score_heads<kF16, 1>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
-}
-
-void attention_scores_avx2(const float* q, int64_t q_stride, int group, int head_dim, float scale,
-                           const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
-  if (kv.f16)
-    attention_scores_t<true>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
-  else
-    attention_scores_t<false>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
-}
-
-// Output columns [c0, c0 + 8 kChunks) of query heads [h0, h0 + kHeads): each value row's
-// columns are widened once and added, weighted, to every head's accumulators, key by key (the
-// order of the generic path's axpy calls).
-template <bool kF16, int kHeads, int kChunks>
-inline void value_tile(const float* p, int d, const void* v, const int64_t* rows, int64_t n, int h0,
-                       int c0, float* o) {
-  __m256 acc[kHeads][kChunks];
-  for (int h = 0; h < kHeads; ++h)
-    for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    __m256 vv[kChunks];
-    for (int c = 0; c < kChunks; ++c) {
-      const int col = c0 + 8 * c;
-      vv[c] = col < d ? load_kv8<kF16>(v, rows[j] + col, d - col) : _mm256_setzero_ps();
+  // Output columns [c0, c0 + 8 kChunks) of query heads [h0, h0 + kHeads): each value row's
+  // columns are widened once and added, weighted, to every head's accumulators, key by key (the
+  // order of the generic path's axpy calls).
+  template <bool kF16, int kHeads, int kChunks>
+  static void value_tile(const float* p, int d, const void* v, const int64_t* rows, int64_t n,
+                         int h0, int c0, float* o) {
+    __m256 acc[kHeads][kChunks];
+    for (int h = 0; h < kHeads; ++h)
+      for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      __m256 vv[kChunks];
+      for (int c = 0; c < kChunks; ++c) {
+        const int col = c0 + 8 * c;
+        vv[c] = col < d ? load_kv8<kF16>(v, rows[j] + col, d - col) : _mm256_setzero_ps();
+      }
+      for (int h = 0; h < kHeads; ++h) {
+        const __m256 w = _mm256_set1_ps(p[(h0 + h) * n + j]);
+        for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
+      }
     }
     for (int h = 0; h < kHeads; ++h) {
-      const __m256 w = _mm256_set1_ps(p[(h0 + h) * n + j]);
-      for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
-    }
-  }
-  for (int h = 0; h < kHeads; ++h) {
-    for (int c = 0; c < kChunks; ++c) {
-      const int col = c0 + 8 * c;
-      float* out = o + (h0 + h) * d + col;
-      if (col + 8 <= d) {
-        _mm256_storeu_ps(out, acc[h][c]);
-      } else if (col < d) {
-        alignas(32) float part[8];
-        _mm256_store_ps(part, acc[h][c]);
-        std::memcpy(out, part, sizeof(float) * static_cast<size_t>(d - col));
+      for (int c = 0; c < kChunks; ++c) {
+        const int col = c0 + 8 * c;
+        float* out = o + (h0 + h) * d + col;
+        if (col + 8 <= d) {
+          _mm256_storeu_ps(out, acc[h][c]);
+        } else if (col < d) {
+          alignas(32) float part[8];
+          _mm256_store_ps(part, acc[h][c]);
+          std::memcpy(out, part, sizeof(float) * static_cast<size_t>(d - col));
+        }
       }
     }
   }
-}
-
-template <bool kF16, int kHeads>
-void value_heads(const float* p, int d, const void* v, const int64_t* rows, int64_t n, int h0,
-                 float* o) {
-  constexpr int kChunks = 8 / kHeads;
-  for (int c0 = 0; c0 < d; c0 += 8 * kChunks)
-    value_tile<kF16, kHeads, kChunks>(p, d, v, rows, n, h0, c0, o);
-}
-
-template <bool kF16>
-void attention_values_t(const float* p, int group, int d, const void* v, const int64_t* rows,
-                        int64_t n, float* o) {
-  int h = 0;
-  for (; h + 4 <= group; h += 4) value_heads<kF16, 4>(p, d, v, rows, n, h, o);
-  for (; h + 2 <= group; h += 2) value_heads<kF16, 2>(p, d, v, rows, n, h, o);
-  for (; h < group; ++h) value_heads<kF16, 1>(p, d, v, rows, n, h, o);
-}
-
-void attention_values_avx2(const float* p, int group, int head_dim, const AttentionKv& kv,
-                           const int64_t* rows, int64_t n, float* o) {
-  if (kv.f16)
-    attention_values_t<true>(p, group, head_dim, kv.v, rows, n, o);
-  else
-    attention_values_t<false>(p, group, head_dim, kv.v, rows, n, o);
-}
+};
 
 }  // namespace
 
@@ -1171,8 +1115,8 @@ const KernelTable& avx2_kernels() {
     t.f16_to_f32 = f16_to_f32_avx2;
     t.bf16_to_f32 = bf16_to_f32_avx2;
     t.softmax = softmax_avx2;
-    t.attention_scores = attention_scores_avx2;
-    t.attention_values = attention_values_avx2;
+    t.attention_scores = AttentionLoops<Avx2AttentionTiles>::scores;
+    t.attention_values = AttentionLoops<Avx2AttentionTiles>::values;
     return t;
   }();
   return table;

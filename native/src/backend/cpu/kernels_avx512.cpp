@@ -30,6 +30,7 @@
 
 #include <immintrin.h>
 
+#include "backend/cpu/attention_loops.h"
 #include "backend/cpu/avx512_common.h"
 
 namespace redwing::cpu {
@@ -352,114 +353,57 @@ inline __m512 load_kv16(const void* base, int64_t at, __mmask16 lanes) {
   }
 }
 
-// Scores of keys [j0, j0 + kKeys) for query heads [h0, h0 + kHeads): one 16-lane accumulator
-// per pair, summed over the head dimension, then reduced.
-template <bool kF16, int kKeys, int kHeads>
-inline void score_tile(const float* q, int64_t q_stride, int d, float scale, const void* k,
-                       const int64_t* rows, int64_t n, int h0, int64_t j0, float* s) {
-  __m512 acc[kKeys][kHeads];
-  for (int a = 0; a < kKeys; ++a)
-    for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm512_setzero_ps();
-  for (int c = 0; c < d; c += 16) {
-    const __mmask16 lanes = lanes_upto(d - c);
-    __m512 qv[kHeads];
-    for (int h = 0; h < kHeads; ++h)
-      qv[h] = _mm512_maskz_loadu_ps(lanes, q + (h0 + h) * q_stride + c);
-    for (int a = 0; a < kKeys; ++a) {
-      const __m512 kv = load_kv16<kF16>(k, rows[j0 + a] + c, lanes);
-      for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm512_fmadd_ps(qv[h], kv, acc[a][h]);
+// The tiles of attention_loops.h at 16 lanes.
+struct Avx512AttentionTiles {
+  static constexpr int kLanes = 16;
+
+  // Scores of keys [j0, j0 + kKeys) for query heads [h0, h0 + kHeads): one 16-lane accumulator
+  // per pair, summed over the head dimension, then reduced.
+  template <bool kF16, int kKeys, int kHeads>
+  static void score_tile(const float* q, int64_t q_stride, int d, float scale, const void* k,
+                         const int64_t* rows, int64_t n, int h0, int64_t j0, float* s) {
+    __m512 acc[kKeys][kHeads];
+    for (int a = 0; a < kKeys; ++a)
+      for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+      const __mmask16 lanes = lanes_upto(d - c);
+      __m512 qv[kHeads];
+      for (int h = 0; h < kHeads; ++h)
+        qv[h] = _mm512_maskz_loadu_ps(lanes, q + (h0 + h) * q_stride + c);
+      for (int a = 0; a < kKeys; ++a) {
+        const __m512 kv = load_kv16<kF16>(k, rows[j0 + a] + c, lanes);
+        for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm512_fmadd_ps(qv[h], kv, acc[a][h]);
+      }
     }
+    for (int a = 0; a < kKeys; ++a)
+      for (int h = 0; h < kHeads; ++h)
+        s[(h0 + h) * n + j0 + a] = _mm512_reduce_add_ps(acc[a][h]) * scale;
   }
-  for (int a = 0; a < kKeys; ++a)
+
+  // Output columns [c0, c0 + 16 kChunks) of query heads [h0, h0 + kHeads): each value row's
+  // columns are widened once and added, weighted, to every head's accumulators, key by key (the
+  // order of the generic path's axpy calls, so the sums are the same).
+  template <bool kF16, int kHeads, int kChunks>
+  static void value_tile(const float* p, int d, const void* v, const int64_t* rows, int64_t n,
+                         int h0, int c0, float* o) {
+    __m512 acc[kHeads][kChunks];
+    __mmask16 lanes[kChunks];
+    for (int c = 0; c < kChunks; ++c) lanes[c] = lanes_upto(d - c0 - 16 * c);
     for (int h = 0; h < kHeads; ++h)
-      s[(h0 + h) * n + j0 + a] = _mm512_reduce_add_ps(acc[a][h]) * scale;
-}
-
-template <bool kF16, int kHeads>
-void score_heads(const float* q, int64_t q_stride, int d, float scale, const AttentionKv& kv,
-                 const int64_t* rows, int64_t n, int h0, float* s, bool prefetch) {
-  constexpr int kKeys = 8 / kHeads;
-  int64_t j = 0;
-  for (; j + kKeys <= n; j += kKeys) {
-    if (prefetch) prefetch_kv_keys(kv, rows, n, j, kKeys, d);
-    score_tile<kF16, kKeys, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
-  }
-  for (; j < n; ++j) {
-    if (prefetch) prefetch_kv_keys(kv, rows, n, j, 1, d);
-    score_tile<kF16, 1, kHeads>(q, q_stride, d, scale, kv.k, rows, n, h0, j, s);
-  }
-}
-
-// When the rows are read once (decode), the first pass over the keys (the first heads of the
-// group) fetches them ahead; later passes find them in cache.
-template <bool kF16>
-void attention_scores_t(const float* q, int64_t q_stride, int group, int d, float scale,
-                        const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
-  int h = 0;
-  for (; h + 4 <= group; h += 4)
-    score_heads<kF16, 4>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
-  for (; h + 2 <= group; h += 2)
-    score_heads<kF16, 2>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
-  for (; h < group; ++h)
-    score_heads<kF16, 1>(q, q_stride, d, scale, kv, rows, n, h, s, kv.fetch_ahead && h == 0);
-}
-
-void attention_scores_avx512(const float* q, int64_t q_stride, int group, int head_dim, float scale,
-                             const AttentionKv& kv, const int64_t* rows, int64_t n, float* s) {
-  if (kv.f16)
-    attention_scores_t<true>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
-  else
-    attention_scores_t<false>(q, q_stride, group, head_dim, scale, kv, rows, n, s);
-}
-
-// Output columns [c0, c0 + 16 kChunks) of query heads [h0, h0 + kHeads): each value row's
-// columns are widened once and added, weighted, to every head's accumulators, key by key (the
-// order of the generic path's axpy calls, so the sums are the same).
-template <bool kF16, int kHeads, int kChunks>
-inline void value_tile(const float* p, int d, const void* v, const int64_t* rows, int64_t n, int h0,
-                       int c0, float* o) {
-  __m512 acc[kHeads][kChunks];
-  __mmask16 lanes[kChunks];
-  for (int c = 0; c < kChunks; ++c) lanes[c] = lanes_upto(d - c0 - 16 * c);
-  for (int h = 0; h < kHeads; ++h)
-    for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    __m512 vv[kChunks];
-    for (int c = 0; c < kChunks; ++c) vv[c] = load_kv16<kF16>(v, rows[j] + c0 + 16 * c, lanes[c]);
-    for (int h = 0; h < kHeads; ++h) {
-      const __m512 w = _mm512_set1_ps(p[(h0 + h) * n + j]);
-      for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm512_fmadd_ps(w, vv[c], acc[h][c]);
+      for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 vv[kChunks];
+      for (int c = 0; c < kChunks; ++c) vv[c] = load_kv16<kF16>(v, rows[j] + c0 + 16 * c, lanes[c]);
+      for (int h = 0; h < kHeads; ++h) {
+        const __m512 w = _mm512_set1_ps(p[(h0 + h) * n + j]);
+        for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm512_fmadd_ps(w, vv[c], acc[h][c]);
+      }
     }
+    for (int h = 0; h < kHeads; ++h)
+      for (int c = 0; c < kChunks; ++c)
+        _mm512_mask_storeu_ps(o + (h0 + h) * d + c0 + 16 * c, lanes[c], acc[h][c]);
   }
-  for (int h = 0; h < kHeads; ++h)
-    for (int c = 0; c < kChunks; ++c)
-      _mm512_mask_storeu_ps(o + (h0 + h) * d + c0 + 16 * c, lanes[c], acc[h][c]);
-}
-
-template <bool kF16, int kHeads>
-void value_heads(const float* p, int d, const void* v, const int64_t* rows, int64_t n, int h0,
-                 float* o) {
-  constexpr int kChunks = 8 / kHeads;
-  for (int c0 = 0; c0 < d; c0 += 16 * kChunks)
-    value_tile<kF16, kHeads, kChunks>(p, d, v, rows, n, h0, c0, o);
-}
-
-template <bool kF16>
-void attention_values_t(const float* p, int group, int d, const void* v, const int64_t* rows,
-                        int64_t n, float* o) {
-  int h = 0;
-  for (; h + 4 <= group; h += 4) value_heads<kF16, 4>(p, d, v, rows, n, h, o);
-  for (; h + 2 <= group; h += 2) value_heads<kF16, 2>(p, d, v, rows, n, h, o);
-  for (; h < group; ++h) value_heads<kF16, 1>(p, d, v, rows, n, h, o);
-}
-
-void attention_values_avx512(const float* p, int group, int head_dim, const AttentionKv& kv,
-                             const int64_t* rows, int64_t n, float* o) {
-  if (kv.f16)
-    attention_values_t<true>(p, group, head_dim, kv.v, rows, n, o);
-  else
-    attention_values_t<false>(p, group, head_dim, kv.v, rows, n, o);
-}
+};
 
 }  // namespace
 
@@ -472,8 +416,8 @@ const KernelTable& avx512_kernels() {
       t.qmatmul_q8 = avx512_vnni_qmatmul_q8();
       t.x24 = avx512_vnni_x24();
     }
-    t.attention_scores = attention_scores_avx512;
-    t.attention_values = attention_values_avx512;
+    t.attention_scores = AttentionLoops<Avx512AttentionTiles>::scores;
+    t.attention_values = AttentionLoops<Avx512AttentionTiles>::values;
     return t;
   }();
   return table;
