@@ -1315,10 +1315,7 @@ class GpuBackend final : public Backend {
     // Prefill: each expert once over the rows that picked it, its rows where
     // experts_grouped_on_host puts them (experts in ascending id).
     const auto by_expert = entries_by_expert(ids);
-    Mat in = scratch(moe_in_, entries, bank.hidden);
-    Mat gu = scratch(moe_gate_up_, entries, 2 * inter);
-    Mat h = scratch(moe_hidden_, entries, inter);
-    Mat y = scratch(moe_out_, entries, bank.hidden);
+    const ExpertWork w = expert_work(bank, entries);
     if (grouped_products(bank)) {
       // One gather of every entry's row (entries of experts in no slot too: a row nobody reads),
       // and tiles only for the experts in a slot, naming their slots.
@@ -1337,7 +1334,7 @@ class GpuBackend final : public Backend {
       // The tile from every expert of the layer (those in no slot too), as the resident bank
       // chooses it: the same tiles, the same bits.
       grouped_expert_products(bank, x, rows, runs, entries / static_cast<int64_t>(by_expert.size()),
-                              in, gu, h, y);
+                              w);
       return;
     }
     int64_t r0 = 0;
@@ -1350,12 +1347,13 @@ class GpuBackend final : public Backend {
       if (s >= 0) {
         std::vector<int32_t> rows;
         for (int64_t j : group) rows.push_back(static_cast<int32_t>(j / top_k));
-        gather_rows(x, rows, in.row_range(r0, n));
-        qmatmul(*bank.gate_up.views[static_cast<size_t>(s)], in.row_range(r0, n),
-                gu.row_range(r0, n));
-        gelu_tanh_mul(gu.row_range(r0, n).col_range(0, inter),
-                      gu.row_range(r0, n).col_range(inter, inter), h.row_range(r0, n));
-        qmatmul(*bank.down.views[static_cast<size_t>(s)], h.row_range(r0, n), y.row_range(r0, n));
+        gather_rows(x, rows, w.in.row_range(r0, n));
+        qmatmul(*bank.gate_up.views[static_cast<size_t>(s)], w.in.row_range(r0, n),
+                w.gu.row_range(r0, n));
+        gelu_tanh_mul(w.gu.row_range(r0, n).col_range(0, inter),
+                      w.gu.row_range(r0, n).col_range(inter, inter), w.h.row_range(r0, n));
+        qmatmul(*bank.down.views[static_cast<size_t>(s)], w.h.row_range(r0, n),
+                w.y.row_range(r0, n));
       }
       r0 += n;
     }
@@ -1637,14 +1635,24 @@ class GpuBackend final : public Backend {
     uint32_t e, first, rows;
   };
 
+  // The routed experts' prefill work, one row per routed entry: the gathered input, the gate/up
+  // product, its GeGLU, and each entry's product.
+  struct ExpertWork {
+    Mat in, gu, h, y;
+  };
+  ExpertWork expert_work(const GpuExpertBank& bank, int64_t rows) {
+    return {scratch(moe_in_, rows, bank.hidden), scratch(moe_gate_up_, rows, 2 * bank.intermediate),
+            scratch(moe_hidden_, rows, bank.intermediate), scratch(moe_out_, rows, bank.hidden)};
+  }
+
   // The routed experts' prefill products, a few dispatches whatever the number of experts:
   // in[i] = x[rows[i]] (the entries grouped by expert), gu = in W_gate_up of each row's expert,
   // h = GeGLU(gu), y = h W_down, each product one moe_matmul (or moe_matmul_tiled) dispatch over
   // a table of the runs' tiles (rows no run covers are left as they are). The tile comes from
   // rows_per_expert (choose_grouped_matmul_tile).
   void grouped_expert_products(const GpuExpertBank& bank, Mat x, std::span<const int32_t> rows,
-                               std::span<const ExpertRun> runs, int64_t rows_per_expert, Mat in,
-                               Mat gu, Mat h, Mat y) {
+                               std::span<const ExpertRun> runs, int64_t rows_per_expert,
+                               const ExpertWork& w) {
     const int64_t inter = bank.intermediate;
     if (runs.empty()) return;
     const gpu::MatmulTile tile = gpu::choose_grouped_matmul_tile(dev_->info(), rows_per_expert);
@@ -1658,10 +1666,10 @@ class GpuBackend final : public Backend {
       }
     // The table before the gather: both uploads go into the ring ahead of any read of it.
     const Binding table = upload_host(tiles.data(), tiles.size() * sizeof(uint32_t));
-    gather_rows(x, rows, in);
-    moe_matmul(bank.gate_up, in, gu, table, tiles.size() / 3, tile);
-    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
-    moe_matmul(bank.down, h, y, table, tiles.size() / 3, tile);
+    gather_rows(x, rows, w.in);
+    moe_matmul(bank.gate_up, w.in, w.gu, table, tiles.size() / 3, tile);
+    gelu_tanh_mul(w.gu.col_range(0, inter), w.gu.col_range(inter, inter), w.h);
+    moe_matmul(bank.down, w.h, w.y, table, tiles.size() / 3, tile);
   }
 
   // y[i] = W_e x[i] for the rows of every tile (e, first, count) of the table (moe_matmul.comp,
@@ -1730,10 +1738,7 @@ class GpuBackend final : public Backend {
     const ExpertRowGroups groups = group_expert_rows(ids, weights, x.rows, top_k, bank.num_experts);
     const int64_t rows = static_cast<int64_t>(count);
     const int64_t inter = bank.intermediate;
-    Mat in = scratch(moe_in_, rows, bank.hidden);
-    Mat gu = scratch(moe_gate_up_, rows, 2 * inter);
-    Mat h = scratch(moe_hidden_, rows, inter);
-    Mat y = scratch(moe_out_, rows, bank.hidden);
+    const ExpertWork w = expert_work(bank, rows);
     if (grouped_products(bank)) {
       std::vector<int32_t> order;
       std::vector<ExpertRun> runs;
@@ -1742,9 +1747,8 @@ class GpuBackend final : public Backend {
                         u32(static_cast<int64_t>(group.first.size()))});
         order.insert(order.end(), group.first.begin(), group.first.end());
       }
-      grouped_expert_products(bank, x, order, runs, rows / static_cast<int64_t>(groups.size()), in,
-                              gu, h, y);
-      combine_grouped(y, ids, dev_of(routes), top_k, out);
+      grouped_expert_products(bank, x, order, runs, rows / static_cast<int64_t>(groups.size()), w);
+      combine_grouped(w.y, ids, dev_of(routes), top_k, out);
       return;
     }
     // The bank is too large for one binding per section (or REDWING_GPU_MOE_PREFILL=per-expert):
@@ -1752,24 +1756,24 @@ class GpuBackend final : public Backend {
     int64_t r0 = 0;
     for (const auto& [e, group] : groups) {
       const int64_t n = static_cast<int64_t>(group.first.size());
-      gather_rows(x, group.first, in.row_range(r0, n));
+      gather_rows(x, group.first, w.in.row_range(r0, n));
       r0 += n;
     }
     r0 = 0;
     for (const auto& [e, group] : groups) {
       const int64_t n = static_cast<int64_t>(group.first.size());
-      qmatmul(*bank.gate_up.views[static_cast<size_t>(e)], in.row_range(r0, n),
-              gu.row_range(r0, n));
+      qmatmul(*bank.gate_up.views[static_cast<size_t>(e)], w.in.row_range(r0, n),
+              w.gu.row_range(r0, n));
       r0 += n;
     }
-    gelu_tanh_mul(gu.col_range(0, inter), gu.col_range(inter, inter), h);
+    gelu_tanh_mul(w.gu.col_range(0, inter), w.gu.col_range(inter, inter), w.h);
     r0 = 0;
     for (const auto& [e, group] : groups) {
       const int64_t n = static_cast<int64_t>(group.first.size());
-      qmatmul(*bank.down.views[static_cast<size_t>(e)], h.row_range(r0, n), y.row_range(r0, n));
+      qmatmul(*bank.down.views[static_cast<size_t>(e)], w.h.row_range(r0, n), w.y.row_range(r0, n));
       r0 += n;
     }
-    combine_grouped(y, ids, dev_of(routes), top_k, out);
+    combine_grouped(w.y, ids, dev_of(routes), top_k, out);
   }
 
   // A [rows, cols] view of a backend scratch buffer, grown when too small.
