@@ -5,7 +5,7 @@ import { fileURLToPath } from "node:url";
 import { parseByteSize } from "../core/units.ts";
 
 /** Where benchmarks write their JSON unless told otherwise. */
-export const resultsDir = fileURLToPath(new URL("results", import.meta.url));
+const resultsDir = fileURLToPath(new URL("results", import.meta.url));
 
 /** Writes `data` as indented JSON to `dir`/`name`.json (the folder made if missing); the path. */
 export async function writeResult(name: string, data: unknown, dir = resultsDir): Promise<string> {

@@ -221,6 +221,7 @@ constexpr int kMaxExperts = 512;            // route.glsl's RT_MAX_EXPERTS
 constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
 constexpr int64_t kMatvecRowsPerGroup = 8;  // qmatvec/moe_matvec rows per workgroup (matvec.glsl)
 constexpr int64_t kMatvecChunkCols = 4096;  // matvec.glsl's MV_CHUNK: columns staged at once
+constexpr int64_t kNormHeld = 16;           // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
 // The workgroups of a decode product that stage x once and loop over its blocks of rows
 // (qmatvec.glsl's qmatvec_blocks, moe_matvec.comp): `groups` where the product has more blocks
@@ -228,7 +229,6 @@ constexpr int64_t kMatvecChunkCols = 4096;  // matvec.glsl's MV_CHUNK: columns s
 uint32_t looping_groups(uint32_t groups, uint64_t blocks, int64_t cols) {
   return groups != 0 && blocks > groups && cols <= kMatvecChunkCols ? groups : 0;
 }
-constexpr int64_t kNormHeld = 16;  // rms_norm.comp's and ffn_tail.comp's NORM_HELD
 
 // A host range the device reads in place (Backend::map_host_memory), unmapped when it goes.
 class DeviceHostMapping final : public Backend::HostMapping {
