@@ -8,8 +8,8 @@
 // MV_LANES = THREADS / 8 threads per row (32 on a GPU); each thread reads one uvec4 (4 weight words:
 // 32 4-bit or 16 8-bit columns, always inside one quantization group) per step, so a row of
 // 2,816 4-bit columns is under 3 steps per thread instead of 22. x is staged once per workgroup
-// in shared memory (all 8 rows read it), in chunks of MV_CHUNK columns, with one pad float per
-// 32 so that the 32 threads of a row, each reading its own 32 consecutive columns, hit 32
+// in shared memory (all 8 rows read it), in chunks of MV_CHUNK columns, with one pad vec4 per
+// 32 columns so that the 32 threads of a row, each reading its own 32 consecutive columns, hit 32
 // different banks. Per group it accumulates s * sum(x q) + b * sum(x), the CPU's arithmetic.
 //
 // The including kernel declares: THREADS (constant_id 0, also its local_size_x_id), `packed4`
@@ -32,7 +32,12 @@ const uint MV_LANES = THREADS / MV_ROWS;
 // barrier, instead of a shared-memory tree with a workgroup barrier per level.
 layout(constant_id = 5) const uint MV_ROW_SUBGROUP = 0u;
 const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of every group size)
-shared float mv_x[MV_CHUNK + MV_CHUNK / 32u];
+// x is held as vec4s, with a pad vec4 after every 32 columns: a thread's quad (32 or 16
+// consecutive columns) starts on a vec4, so its x comes in 8 or 4 16-byte shared loads instead
+// of 32 or 16 scalar ones, and the 8 threads of a quarter warp, 36 floats apart, still hit 32
+// different banks.
+const uint MV_PAD = 4u;
+shared vec4 mv_x4[(MV_CHUNK + MV_CHUNK / 32u * MV_PAD) / 4u];
 shared float mv_partial[256];  // THREADS at most (a shared array's size must be a literal)
 
 // Each thread's sum of squares of the raw x it staged (for an RMSNorm folded into the product:
@@ -47,8 +52,12 @@ uint mv_thread() {
                                : gl_LocalInvocationID.x;
 }
 
-// Position of column c (inside the chunk) in mv_x: one pad float after every 32.
-uint mv_slot(uint c) { return c + (c >> 5u); }
+// Position of column c (inside the chunk) in mv_x4's floats: a pad vec4 after every 32.
+uint mv_slot(uint c) { return c + (c >> 5u) * MV_PAD; }
+
+// Float i of mv_x4 (scratch use by including kernels: mv_x_get(i), mv_x_set(i, v)).
+float mv_x_get(uint i) { return mv_x4[i >> 2u][i & 3u]; }
+void mv_x_set(uint i, float v) { mv_x4[i >> 2u][i & 3u] = v; }
 
 // Stages columns [c0, c0 + n) of x's row starting at xb into mv_x (n <= MV_CHUNK), each scaled
 // by MV_X_FACTOR, and adds the squares of the raw values to mv_ss. Every thread of the workgroup
@@ -59,7 +68,7 @@ void mv_stage(uint xb, uint c0, uint n) {
   for (uint c = tid; c < n; c += THREADS) {
     const float xv = MV_X(xb + c0 + c);
     mv_ss += xv * xv;
-    mv_x[mv_slot(c)] = xv * MV_X_FACTOR(c0 + c);
+    mv_x_set(mv_slot(c), xv * MV_X_FACTOR(c0 + c));
   }
   barrier();
 }
@@ -76,21 +85,25 @@ float mv_chunk(float acc, bool row_ok, uint row_quad0, uint scale_base, uint c0,
     const uvec4 w = packed4[quad0 + q];
     const uint cl = q * cols_per_quad;  // first column inside the chunk
     const uint si = scale_base + (c0 + cl) / group_size;
-    const uint xs = mv_slot(cl);  // the quad's columns are consecutive in mv_x (no pad inside)
+    // The quad's columns are consecutive in mv_x4 (no pad inside) from a vec4 boundary.
+    const uint xs4 = mv_slot(cl) >> 2u;
     float sxq = 0.0;
     float sx = 0.0;
     if (bits == 4u) {
       [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        const vec4 lo = mv_x4[xs4 + 2u * j];
+        const vec4 hi = mv_x4[xs4 + 2u * j + 1u];
         [[unroll]] for (uint k = 0u; k < 8u; ++k) {
-          const float xv = mv_x[xs + j * 8u + k];
+          const float xv = k < 4u ? lo[k] : hi[k - 4u];
           sxq += xv * float((w[j] >> (k * 4u)) & 15u);
           sx += xv;
         }
       }
     } else {
       [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        const vec4 xq = mv_x4[xs4 + j];
         [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-          const float xv = mv_x[xs + j * 4u + k];
+          const float xv = xq[k];
           sxq += xv * float((w[j] >> (k * 8u)) & 255u);
           sx += xv;
         }

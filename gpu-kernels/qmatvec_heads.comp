@@ -51,8 +51,8 @@ void store_head(bool to_value_cache, uint first, uint stage, uint d) {
   const uint tid = gl_LocalInvocationID.x;
   if (p.f16 != 0u) {
     for (uint i = tid; i < d / 2u; i += THREADS) {
-      const uint word = f32_to_f16_bits(mv_x[stage + 2u * i]) |
-                        (f32_to_f16_bits(mv_x[stage + 2u * i + 1u]) << 16);
+      const uint word = f32_to_f16_bits(mv_x_get(stage + 2u * i)) |
+                        (f32_to_f16_bits(mv_x_get(stage + 2u * i + 1u)) << 16);
       if (to_value_cache)
         value_cache[first / 2u + i] = word;
       else
@@ -61,9 +61,9 @@ void store_head(bool to_value_cache, uint first, uint stage, uint d) {
   } else {
     for (uint j = tid; j < d; j += THREADS) {
       if (to_value_cache)
-        value_cache[first + j] = floatBitsToUint(mv_x[stage + j]);
+        value_cache[first + j] = floatBitsToUint(mv_x_get(stage + j));
       else
-        cache[first + j] = floatBitsToUint(mv_x[stage + j]);
+        cache[first + j] = floatBitsToUint(mv_x_get(stage + j));
     }
   }
 }
@@ -91,19 +91,19 @@ void main() {
       const float b = y[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
       const float c = cos_sin[t * d + j];
       const float s = cos_sin[t * d + p.half_dim + j];
-      mv_x[j] = a * c - b * s;
-      mv_x[j + p.half_dim] = b * c + a * s;
+      mv_x_set(j, a * c - b * s);
+      mv_x_set(j + p.half_dim, b * c + a * s);
     }
   }
   if (p.target == 0u) {  // back into y, in place
     barrier();
-    for (uint j = tid; j < d; j += THREADS) y[base + j] = mv_x[j];
+    for (uint j = tid; j < d; j += THREADS) y[base + j] = mv_x_get(j);
     return;
   }
   if (p.target == 2u || p.also_v != 0u) {  // the raw row's norm is the value's too
     const uint stage = p.target == 2u ? 0u : VALUE_STAGE;
     for (uint j = tid; j < d; j += THREADS)
-      mv_x[stage + j] = p.v_norm != 0u ? y[base + j] * inv : y[base + j];
+      mv_x_set(stage + j, p.v_norm != 0u ? y[base + j] * inv : y[base + j]);
   }
   barrier();
   const uint pos = p.pos0 + t;
