@@ -33,7 +33,7 @@ layout(constant_id = 2) const uint MV_LANES = 32u;
 // MV_LANES and THREADS and arithmetic subgroup operations exist); 0: a tree in shared memory.
 layout(constant_id = 3) const uint MV_SUBGROUP = 0u;
 // Words per thread whose loads are issued together (1, 2 or 4).
-layout(constant_id = 4) const uint MV_UNROLL = 2u;
+layout(constant_id = 4) const uint MV_UNROLL = 1u;
 
 const uint MV_MAX_RPT = 4u;
 const uint MV_TEAMS = THREADS / MV_LANES;

@@ -89,7 +89,7 @@ struct MatvecShape {
   uint32_t rows_per_team = 4;    // MV_RPT, 1 to 4
   uint32_t lanes = 32;           // MV_LANES, a power of two up to the workgroup's threads
   bool subgroup_reduce = false;  // MV_SUBGROUP: the team's sums by subgroupAdd
-  uint32_t unroll = 2;           // MV_UNROLL: words per thread whose loads go out together
+  uint32_t unroll = 1;           // MV_UNROLL: words per thread whose loads go out together
   uint32_t rows_per_group(uint32_t threads) const { return threads / lanes * rows_per_team; }
 };
 
@@ -181,15 +181,16 @@ struct DeviceInfo {
   Knockout knockout;
 };
 // The decode products' shapes, from info's workgroup_threads and subgroup fields. The experts'
-// down product, info.matvec_down: 4 rows x 32 lanes x 2 words on a GPU (the H200's best,
-// docs/gpu.md's seventh round), 2 x 8 x 2 on a CPU device (one lavapipe subgroup per team);
-// subgroupAdd where the subgroup size divides the lanes and the workgroup. REDWING_GPU_MATVEC_DOWN
-// = "rows,lanes,unroll" forces a shape (A/B runs, tests; lanes is capped at the workgroup's
-// threads). info.matvec_subgroup_reduce where a row of the other decode products is one subgroup.
-// REDWING_GPU_SUBGROUP = "0" (shared-memory reductions everywhere), "down" (subgroupAdd in this
-// product only) or "1" (the default: wherever it fits). info.matvec_loop_groups:
-// REDWING_GPU_MATVEC_GROUPS (0 to 65,535) when set, else kCpuMatvecLoopGroups on a CPU device and
-// kGpuMatvecLoopGroups on a GPU. Throws std::invalid_argument on a malformed value.
+// down product, info.matvec_down: 4 rows x 32 lanes x 1 word on a GPU (the H200's best,
+// docs/gpu.md's seventh and twenty-first rounds), 2 x 8 x 2 on a CPU device (one lavapipe subgroup
+// per team); subgroupAdd where the subgroup size divides the lanes and the workgroup.
+// REDWING_GPU_MATVEC_DOWN = "rows,lanes,unroll" forces a shape (A/B runs, tests; lanes is capped at
+// the workgroup's threads). info.matvec_subgroup_reduce where a row of the other decode products is
+// one subgroup. REDWING_GPU_SUBGROUP = "0" (shared-memory reductions everywhere), "down"
+// (subgroupAdd in this product only) or "1" (the default: wherever it fits).
+// info.matvec_loop_groups: REDWING_GPU_MATVEC_GROUPS (0 to 65,535) when set, else
+// kCpuMatvecLoopGroups on a CPU device and kGpuMatvecLoopGroups on a GPU. Throws
+// std::invalid_argument on a malformed value.
 void choose_matvec_shapes(DeviceInfo& info);
 // Reads REDWING_GPU_QMATMUL into info.matmul; throws std::invalid_argument on a malformed value.
 void choose_matmul_policy(DeviceInfo& info);

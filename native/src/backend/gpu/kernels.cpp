@@ -150,8 +150,10 @@ void choose_matvec_shapes(DeviceInfo& info) {
   const uint32_t threads = info.workgroup_threads;
   // A CPU device (lavapipe: 8-wide subgroups, one core per workgroup) wants teams of one
   // subgroup (no barrier at all) and few idle lanes; a GPU the H200's best (docs/gpu.md, seventh
-  // round: 48.4 ms per 65 tokens against 73.0 for the staged product).
-  MatvecShape down = threads <= 64 ? MatvecShape{2, 8, false, 2} : MatvecShape{4, 32, false, 2};
+  // round: 48.4 ms per 65 tokens against 73.0 for the staged product; twenty-first round: one
+  // word in flight, not two, since a 704-column row's 88 words fill 3 rounds of 32 lanes but
+  // only 69% of 2 rounds of 64).
+  MatvecShape down = threads <= 64 ? MatvecShape{2, 8, false, 2} : MatvecShape{4, 32, false, 1};
   down = parse_matvec_shape("REDWING_GPU_MATVEC_DOWN", down);
   // REDWING_GPU_SUBGROUP: unset or "1" every product that can, "down" only this one (the
   // reductions before the twelfth round), "0" none.
