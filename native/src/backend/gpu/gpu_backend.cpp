@@ -1739,39 +1739,39 @@ class GpuBackend final : public Backend {
     const int64_t rows = static_cast<int64_t>(count);
     const int64_t inter = bank.intermediate;
     const ExpertWork w = expert_work(bank, rows);
+    // fn(expert, its entries, its first row in the stacked work buffers, its row count), experts
+    // ascending: the stacked order of every pass below.
+    const auto each_expert = [&groups](auto&& fn) {
+      int64_t r0 = 0;
+      for (const auto& [e, group] : groups) {
+        const int64_t n = static_cast<int64_t>(group.first.size());
+        fn(e, group.first, r0, n);
+        r0 += n;
+      }
+    };
     if (grouped_products(bank)) {
       std::vector<int32_t> order;
       std::vector<ExpertRun> runs;
-      for (const auto& [e, group] : groups) {
-        runs.push_back({u32(e), u32(static_cast<int64_t>(order.size())),
-                        u32(static_cast<int64_t>(group.first.size()))});
-        order.insert(order.end(), group.first.begin(), group.first.end());
-      }
+      each_expert([&](int32_t e, const std::vector<int32_t>& entries, int64_t r0, int64_t n) {
+        runs.push_back({u32(e), u32(r0), u32(n)});
+        order.insert(order.end(), entries.begin(), entries.end());
+      });
       grouped_expert_products(bank, x, order, runs, rows / static_cast<int64_t>(groups.size()), w);
-      combine_grouped(w.y, ids, dev_of(routes), top_k, out);
-      return;
-    }
-    // The bank is too large for one binding per section (or REDWING_GPU_MOE_PREFILL=per-expert):
-    // each expert's products on its own.
-    int64_t r0 = 0;
-    for (const auto& [e, group] : groups) {
-      const int64_t n = static_cast<int64_t>(group.first.size());
-      gather_rows(x, group.first, w.in.row_range(r0, n));
-      r0 += n;
-    }
-    r0 = 0;
-    for (const auto& [e, group] : groups) {
-      const int64_t n = static_cast<int64_t>(group.first.size());
-      qmatmul(*bank.gate_up.views[static_cast<size_t>(e)], w.in.row_range(r0, n),
-              w.gu.row_range(r0, n));
-      r0 += n;
-    }
-    gelu_tanh_mul(w.gu.col_range(0, inter), w.gu.col_range(inter, inter), w.h);
-    r0 = 0;
-    for (const auto& [e, group] : groups) {
-      const int64_t n = static_cast<int64_t>(group.first.size());
-      qmatmul(*bank.down.views[static_cast<size_t>(e)], w.h.row_range(r0, n), w.y.row_range(r0, n));
-      r0 += n;
+    } else {
+      // The bank is too large for one binding per section (or REDWING_GPU_MOE_PREFILL=per-expert):
+      // each expert's products on its own, each pass over every expert before the next.
+      each_expert([&](int32_t, const std::vector<int32_t>& entries, int64_t r0, int64_t n) {
+        gather_rows(x, entries, w.in.row_range(r0, n));
+      });
+      each_expert([&](int32_t e, const std::vector<int32_t>&, int64_t r0, int64_t n) {
+        qmatmul(*bank.gate_up.views[static_cast<size_t>(e)], w.in.row_range(r0, n),
+                w.gu.row_range(r0, n));
+      });
+      gelu_tanh_mul(w.gu.col_range(0, inter), w.gu.col_range(inter, inter), w.h);
+      each_expert([&](int32_t e, const std::vector<int32_t>&, int64_t r0, int64_t n) {
+        qmatmul(*bank.down.views[static_cast<size_t>(e)], w.h.row_range(r0, n),
+                w.y.row_range(r0, n));
+      });
     }
     combine_grouped(w.y, ids, dev_of(routes), top_k, out);
   }
