@@ -59,9 +59,9 @@ uint mv_slot(uint c) { return c + (c >> 5u) * MV_PAD; }
 float mv_x_get(uint i) { return mv_x4[i >> 2u][i & 3u]; }
 void mv_x_set(uint i, float v) { mv_x4[i >> 2u][i & 3u] = v; }
 
-// Stages columns [c0, c0 + n) of x's row starting at xb into mv_x (n <= MV_CHUNK), each scaled
+// Stages columns [c0, c0 + n) of x's row starting at xb into mv_x4 (n <= MV_CHUNK), each scaled
 // by MV_X_FACTOR, and adds the squares of the raw values to mv_ss. Every thread of the workgroup
-// must call it (barriers inside: before, so that earlier readers of mv_x are done, and after).
+// must call it (barriers inside: before, so that earlier readers of mv_x4 are done, and after).
 void mv_stage(uint xb, uint c0, uint n) {
   const uint tid = gl_LocalInvocationID.x;
   barrier();

@@ -41,11 +41,11 @@ layout(std430, set = 0, binding = 9) buffer ValueCache { uint value_cache[]; };
 layout(std430, set = 0, binding = 10) coherent buffer Counters { uint counters[]; };
 #include "arrival.glsl"
 
-const uint VALUE_STAGE = 512u;  // where the also_v value waits in mv_x (head_dim is at most 512)
+const uint VALUE_STAGE = 512u;  // where the also_v value waits in mv_x4 (head_dim is at most 512)
 
 float weight_factor(uint c) { return p.has_weight != 0u ? p.weight_offset + head_weight[c] : 1.0; }
 
-// The d values staged in mv_x from `stage` on, into the head's row `first` of the cache (or of
+// The d values staged in mv_x4 from `stage` on, into the head's row `first` of the cache (or of
 // value_cache), as float32 or as IEEE half (kv_store.comp's rounding).
 void store_head(bool to_value_cache, uint first, uint stage, uint d) {
   const uint tid = gl_LocalInvocationID.x;
@@ -84,8 +84,8 @@ void main() {
     for (uint c = tid; c < d; c += THREADS) ss += y[base + c] * y[base + c];
     inv = 1.0 / sqrt(mv_workgroup_sum(ss) / float(d) + p.eps);
   }
-  barrier();  // the product's readers of mv_x are done
-  if (p.target != 2u) {  // the head normed and rotated, into mv_x
+  barrier();  // the product's readers of mv_x4 are done
+  if (p.target != 2u) {  // the head normed and rotated, into mv_x4
     for (uint j = tid; j < p.half_dim; j += THREADS) {
       const float a = y[base + j] * inv * weight_factor(j);
       const float b = y[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
