@@ -34,6 +34,7 @@
 #include "backend/cpu/kernels.h"
 #include "bench_median.h"
 #include "format/host_tensor.h"
+#include "platform/file.h"
 
 using namespace redwing;
 
@@ -71,6 +72,12 @@ std::unique_ptr<Buffer> random_buffer(Backend& b, size_t floats, uint64_t seed) 
   b.upload(*buf, 0, v.data(), floats * 4);
   return buf;
 }
+
+// Host memory the device may read in place; the mapping goes before the memory it maps.
+struct MappedBlock {
+  platform::AlignedBytes block;
+  std::unique_ptr<Backend::HostMapping> mapping;
+};
 
 // One benchmark case: record(i) records one repeat writing output `i` (independent) or output
 // 0 every time (dependent); outputs() says how many distinct outputs it has room for.
@@ -259,6 +266,73 @@ int main(int argc, char** argv) try {
                      [&b, outs] {
                        float f;
                        b.download(*outs[0], 0, &f, 4);
+                     }});
+  }
+
+  // One expert copied into a GPU slot from host memory (streamed experts, issue 13): from a
+  // block the device reads in place (Backend::map_host_memory, as the RAM tier's host slots are
+  // when the backend can) and through the staging arena. Every fill writes the same slot buffers,
+  // so the repeats are a chain either way; weight_bytes over the time is the copy rate.
+  for (const bool mapped : {true, false}) {
+    const char* name = mapped ? "expert_copy" : "expert_copy_staged";
+    if (!wanted(name)) continue;
+    // gate, up and down of one expert, laid out as an expert file's slot: packed, scales, biases.
+    const int64_t gate_words = kExpertInter * kHidden / 8, down_words = kHidden * kExpertInter / 8;
+    const int64_t gate_groups = kExpertInter * (kHidden / 64),
+                  down_groups = kHidden * (kExpertInter / 64);
+    const size_t bytes = static_cast<size_t>(2 * gate_words + down_words) * 4 +
+                         static_cast<size_t>(2 * gate_groups + down_groups) * 2 * 2;
+    const size_t block_bytes = (bytes + 4095) / 4096 * 4096;
+    auto host = std::make_shared<MappedBlock>();
+    host->block = platform::allocate_aligned(block_bytes, 4096);
+    std::mt19937_64 rng(seed++);
+    std::byte* p = host->block.get();
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+      const uint64_t r = rng() & 0x3f3f3f3f3f3f3f3fULL;  // bf16 scales stay finite
+      std::memcpy(p + i, &r, 8);
+    }
+    auto matrix = [&](int64_t rows, int64_t cols, std::byte*& at) {
+      HostQuantMatrix m{};
+      m.packed = reinterpret_cast<const uint32_t*>(at);
+      at += rows * cols / 8 * 4;
+      m.scales = at;
+      at += rows * (cols / 64) * 2;
+      m.biases = at;
+      at += rows * (cols / 64) * 2;
+      m.scale_dtype = DType::bf16;
+      m.bits = 4;
+      m.group_size = 64;
+      m.rows = rows;
+      m.cols = cols;
+      return m;
+    };
+    std::byte* at = p;
+    const HostQuantMatrix gate = matrix(kExpertInter, kHidden, at);
+    const HostQuantMatrix up = matrix(kExpertInter, kHidden, at);
+    const HostQuantMatrix down = matrix(kHidden, kExpertInter, at);
+    if (mapped) {
+      host->mapping = b.map_host_memory(std::span<const std::byte>(p, block_bytes));
+      if (!host->mapping) {
+        std::fprintf(stderr, "  %-14s skipped: the backend cannot read host memory in place\n",
+                     name);
+        continue;
+      }
+    }
+    Buffer* probe = keep(b.alloc(4));
+    banks.push_back(b.create_expert_slots(gate, up, down, 8));
+    if (!banks.back()) throw std::invalid_argument(std::string(name) + ": no expert slots here");
+    ExpertBank* bank = banks.back().get();
+    cases.push_back({name,
+                     mapped ? "one expert (3.4 MB) into a GPU slot, read in place"
+                            : "one expert (3.4 MB) into a GPU slot, through the staging arena",
+                     static_cast<double>(bytes),
+                     [&b, bank, gate, up, down, host](size_t i) {
+                       b.fill_expert_slot(*bank, static_cast<int>(i % 8), static_cast<int32_t>(i),
+                                          gate, up, down);
+                     },
+                     [&b, probe] {
+                       float f;
+                       b.download(*probe, 0, &f, 4);  // waits for every copy recorded before
                      }});
   }
 
