@@ -68,6 +68,8 @@ TEST_CASE("a load request picks how a GPU's expert misses run (hybrid experts)")
       service::parse_load(json{{"model", "/m"}, {"gpu_misses", "cpu"}, {"gpu_expert_copies", 3}});
   CHECK(hybrid.options.gpu_misses == "cpu");
   CHECK(hybrid.options.gpu_expert_copies == 3);
+  CHECK(service::parse_load(json{{"model", "/m"}, {"gpu_misses", "split"}}).options.gpu_misses ==
+        "split");
   CHECK_THROWS(service::parse_load(json{{"model", "/m"}, {"gpu_misses", "gpu"}}));
   CHECK_THROWS(service::parse_load(json{{"model", "/m"}, {"gpu_expert_copies", -1}}));
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lavapipe.h"
@@ -301,6 +302,80 @@ TEST_CASE("expert store: hybrid experts hand the GPU's misses to the host, copyi
   CHECK_THROWS_AS(ExpertStore(dir, bad), std::invalid_argument);
 }
 
+TEST_CASE("expert store: split misses give the GPU N of them first, whatever it evicts") {
+  ModelFixture m("split");
+  const ModelDir dir = ModelDir::open(m.path.string());
+  ResidentExpertSource resident(dir);
+  const uint64_t stride = dir.expert_layer(0)->stride;
+  const std::vector<std::vector<int32_t>> requests = {{0, 1, 2}, {0, 1, 2}, {3, 4, 5}, {0, 3, 6},
+                                                      {7, 1, 2}, {5, 6, 7}, {0, 1, 2}};
+  for (int host : {8, 4}) {
+    for (int copies : {1, 2, 3}) {
+      CAPTURE(host);
+      CAPTURE(copies);
+      ExpertStoreOptions o;
+      o.slots = host;
+      o.device_slots = 2;
+      o.device_copies = copies;
+      o.device_computes_copies = true;
+      o.policy = EvictionPolicy::lfu;
+      o.io_threads = 2;
+      ExpertStore store(dir, o);
+      REQUIRE(store.hybrid());
+      std::vector<int32_t> holds(2, -1);  // the GPU's slots
+      uint64_t uses = 0, on_gpu = 0, gpu_hits = 0, on_host = 0;
+      for (const auto& ids : requests) {
+        uses += ids.size();
+        auto want = resident.acquire(0, ids);
+        int to_gpu_now = 0, hits_now = 0;
+        bool host_seen = false, copy_after_host = false;
+        const uint64_t misses_before = store.stats().misses;
+        std::vector<int> slots_now;
+        store.for_each_slot_batched(0, ids, [&](const ExpertSource::SlotDelivery& d) {
+          const int32_t e = ids[d.k];
+          if (d.matrices.gate.packed == nullptr) {  // a GPU hit
+            REQUIRE(d.slot >= 0);
+            CHECK(holds[static_cast<size_t>(d.slot)] == e);
+            CHECK_FALSE(host_seen);
+            ++gpu_hits, ++hits_now;
+            slots_now.push_back(d.slot);
+            return;
+          }
+          CHECK(same_bytes(d.matrices.gate, want[d.k].gate));
+          CHECK(same_bytes(d.matrices.down, want[d.k].down));
+          if (!d.host_computes) {  // the GPU's share: a slot to copy into, before any host one
+            REQUIRE(d.slot >= 0);
+            copy_after_host = copy_after_host || host_seen;
+            holds[static_cast<size_t>(d.slot)] = e;
+            slots_now.push_back(d.slot);
+            ++on_gpu, ++to_gpu_now;
+            return;
+          }
+          CHECK(d.slot == -1);  // the host's share is not copied
+          host_seen = true;
+          ++on_host;
+        });
+        resident.release(0);
+        // The GPU takes N of its misses (all there are, when fewer), admission or not, but only
+        // into slots this request's hits do not use: one slot is never given twice.
+        const int misses = static_cast<int>(ids.size()) - hits_now;
+        CHECK(to_gpu_now == std::min({copies, misses, 2 - hits_now}));
+        // Every expert ready at once (no read): the GPU's share comes before the host's.
+        if (store.stats().misses == misses_before) CHECK_FALSE(copy_after_host);
+        std::sort(slots_now.begin(), slots_now.end());
+        CHECK(std::adjacent_find(slots_now.begin(), slots_now.end()) == slots_now.end());
+      }
+      const ExpertStats st = store.stats();
+      CHECK(st.requests == uses);
+      CHECK(st.device_hits == gpu_hits);
+      CHECK(st.host_computed == on_host);
+      CHECK(st.device_hits + st.host_computed + on_gpu == st.requests);
+      CHECK(st.device_bytes == on_gpu * stride);
+      CHECK(st.device_hits > 0);  // the repeats find the copies
+    }
+  }
+}
+
 TEST_CASE("expert store: a batched delivery stays valid while the taker holds it") {
   // for_each_slot_batched: a taker may keep every delivery made with `more` and compute it with
   // the next ones (hybrid experts' grouped products on the host). With fewer host slots than
@@ -399,11 +474,14 @@ TEST_CASE("hybrid experts: the host's grouped products equal the reference with 
       for (size_t i = 0; i < vocab; ++i) d = std::max(d, std::abs(got[t * vocab + i] - ref[t][i]));
     return d;
   };
+  // "split": the GPU computes its copies (1 or 2 of a layer's misses per step), the host the rest.
+  const std::pair<const char*, int> modes[] = {{"cpu", 0}, {"cpu", 1}, {"split", 1}, {"split", 2}};
   for (bool decode : {false, true}) {
-    for (int copies : {0, 1}) {
+    for (const auto& [mode, copies] : modes) {
       std::vector<float> first;
       for (int host : {2, 3, 8}) {
         CAPTURE(decode);
+        CAPTURE(mode);
         CAPTURE(copies);
         CAPTURE(host);
         EngineOptions o;
@@ -415,10 +493,11 @@ TEST_CASE("hybrid experts: the host's grouped products equal the reference with 
         o.chunk = 13;
         o.expert_cache_slots = host;
         o.gpu_expert_slots = 1;
-        o.gpu_misses = "cpu";
+        o.gpu_misses = mode;
         o.gpu_expert_copies = copies;
         Engine engine(o);
         REQUIRE(engine.hybrid_experts());
+        CHECK(engine.gpu_misses() == mode);
         const auto got = engine.all_logits(ids, decode);
         CHECK(max_diff(got) < 2e-4);  // the CPU engine's tolerance (engine_test.cpp)
         const ExpertStats st = engine.expert_stats();
@@ -495,7 +574,7 @@ void read_error_mid_generation(const EngineOptions& o, const fs::path& model) {
   if (o.gpu_expert_slots > 0) {  // the RAM tier is on: its misses run where gpu_misses says
     CHECK(engine.gpu_expert_slots() == o.gpu_expert_slots);
     CHECK(engine.expert_cache_slots() == o.expert_cache_slots);
-    CHECK(engine.hybrid_experts() == (o.gpu_misses == "cpu"));
+    CHECK(engine.hybrid_experts() == (o.gpu_misses != "copy"));
   } else {  // no RAM tier, nothing for the host to compute, whatever gpu_misses says
     CHECK_FALSE(engine.hybrid_experts());
   }

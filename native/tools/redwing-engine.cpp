@@ -83,11 +83,12 @@ const char* kUsage =
     "  --gpu-expert-slots N     GPU backends: N expert slots per layer on the GPU, fed from\n"
     "                              the host's slots (fewer: the RAM tier; default: the\n"
     "                              --vram-budget pick, else as many as the host's)\n"
-    "  --gpu-misses cpu|copy    under the RAM tier, a GPU miss is computed on the CPU from\n"
-    "                              the host's slot with --threads threads (cpu, the default)\n"
-    "                              or copied into a GPU slot and computed there (copy)\n"
-    "  --gpu-expert-copies N    with --gpu-misses cpu: at most N of a layer's misses per step\n"
-    "                              also copied into GPU slots (default 1)\n"
+    "  --gpu-misses split|cpu|copy  under the RAM tier: split (the default): N of a layer's\n"
+    "                              misses per step copied into GPU slots and computed there,\n"
+    "                              the rest on the CPU from the host's slots at the same time;\n"
+    "                              cpu: every miss on the CPU; copy: every miss on the GPU\n"
+    "  --gpu-expert-copies N    with split: the N of a layer's misses per step the GPU takes;\n"
+    "                              with cpu: at most N also copied into GPU slots (default 2)\n"
     "  --context N              context the budget plans for (default 4096)\n"
     "  --expert-cache-policy lrfu|lfu|lru (default lrfu)   --io-threads N (default 8)\n"
     "  --direct-io on|off\n"
@@ -223,8 +224,8 @@ redwing::EngineOptions engine_options(const std::map<std::string, std::string>& 
   }
   if (f.count("gpu-misses")) {
     o.gpu_misses = f.at("gpu-misses");
-    if (o.gpu_misses != "copy" && o.gpu_misses != "cpu")
-      throw UsageError("--gpu-misses must be copy or cpu");
+    if (o.gpu_misses != "copy" && o.gpu_misses != "cpu" && o.gpu_misses != "split")
+      throw UsageError("--gpu-misses must be copy, cpu or split");
   }
   if (f.count("gpu-expert-copies")) {
     o.gpu_expert_copies = parse_number<int>(f.at("gpu-expert-copies"), "gpu-expert-copies");
@@ -544,7 +545,7 @@ std::string expert_stats_json(const redwing::Engine& engine,
   std::snprintf(buf, sizeof(buf),
                 ", \"gpu_misses\": \"%s\", \"gpu_expert_copies\": %d, \"expert_slots_mapped\": %s, "
                 "\"decode_cpu_experts_per_token\": %.3f, \"decode_cpu_expert_ms_per_token\": %.3f",
-                engine.hybrid_experts() ? "cpu" : "copy",
+                engine.gpu_misses().c_str(),
                 engine.hybrid_experts() ? engine.options().gpu_expert_copies : -1,
                 engine.expert_slots_mapped() ? "true" : "false",
                 static_cast<double>(decode.cpu_experts) / n, decode.parts.host_experts_ms / n);

@@ -90,6 +90,9 @@ class ExpertSource {
     int slot = -1;  // the backend slot, as for_each_slot
     ExpertMatrices matrices;
     bool more = false;
+    // Hybrid experts: the host computes this one (with slot >= 0 it is also copied into that
+    // backend slot); false where the backend computes it from its slot.
+    bool host_computes = false;
   };
   virtual void for_each_slot_batched(int layer, std::span<const int32_t> experts,
                                      const std::function<void(const SlotDelivery&)>& fn);

@@ -412,7 +412,9 @@ class Gemma4 final : public Model {
   // host slot (ExpertSource::for_each_slot_batched). The store hands a few of the host's experts
   // on to a GPU slot (ExpertStoreOptions::device_copies), delivered after the other ready ones;
   // its copy is recorded after the products that read the slot's old expert and started before
-  // the host computes it (the store counts the slot filled once the delivery returns).
+  // the host computes it (the store counts the slot filled once the delivery returns). With the
+  // misses split (ExpertStoreOptions::device_computes_copies) those copies come first and the GPU
+  // computes them instead of the host: the link moves a few while the host computes the rest.
   Mat hybrid_experts(int layer, Mat e_in, const SlotRouting& r) {
     const int top_k = arch_.moe->top_k;
     std::unique_ptr<ExpertBank>& bank = slot_banks_[static_cast<size_t>(layer)];
@@ -439,6 +441,18 @@ class Gemma4 final : public Model {
           throw std::logic_error("expert " + std::to_string(expert) + " of layer " +
                                  std::to_string(layer) + " delivered without data to GPU slot " +
                                  std::to_string(slot) + ", which does not hold it");
+        for (size_t j = 0; j < count; ++j)
+          if (r.ids[j] == expert) on_gpu[j] = slot, any_on_gpu = true;
+        return;
+      }
+      if (!d.host_computes) {  // a copy the GPU computes (the misses split, delivered first)
+        if (slot < 0)
+          throw std::logic_error("expert " + std::to_string(expert) + " of layer " +
+                                 std::to_string(layer) +
+                                 " delivered to neither the host nor a slot");
+        if (std::find(on_gpu.begin(), on_gpu.end(), slot) != on_gpu.end()) record_gpu_products();
+        backend_.fill_expert_slot(*bank, slot, expert, m.gate, m.up, m.down);
+        backend_.submit();  // the copy starts now, beside what the host does next
         for (size_t j = 0; j < count; ++j)
           if (r.ids[j] == expert) on_gpu[j] = slot, any_on_gpu = true;
         return;

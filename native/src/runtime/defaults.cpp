@@ -35,6 +35,8 @@ std::string defaults_json() {
   j["prefix_slack"] = kPrefixSlack;
   j["expert_io_threads"] = kExpertIoThreads;
   j["expert_read_piece_bytes"] = kExpertReadPieceBytes;
+  j["gpu_misses"] = kGpuMisses;
+  j["gpu_expert_copies"] = kGpuExpertCopies;
   j["process_allowance_bytes"] = kProcessAllowanceBytes;
   j["max_new_tokens"] = kMaxNewTokens;
   j["stats_interval_ms"] = kStatsIntervalMs;

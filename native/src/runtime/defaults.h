@@ -44,15 +44,17 @@ inline constexpr int64_t kPrefixSlack = 0;    // extra sliding-window ring rows 
 inline constexpr int kExpertIoThreads = 8;    // expert reads in flight at most
 // A GPU's expert misses under the RAM tier (docs/gpu.md, "Hybrid experts"): "copy" copies each
 // into a GPU slot and computes it there (the streamed logits equal the resident run's bits);
-// "cpu" computes them on the CPU from the host's slots, as llama.cpp's --n-cpu-moe does. On the
-// H200 (docs/gpu.md, "Hybrid experts on the H200") cpu decoded 1.4-3.6x faster than copy at 2, 4
-// and 8 GB of GPU memory, since only products cross PCIe, so it is the default.
-inline constexpr const char* kGpuMisses = "cpu";
-// With "cpu": copies into GPU slots per MoE layer and step at most, so the slots still learn the
-// hot experts. One bounds the traffic to one expert per layer and token (on the 26B, 30 x 3.4 MB
-// = 101 MB a token, a sixth of what copying every miss moved at 2 GB) and still fills 68 slots
-// per layer within 68 tokens.
-inline constexpr int kGpuExpertCopies = 1;
+// "cpu" computes them on the CPU from the host's slots, as llama.cpp's --n-cpu-moe does; "split"
+// has the GPU take kGpuExpertCopies of a layer's misses per step over the link (copied from the
+// host slots in place, computed there) while the CPU computes the rest. On the H200 (docs/gpu.md,
+// "The misses split between the link and the CPU") split with 2 decoded 1.3-1.4x faster than cpu
+// at 2 GB of GPU memory and 1.0-1.2x at 4 and 8 GB, so it is the default.
+inline constexpr const char* kGpuMisses = "split";
+// With "split": the misses per MoE layer and step the GPU copies and computes (2 balanced the
+// link's 3.4 MB in ~45 us against the CPU's ~55 us per expert on the H200's 16 cores; 3-4 were
+// slower at 2 and 4 GB, a little faster at 8 GB). With "cpu": copies into GPU slots at most, so
+// the slots still learn the hot experts while the CPU computes every miss.
+inline constexpr int kGpuExpertCopies = 2;
 inline constexpr uint64_t kExpertReadPieceBytes = 1 << 20;
 // Working memory the plan allows for the executable, its libraries and thread stacks.
 inline constexpr uint64_t kProcessAllowanceBytes = 64ull << 20;

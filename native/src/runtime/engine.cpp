@@ -49,9 +49,10 @@ Engine::Engine(const EngineOptions& options)
   if (options_.expert_cache_slots < 0)
     throw std::invalid_argument("expert cache slots must be >= 0");
   if (options_.gpu_expert_slots < 0) throw std::invalid_argument("GPU expert slots must be >= 0");
-  if (options_.gpu_misses != "copy" && options_.gpu_misses != "cpu")
-    throw std::invalid_argument("GPU misses must be copy or cpu, not \"" + options_.gpu_misses +
-                                "\"");
+  if (options_.gpu_misses != "copy" && options_.gpu_misses != "cpu" &&
+      options_.gpu_misses != "split")
+    throw std::invalid_argument("GPU misses must be copy, cpu or split, not \"" +
+                                options_.gpu_misses + "\"");
   if (options_.gpu_expert_copies < 0) throw std::invalid_argument("GPU expert copies must be >= 0");
   const bool moe = dir_.arch().moe.has_value();
   if (options_.mmap_experts && options_.expert_cache_slots > 0)
@@ -80,9 +81,10 @@ Engine::Engine(const EngineOptions& options)
     so.direct_io = options_.direct_io;
     // Hybrid experts: the RAM tier on a backend with expert slots, its misses on the CPU.
     const bool hybrid =
-        options_.gpu_misses == "cpu" && so.device_slots > 0 && backend_->supports_expert_slots();
+        options_.gpu_misses != "copy" && so.device_slots > 0 && backend_->supports_expert_slots();
     if (hybrid) {
       so.device_copies = options_.gpu_expert_copies;
+      so.device_computes_copies = options_.gpu_misses == "split";
       host_backend_ = make_backend("cpu", options_.threads);
       host_backend_->set_activations(options_.activations);
     }

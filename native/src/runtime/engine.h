@@ -53,10 +53,12 @@ struct EngineOptions {
   // The GPU's own expert slots per layer (a GPU backend; 0: vram_budget's pick, else as many as
   // the host's); fewer than the host's make the host slots a RAM tier (PlanSettings).
   int gpu_expert_slots = 0;
-  // Under the RAM tier on a GPU: "copy" (each GPU miss copied into a GPU slot and computed there)
-  // or "cpu" (hybrid experts: the GPU's misses computed on the CPU from the host's slots with
+  // Under the RAM tier on a GPU: "copy" (each GPU miss copied into a GPU slot and computed there),
+  // "cpu" (hybrid experts: the GPU's misses computed on the CPU from the host's slots with
   // `threads` threads, at most gpu_expert_copies of them per layer and step also copied into GPU
-  // slots; runtime/expert_store.h, docs/gpu.md). Ignored without the RAM tier.
+  // slots) or "split" (hybrid experts where the GPU copies and computes gpu_expert_copies of a
+  // layer's misses per step and the CPU the rest, at the same time; runtime/expert_store.h,
+  // docs/gpu.md). Ignored without the RAM tier.
   std::string gpu_misses = defaults::kGpuMisses;
   int gpu_expert_copies = defaults::kGpuExpertCopies;
   int64_t context = defaults::kContext;           // the context size the memory budget plans for
@@ -96,6 +98,8 @@ class Engine {
   // Whether a GPU's expert misses are computed on the CPU (hybrid experts: gpu_misses "cpu"
   // under the RAM tier).
   bool hybrid_experts() const { return host_backend_ != nullptr; }
+  // Where the GPU's misses go: "cpu" or "split" with hybrid experts, else "copy".
+  std::string gpu_misses() const { return hybrid_experts() ? options_.gpu_misses : "copy"; }
   // Whether the GPU copies experts into its slots straight from the host slots (mapped, no
   // staging copy on the host: Backend::map_host_memory).
   bool expert_slots_mapped() const { return !host_mappings_.empty(); }

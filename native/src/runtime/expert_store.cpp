@@ -249,8 +249,13 @@ void ExpertStore::choose_copies(Layer& l) {
   std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
     return evict_first(l, l.active[b], 0, l.active[a], 0);
   });
+  // A copy the backend computes goes to a slot none of the request's GPU hits uses (a slot the
+  // request already used would have to wait for its products: waves for nothing).
+  const size_t free_slots = options_.device_computes_copies
+                                ? l.device.size() - (l.active.size() - candidates.size())
+                                : l.device.size();
   const size_t copies =
-      std::min({candidates.size(), static_cast<size_t>(options_.device_copies), l.device.size()});
+      std::min({candidates.size(), static_cast<size_t>(options_.device_copies), free_slots});
   for (size_t i = 0; i < copies; ++i) l.active_copy[candidates[i]] = true;
 }
 
@@ -413,10 +418,11 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
   };
   // fn without the lock (the I/O threads keep reading); the lock is held again when it returns
   // or throws.
-  auto call = [&](size_t k, int slot, const ExpertMatrices& m, bool more) {
+  auto call = [&](size_t k, int slot, const ExpertMatrices& m, bool more,
+                  bool host_computes = false) {
     lk.unlock();
     try {
-      fn(SlotDelivery{k, slot, m, more});
+      fn(SlotDelivery{k, slot, m, more, host_computes});
     } catch (...) {
       lk.lock();
       throw;
@@ -443,7 +449,9 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
       // A slot may have come free (a read left over from an abandoned request landed).
       if (!l.waiting.empty()) assign_slots(l, layer);
       // Compute whatever is ready (hits first, then reads as they land) before waiting; of the
-      // ready ones, hybrid experts to be copied to the backend last.
+      // ready ones, hybrid experts to be copied to the backend last, or first where the backend
+      // computes its copies (its copy and products then run beside the host's products).
+      const bool copies_first = options_.device_computes_copies;
       size_t pick = n;
       size_t ready = 0;
       for (size_t k = 0; k < n; ++k) {
@@ -452,7 +460,9 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
         const Slot& slot = l.slots[static_cast<size_t>(s)];
         if (slot.state == SlotState::ready) {
           ++ready;
-          if (pick == n || (l.active_copy[pick] && !l.active_copy[k])) pick = k;
+          if (pick == n ||
+              (l.active_copy[pick] != copies_first && l.active_copy[k] == copies_first))
+            pick = k;
         }
         if (slot.state == SlotState::failed && !retry_stale_failure(l, layer, k))
           throw platform::FileError(slot.error);
@@ -481,24 +491,28 @@ void ExpertStore::deliver(int layer, std::span<const int32_t> experts, Taker tak
         const int d = pick_device_slot(l);
         DeviceSlot& ds = l.device[static_cast<size_t>(d)];
         // Hybrid experts: the host computes it; it also goes to the backend's slot d when it is
-        // one of the request's copies and the policy would evict d's expert before it.
+        // one of the request's copies and the policy would evict d's expert before it. Where the
+        // backend computes its copies, every one of the request's copies goes to slot d (the
+        // backend needs it there) and the host leaves it.
         const bool hybrid_experts = options_.device_copies >= 0;
+        const bool backend_computes =
+            hybrid_experts && options_.device_computes_copies && l.active_copy[pick];
         const bool copy =
-            !hybrid_experts ||
+            !hybrid_experts || backend_computes ||
             (l.active_copy[pick] &&
              (ds.expert < 0 || evict_first(l, ds.expert, ds.last_use, experts[pick], tick_ + 1)));
-        if (hybrid_experts) ++stats_.host_computed;
+        if (hybrid_experts && !backend_computes) ++stats_.host_computed;
         if (copy) {
           if (ds.expert >= 0) l.on_device.erase(ds.expert);
           ds.expert = -1;  // until the backend has the copy
           stats_.device_bytes += l.info.stride;
-          call(pick, d, mats, more);
+          call(pick, d, mats, more, hybrid_experts && !backend_computes);
           ds.expert = experts[pick];
           ds.request = l.requests;
           ds.last_use = ++tick_;
           l.on_device[ds.expert] = d;
         } else {
-          call(pick, -1, mats, more);
+          call(pick, -1, mats, more, true);
         }
       } else {
         call(pick, slot_index, mats, more);

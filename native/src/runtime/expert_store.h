@@ -33,6 +33,10 @@
 // its expert before the newcomer (the one policy decides both which experts and whether).
 // Among the experts ready at once, those chosen for a copy are delivered last, so a taker that
 // computes the ready ones together (for_each_slot_batched) computes them all before the copy.
+// With the misses split (device_computes_copies), the backend computes its copies instead of the
+// host (SlotDelivery::host_computes false): every one of the request's device_copies copies goes
+// to a backend slot that none of the request's GPU hits uses, admission or not, and they are
+// delivered first, so the link carries them while the host computes the rest.
 //
 // Every delivery of for_each_slot_batched says whether its taker may hold on to it (`more`):
 // only when no expert of the request still waits for a host slot (so none is reused before the
@@ -74,6 +78,11 @@ struct ExpertStoreOptions {
   // backend computes every expert); N >= 0 makes the host compute them (hybrid experts) and
   // copies at most N of them per layer request into backend slots (0: none).
   int device_copies = -1;
+  // Hybrid experts with the misses split between the link and the host's memory: the request's
+  // device_copies copies (the highest-ranked non-GPU hits) all go to backend slots, whatever the
+  // policy would evict there, and the backend computes them instead of the host; they are
+  // delivered before the host's, so their copies and products run beside the host's products.
+  bool device_computes_copies = false;
   // An expert is read in pieces of at most this many bytes (multiples of 16 KiB), so a layer
   // with few misses still keeps the I/O threads busy; 0: one read per expert.
   uint64_t read_piece_bytes = defaults::kExpertReadPieceBytes;

@@ -214,11 +214,13 @@ LoadRequest parse_load(const json& req) {
   // fewer than the host's slots make those a RAM tier (docs/gpu.md).
   o.gpu_expert_slots =
       static_cast<int>(integer_field(req, "gpu_expert_slots", o.gpu_expert_slots, 0, INT32_MAX));
-  // Under the RAM tier: "copy" each GPU miss into a GPU slot, or compute it on the "cpu"
-  // (hybrid experts) with at most gpu_expert_copies copies per layer and step (docs/gpu.md).
+  // Under the RAM tier: "copy" each GPU miss into a GPU slot, compute it on the "cpu" (hybrid
+  // experts) with at most gpu_expert_copies copies per layer and step, or "split" them: the GPU
+  // takes gpu_expert_copies of a layer's misses per step, the CPU the rest (docs/gpu.md).
   o.gpu_misses = string_field(req, "gpu_misses", o.gpu_misses);
-  if (o.gpu_misses != "copy" && o.gpu_misses != "cpu")
-    throw ProtocolError("bad_request", "field \"gpu_misses\" must be \"copy\" or \"cpu\"");
+  if (o.gpu_misses != "copy" && o.gpu_misses != "cpu" && o.gpu_misses != "split")
+    throw ProtocolError("bad_request",
+                        "field \"gpu_misses\" must be \"copy\", \"cpu\" or \"split\"");
   o.gpu_expert_copies =
       static_cast<int>(integer_field(req, "gpu_expert_copies", o.gpu_expert_copies, 0, INT32_MAX));
   o.context = l.context;
@@ -329,7 +331,7 @@ json Service::stats_event(const json& id) {
         {"gpu_hit_rate", of_uses(stats_.expert_gpu_hits)},
         {"ram_hit_rate", of_uses(stats_.expert_hits - stats_.expert_gpu_hits)},
         {"gpu_copy_bytes_per_token", per_token(static_cast<double>(stats_.expert_gpu_bytes))},
-        // Hybrid experts (gpu_misses "cpu"): the GPU's misses computed on the CPU.
+        // Hybrid experts (gpu_misses "cpu" or "split"): the GPU's misses computed on the CPU.
         {"cpu_experts_per_token", per_token(static_cast<double>(stats_.expert_cpu_uses))},
         {"cpu_expert_ms_per_token", per_token(stats_.expert_cpu_ms)},
         {"read_bytes_per_token", measured && stats_.expert_tokens > 0
@@ -555,7 +557,7 @@ void Service::do_load(const Job& job) {
       {"backend", l.engine->backend().describe()},
       {"expert_cache_slots", l.engine->expert_cache_slots()},
       {"gpu_expert_slots", l.engine->gpu_expert_slots()},
-      {"gpu_misses", l.engine->hybrid_experts() ? "cpu" : "copy"},
+      {"gpu_misses", l.engine->gpu_misses()},
       {"memory",
        {{"model_bytes", model_bytes},
         {"kv_bytes", kv},
