@@ -14,6 +14,7 @@ import { nativeBinary } from "./native.ts";
 import {
   ENGINE_DEFAULTS,
   expertCacheSlotsFor,
+  GPU_MISSES,
   OPENAI_SAMPLING_DEFAULTS,
   PERPLEXITY_DEFAULTS,
   SAMPLING_DEFAULTS,
@@ -109,6 +110,21 @@ describe("CLI option defaults", () => {
     });
   }
 
+  it("--gpu-misses takes the engine's choices, its help and --gpu-expert-copies' naming the defaults", () => {
+    const program = new Command();
+    registerCommands(program);
+    for (const name of ["chat", "complete", "serve"]) {
+      const cmd = program.commands.find((c) => c.name() === name)!;
+      const misses = cmd.options.find((o) => o.long === "--gpu-misses")!;
+      expect(misses.argChoices).toEqual(["copy", "cpu", "split"]);
+      // No commander default: left out, the engine's own applies (the same value).
+      expect(misses.defaultValue).toBeUndefined();
+      expect(misses.description).toContain(`(default: ${ENGINE_DEFAULTS.gpuMisses})`);
+      const copies = cmd.options.find((o) => o.long === "--gpu-expert-copies")!;
+      expect(copies.description).toContain(`(default: ${ENGINE_DEFAULTS.gpuExpertCopies})`);
+    }
+  });
+
   it("the expert-slot help text names the default", () => {
     const program = new Command();
     registerCommands(program);
@@ -162,6 +178,8 @@ describe("the native engine's defaults (native/src/runtime/defaults.h)", () => {
       prefillChunk: native.prefill_chunk,
       budgetPrefillChunk: native.budget_prefill_chunk,
       activations: native.activations,
+      gpuMisses: native.gpu_misses,
+      gpuExpertCopies: native.gpu_expert_copies,
     }).toEqual({
       context: ENGINE_DEFAULTS.context,
       expertCacheSlots: ENGINE_DEFAULTS.expertCacheSlots,
@@ -171,7 +189,10 @@ describe("the native engine's defaults (native/src/runtime/defaults.h)", () => {
       prefillChunk: ENGINE_DEFAULTS.prefillChunk,
       budgetPrefillChunk: ENGINE_DEFAULTS.budgetPrefillChunk,
       activations: ENGINE_DEFAULTS.activations,
+      gpuMisses: ENGINE_DEFAULTS.gpuMisses,
+      gpuExpertCopies: ENGINE_DEFAULTS.gpuExpertCopies,
     });
+    expect(GPU_MISSES).toContain(native.gpu_misses);
     expect({
       temperature: native.sampling.temperature,
       topK: native.sampling.top_k,

@@ -164,8 +164,8 @@ test("sampling and context settings persist across a restart", async ({ app }) =
   // asks for a reload; back on the CPU (which ignores it) no reload is needed.
   const gpuMemory = numberInput(page, "GPU memory");
   const backend = page.getByLabel("Backend", { exact: true });
-  // Where the GPU's expert misses run (hybrid experts) and how many it copies: off on the CPU
-  // and on a GPU without GPU memory, each saying why.
+  // Where the GPU's expert misses run (split, on the CPU or copied) and how many it copies: off on
+  // the CPU and on a GPU without GPU memory, each saying why.
   const gpuMisses = page.getByLabel("Experts the GPU misses", { exact: true });
   const copies = numberInput(page, "Experts copied to the GPU");
   const engineSaved = async () => (await app.call("settings.get")).engine;
@@ -187,25 +187,35 @@ test("sampling and context settings persist across a restart", async ({ app }) =
     .poll(async () => (await app.call("settings.get")).engine.vramBudgetBytes)
     .toBe(6 * 1024 ** 3);
   await expect(page.locator("#field-vram-budget-badge")).toHaveText("needs reload");
-  // Under GPU memory: the choice is on, hybrid by default with its one copy; copying every miss
-  // instead turns the copies off.
+  // Under GPU memory: the choice is on, the misses split by default with two for the GPU;
+  // copying every miss instead turns the copies off; computing them on the CPU turns them on
+  // again, as the extra copies.
   await expect(gpuMisses).toBeEnabled();
-  await expect(gpuMisses).toHaveValue("cpu");
+  await expect(gpuMisses).toHaveValue("split");
   await expect(page.locator("#field-gpu-misses-help")).toContainText(
-    "only their results go to the GPU",
+    "while the CPU computes the rest",
   );
   await expect(page.locator("#field-gpu-misses-badge")).toHaveText("needs reload");
   await expect(copies).toBeEnabled();
-  await expect(copies).toHaveValue("1");
+  await expect(copies).toHaveValue("2");
+  await expect(page.locator("#field-gpu-expert-copies-help")).toContainText(
+    "how many of the GPU's misses it copies",
+  );
   await gpuMisses.selectOption({ label: "Copy to GPU" });
   await expect.poll(async () => (await engineSaved()).gpuMisses).toBe("copy");
   await expect(copies).toBeDisabled();
   await expect(page.locator("#field-gpu-expert-copies-help")).toContainText(
-    "Only with Compute on CPU",
+    "Only with Split between GPU and CPU or Compute on CPU",
   );
   await gpuMisses.selectOption({ label: "Compute on CPU (hybrid)" });
   await expect.poll(async () => (await engineSaved()).gpuMisses).toBe("cpu");
+  await expect(page.locator("#field-gpu-misses-help")).toContainText(
+    "only their results go to the GPU",
+  );
   await expect(copies).toBeEnabled();
+  await expect(page.locator("#field-gpu-expert-copies-help")).toContainText(
+    "also copied to the GPU's slots",
+  );
   // A bad count is refused with the reason, by the field and by the API, and not saved.
   await copies.fill("-1");
   await copies.press("Tab");
@@ -215,7 +225,7 @@ test("sampling and context settings persist across a restart", async ({ app }) =
   await expect(app.call("settings.update", { engine: { gpuExpertCopies: 1.5 } })).rejects.toThrow(
     "engine.gpuExpertCopies: experts copied to the GPU must be a whole number",
   );
-  expect((await engineSaved()).gpuExpertCopies).toBe(1);
+  expect((await engineSaved()).gpuExpertCopies).toBe(2);
   await setNumber(page, "Experts copied to the GPU", "0");
   await expect.poll(async () => (await engineSaved()).gpuExpertCopies).toBe(0);
   await expect(page.locator("#field-gpu-expert-copies-badge")).toHaveText("needs reload");

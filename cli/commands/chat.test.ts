@@ -172,6 +172,10 @@ describe.skipIf(!haveEngine)("redwing complete / chat / models (real binary, dem
     const g = await redwing("complete", "--prompt", "x", "--gpu-misses", "gpu");
     expect(g.code).not.toBe(0);
     expect(g.err).toMatch(/--gpu-misses/);
+    expect(g.err).toMatch(/Allowed choices are copy, cpu, split/);
+    const c = await redwing("complete", "--prompt", "x", "--gpu-expert-copies", "-1");
+    expect(c.code).not.toBe(0);
+    expect(c.err).toMatch(/--gpu-expert-copies/);
   });
 
   it("runs with the RAM tier's misses on the CPU (--gpu-misses cpu) where there is no tier", async () => {
@@ -189,6 +193,18 @@ describe.skipIf(!haveEngine)("redwing complete / chat / models (real binary, dem
     expect(plain.code).toBe(0);
     expect(hybrid.code).toBe(0);
     expect(hybrid.out).toBe(plain.out);
+    // Likewise the misses split between the GPU and the CPU (the engine's default mode).
+    const split = await redwing(
+      ...args,
+      "--quiet",
+      "--gpu-misses",
+      "split",
+      "--gpu-expert-copies",
+      "2",
+    );
+    expect(split.err).toBe("");
+    expect(split.code).toBe(0);
+    expect(split.out).toBe(plain.out);
   });
 });
 

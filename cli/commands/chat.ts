@@ -11,7 +11,7 @@ import {
 } from "../../core/chat/template.ts";
 import { loadTokenizer, type ChatTokenizer } from "../../core/chat/tokenizer.ts";
 import { DEMO_LABEL } from "../../core/demo/demo.ts";
-import { ENGINE_DEFAULTS, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
+import { ENGINE_DEFAULTS, GPU_MISSES, SAMPLING_DEFAULTS } from "../../core/defaults.ts";
 import { UserError } from "../../core/errors.ts";
 import { parseByteSize as parseSize } from "../../core/units.ts";
 import { generateAll, type GenerationResult } from "../../core/generation/generate.ts";
@@ -137,12 +137,12 @@ export function addEngineOptions(cmd: Command): Command {
     .addOption(
       new Option(
         "--gpu-misses <where>",
-        `with a GPU memory budget too small for the experts: compute a missed expert on the CPU, or copy it to the GPU (default: ${ENGINE_DEFAULTS.gpuMisses})`,
-      ).choices(["copy", "cpu"]),
+        `with a GPU memory budget too small for the experts, where a missed expert is computed: split (--gpu-expert-copies of a layer's misses copied to the GPU, the rest on the CPU at the same time), cpu, or copy (to the GPU) (default: ${ENGINE_DEFAULTS.gpuMisses})`,
+      ).choices(GPU_MISSES),
     )
     .option(
       "--gpu-expert-copies <n>",
-      `with --gpu-misses cpu: experts copied to GPU slots per MoE layer and token at most (default: ${ENGINE_DEFAULTS.gpuExpertCopies})`,
+      `per MoE layer and token: with --gpu-misses split the misses the GPU computes, with cpu the experts also copied to GPU slots at most (default: ${ENGINE_DEFAULTS.gpuExpertCopies})`,
       intArg(0),
     )
     .option("--threads <n>", "CPU threads (default: all)", intArg(1))

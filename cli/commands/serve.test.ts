@@ -72,6 +72,24 @@ describe("toServerOptions", () => {
     expect(lines).toEqual(["GET /health 200", "engine crashed, restarting: gone"]);
   });
 
+  it("takes each of the engine's choices of where the GPU's misses run, and refuses others", async () => {
+    for (const where of ["copy", "cpu", "split"]) {
+      const opts = await parseServe([`--gpu-misses=${where}`, "--gpu-expert-copies=0"]);
+      expect(toServerOptions(opts, () => {})).toMatchObject({
+        gpuMisses: where,
+        gpuExpertCopies: 0,
+      });
+    }
+    // Left out, neither is sent: the engine's default applies.
+    const plain = toServerOptions(await parseServe([]), () => {});
+    expect(plain.gpuMisses).toBeUndefined();
+    expect(plain.gpuExpertCopies).toBeUndefined();
+    await expect(parseServe(["--gpu-misses=gpu"])).rejects.toThrow(
+      /Allowed choices are copy, cpu, split/,
+    );
+    await expect(parseServe(["--gpu-expert-copies=-1"])).rejects.toThrow(/--gpu-expert-copies/);
+  });
+
   it("logs no requests with --quiet", async () => {
     const options = toServerOptions(await parseServe(["--quiet"]), () => {});
     expect(options.log).toBeUndefined();

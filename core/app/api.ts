@@ -8,7 +8,14 @@
  * channel, in order, to every connected window.
  */
 import { z } from "zod";
-import { CHAT_DEFAULTS, ENGINE_DEFAULTS, SAMPLING_DEFAULTS, SERVER_DEFAULTS } from "../defaults.ts";
+import {
+  CHAT_DEFAULTS,
+  ENGINE_DEFAULTS,
+  GPU_MISSES,
+  SAMPLING_DEFAULTS,
+  SERVER_DEFAULTS,
+  type GpuMisses,
+} from "../defaults.ts";
 
 // ---- shared shapes ----------------------------------------------------------------------------
 
@@ -114,7 +121,7 @@ export const ContextOverflowSchema = z.enum(["stop", "rolling_window", "truncate
 export type ContextOverflowPolicy = z.infer<typeof ContextOverflowSchema>;
 
 const ActivationsSchema = z.enum(["exact", "head", "int8"]);
-const GpuMissesSchema = z.enum(["copy", "cpu"]);
+const GpuMissesSchema = z.enum(GPU_MISSES);
 /** The most experts per layer and step `gpuExpertCopies` takes: Gemma 4 26B's experts per layer. */
 export const MAX_GPU_EXPERT_COPIES = 128;
 const GpuExpertCopiesSchema = z
@@ -155,13 +162,16 @@ export const EngineSettingsSchema = z.object({
   activations: ActivationsSchema.default(ENGINE_DEFAULTS.activations),
   /**
    * Where the experts the GPU's slots miss are computed (docs/gpu.md, "Hybrid experts"): copied
-   * into a GPU slot ("copy") or on the CPU from RAM ("cpu"). Applies only under a GPU memory
-   * budget on a GPU backend (effectiveGpuMisses). A file from before this field has the default.
+   * into a GPU slot ("copy"), on the CPU from RAM ("cpu"), or split between the two ("split":
+   * gpuExpertCopies of them on the GPU, the rest on the CPU at the same time). Applies only under
+   * a GPU memory budget on a GPU backend (effectiveGpuMisses). A file from before this field has
+   * the default.
    */
   gpuMisses: GpuMissesSchema.default(ENGINE_DEFAULTS.gpuMisses),
   /**
-   * With gpuMisses "cpu": at most this many of a MoE layer's CPU-computed experts per step are
-   * also copied into GPU slots. A file from before this field has the engine's default.
+   * Per MoE layer and step: with gpuMisses "split", how many of the misses the GPU copies and
+   * computes; with "cpu", at most this many of the CPU-computed experts are also copied into GPU
+   * slots. A file from before this field has the engine's default.
    */
   gpuExpertCopies: GpuExpertCopiesSchema.default(ENGINE_DEFAULTS.gpuExpertCopies),
 });
@@ -182,18 +192,18 @@ export function effectiveVramBudget(
 
 /**
  * Where a load sends the GPU's expert misses (the load's `gpu_misses`, and `gpu_expert_copies`
- * with "cpu"): only on a GPU backend with a GPU memory budget, the one way these settings give
- * the GPU fewer expert slots than host memory (the RAM tier, where the choice exists; without a
- * budget the GPU's slots mirror the host's). Elsewhere undefined: the engine would ignore them,
- * and they must not ask for a reload.
+ * with "cpu" and "split", the modes that count it): only on a GPU backend with a GPU memory
+ * budget, the one way these settings give the GPU fewer expert slots than host memory (the RAM
+ * tier, where the choice exists; without a budget the GPU's slots mirror the host's). Elsewhere
+ * undefined: the engine would ignore them, and they must not ask for a reload.
  */
 export function effectiveGpuMisses(
   s: Pick<EngineSettings, "backend" | "vramBudgetBytes" | "gpuMisses" | "gpuExpertCopies">,
-): { gpuMisses: "copy" | "cpu"; gpuExpertCopies?: number } | undefined {
+): { gpuMisses: GpuMisses; gpuExpertCopies?: number } | undefined {
   if (effectiveVramBudget(s) === undefined) return undefined;
-  return s.gpuMisses === "cpu"
-    ? { gpuMisses: "cpu", gpuExpertCopies: s.gpuExpertCopies }
-    : { gpuMisses: "copy" };
+  return s.gpuMisses === "copy"
+    ? { gpuMisses: "copy" }
+    : { gpuMisses: s.gpuMisses, gpuExpertCopies: s.gpuExpertCopies };
 }
 
 /**
@@ -428,9 +438,9 @@ export const EngineStatusSchema = z.object({
   /** Slots per MoE layer actually used (a memory budget picks them); 0: all resident. */
   expertCacheSlots: z.number().int().nullable(),
   /**
-   * How the loaded engine runs the GPU's expert misses (its `ready` event): "cpu" only while
-   * hybrid experts are in effect (a GPU backend under the RAM tier), else "copy"; null without a
-   * model, absent from an older service.
+   * How the loaded engine runs the GPU's expert misses (its `ready` event): "cpu" or "split"
+   * only while the CPU computes some of them (a GPU backend under the RAM tier), else "copy";
+   * null without a model, absent from an older service.
    */
   gpuMisses: GpuMissesSchema.nullable().optional(),
   /** Saved engine settings differ from what is loaded: a reload applies them. */

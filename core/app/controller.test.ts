@@ -148,7 +148,9 @@ describe.skipIf(!haveService)("app controller (real engine, demo model)", () => 
     expect(status.pid).toBeGreaterThan(0);
     expect(status.loadedWith).toEqual(DEFAULT_SETTINGS.engine);
     expect(status.reloadNeeded).toBe(false);
-    // The engine's own word (its ready event): the CPU has no hybrid experts.
+    // The engine's own word (its ready event): the CPU has no hybrid experts, whatever the
+    // settings ask for (the default, split, is sent only on a GPU with a GPU memory budget).
+    expect(status.loadedWith).toMatchObject({ gpuMisses: "split", gpuExpertCopies: 2 });
     expect(status.gpuMisses).toBe("copy");
 
     const models = await call("models.list");

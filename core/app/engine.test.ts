@@ -88,8 +88,18 @@ describe("loadParams", () => {
     });
     expect(both).toMatchObject({ memory_budget: 8 * 1024 ** 3, vram_budget: 2 * 1024 ** 3 });
   });
-  it("sends where the GPU's misses run under a GPU memory budget, the copies only with the CPU", () => {
+  it("sends where the GPU's misses run under a GPU memory budget, the copies only where the CPU computes some", () => {
     const streamed = { ...base, backend: "vulkan" as const, vramBudgetBytes: 2 * 1024 ** 3 };
+    // The defaults: the misses split, two a layer and step on the GPU.
+    const byDefault = loadParams("/m", streamed);
+    expect(byDefault).toMatchObject({ gpu_misses: "split", gpu_expert_copies: 2 });
+    expect(LoadParamsSchema.strict().parse(byDefault)).toEqual(byDefault);
+    const split = loadParams("/m", { ...streamed, gpuMisses: "split", gpuExpertCopies: 5 });
+    expect(split).toMatchObject({ gpu_misses: "split", gpu_expert_copies: 5 });
+    expect(LoadParamsSchema.strict().parse(split)).toEqual(split);
+    // Split with none for the GPU: every miss on the CPU, still sent as asked.
+    const splitNone = loadParams("/m", { ...streamed, gpuMisses: "split", gpuExpertCopies: 0 });
+    expect(splitNone).toMatchObject({ gpu_misses: "split", gpu_expert_copies: 0 });
     const hybrid = loadParams("/m", { ...streamed, gpuMisses: "cpu", gpuExpertCopies: 3 });
     expect(hybrid).toMatchObject({ gpu_misses: "cpu", gpu_expert_copies: 3 });
     expect(LoadParamsSchema.strict().parse(hybrid)).toEqual(hybrid);
@@ -107,11 +117,13 @@ describe("loadParams", () => {
       { ...base, backend: "vulkan" as const },
       { ...base, backend: "auto" as const, memoryBudgetBytes: 8 * 1024 ** 3 },
     ]) {
-      const out = loadParams("/m", { ...s, gpuMisses: "cpu", gpuExpertCopies: 3 });
-      expect(out.gpu_misses, s.backend).toBeUndefined();
-      expect(out.gpu_expert_copies, s.backend).toBeUndefined();
-      expect(JSON.stringify(out)).not.toMatch(/gpu_/);
-      expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
+      for (const gpuMisses of ["cpu", "split"] as const) {
+        const out = loadParams("/m", { ...s, gpuMisses, gpuExpertCopies: 3 });
+        expect(out.gpu_misses, s.backend).toBeUndefined();
+        expect(out.gpu_expert_copies, s.backend).toBeUndefined();
+        expect(JSON.stringify(out)).not.toMatch(/gpu_/);
+        expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
+      }
     }
   });
   it("leaves it out on the CPU, which keeps the saved slot count", () => {

@@ -141,15 +141,24 @@ describe("settings store", () => {
     const opened = openSettingsStore(dir);
     const { settings, repaired } = readSettings(opened.store);
     expect(repaired).toEqual([]);
-    // The engine's defaults: hybrid experts with one copy.
+    // The engine's defaults: the misses split between the GPU (two a layer) and the CPU.
     expect(settings.engine).toMatchObject({
       backend: "vulkan",
       vramBudgetBytes: 2 * 1024 ** 3,
-      gpuMisses: "cpu",
-      gpuExpertCopies: 1,
+      gpuMisses: "split",
+      gpuExpertCopies: 2,
     });
     // Another model's saved settings too (the store's defaults do not reach into them).
-    expect(settings.models.other?.engine).toMatchObject({ gpuMisses: "cpu", gpuExpertCopies: 1 });
+    expect(settings.models.other?.engine).toMatchObject({ gpuMisses: "split", gpuExpertCopies: 2 });
+    // Each of the engine's choices is taken and saved.
+    for (const gpuMisses of ["cpu", "split"] as const) {
+      const chosen = applyPatch(settings, { engine: { gpuMisses, gpuExpertCopies: 3 } });
+      saveChanged(opened.store, settings, chosen);
+      expect(readSettings(openSettingsStore(dir).store).settings.engine).toMatchObject({
+        gpuMisses,
+        gpuExpertCopies: 3,
+      });
+    }
     const next = applyPatch(settings, { engine: { gpuMisses: "copy", gpuExpertCopies: 0 } });
     saveChanged(opened.store, settings, next);
     expect(readSettings(openSettingsStore(dir).store).settings.engine).toMatchObject({
@@ -170,8 +179,12 @@ describe("settings store", () => {
       "experts copied to the GPU must be a whole number",
     );
     expect(refused({ gpuExpertCopies: 129 })).toBe("experts copied to the GPU are at most 128");
-    refused({ gpuMisses: "gpu" });
+    for (const gpuMisses of ["gpu", "Split", "", null, 1]) {
+      expect(refused({ gpuMisses })).toBe('Invalid option: expected one of "copy"|"cpu"|"split"');
+    }
     expect(() => applyPatch(next, { engine: { gpuExpertCopies: -1 } })).toThrow(/negative/);
+    const bad = { engine: { gpuMisses: "gpu" } } as unknown as Parameters<typeof applyPatch>[1];
+    expect(() => applyPatch(next, bad)).toThrow(/"engine",\s*"gpuMisses"/);
   });
 
   it("keeps the stop strings across a sampling patch that leaves them out; a file without them has none", async () => {
@@ -321,16 +334,25 @@ describe("engineSettingsDiffer", () => {
     expect(
       engineSettingsDiffer({ ...hybrid, backend: "metal" }, { ...streamed, backend: "metal" }),
     ).toBe(true);
-    // The copies count only with "cpu".
+    // Split computes on the GPU what cpu computes on the CPU: a load of its own, and its count
+    // (the misses the GPU takes) asks for one too.
+    const split = { ...streamed, gpuMisses: "split" as const };
+    expect(engineSettingsDiffer(split, hybrid)).toBe(true);
+    expect(engineSettingsDiffer(split, streamed)).toBe(true);
+    expect(engineSettingsDiffer({ ...split, gpuExpertCopies: 3 }, split)).toBe(true);
+    expect(engineSettingsDiffer({ ...split }, split)).toBe(false);
+    // The copies count only with "cpu" and "split".
     expect(engineSettingsDiffer({ ...streamed, gpuExpertCopies: 4 }, streamed)).toBe(false);
     // The CPU and a GPU without a budget ignore both.
     for (const other of [
       { ...base, backend: "cpu" as const, vramBudgetBytes: 2e9 },
       { ...base, backend: "vulkan" as const },
     ]) {
-      expect(engineSettingsDiffer({ ...other, gpuMisses: "cpu", gpuExpertCopies: 3 }, other)).toBe(
-        false,
-      );
+      for (const gpuMisses of ["cpu", "split"] as const) {
+        expect(engineSettingsDiffer({ ...other, gpuMisses, gpuExpertCopies: 3 }, other)).toBe(
+          false,
+        );
+      }
     }
   });
 });

@@ -214,7 +214,7 @@ export function engineSettingsDiffer(saved: EngineSettings, loaded: EngineSettin
   // a difference of its own).
   const vramBudgetChanged = effectiveVramBudget(saved) !== effectiveVramBudget(loaded);
   // Where the GPU's misses run matters only where a load sends it (a GPU memory budget on a GPU);
-  // the number of copies only with "cpu".
+  // the number of copies only with "cpu" and "split".
   const gpuMissesChanged =
     JSON.stringify(effectiveGpuMisses(saved)) !== JSON.stringify(effectiveGpuMisses(loaded));
   // Slots do not matter while a budget picks them.

@@ -7,6 +7,7 @@
  * `type` and `id`.
  */
 import { z } from "zod";
+import { GPU_MISSES } from "../defaults.ts";
 
 export const PROTOCOL_VERSION = 1;
 
@@ -51,6 +52,9 @@ export const ActivationPlanSchema = z
     "exact, int8, or a comma-separated list of " + ACTIVATION_KINDS.join(", "),
   );
 
+/** Where a GPU's expert misses run under the RAM tier (docs/gpu.md, "Hybrid experts"). */
+const GpuMissesSchema = z.enum(GPU_MISSES);
+
 export const LoadParamsSchema = z.object({
   /** The model directory (docs/format.md). */
   model: z.string().min(1),
@@ -83,11 +87,16 @@ export const LoadParamsSchema = z.object({
    */
   gpu_expert_slots: z.number().int().nonnegative().optional(),
   /**
-   * Under the RAM tier: each GPU miss copied into a GPU slot and computed there ("copy", the
-   * default) or computed on the CPU from the host's slots ("cpu": hybrid experts, docs/gpu.md).
+   * Under the RAM tier: each GPU miss copied into a GPU slot and computed there ("copy"),
+   * computed on the CPU from the host's slots ("cpu": hybrid experts, docs/gpu.md), or split
+   * between the two ("split", the default: gpu_expert_copies of a layer's misses per step copied
+   * and computed on the GPU, the rest on the CPU at the same time).
    */
-  gpu_misses: z.enum(["copy", "cpu"]).optional(),
-  /** With gpu_misses "cpu": copies into GPU slots per MoE layer and step at most (default 1). */
+  gpu_misses: GpuMissesSchema.optional(),
+  /**
+   * Per MoE layer and step (default 2): with gpu_misses "split" the misses the GPU copies and
+   * computes; with "cpu" the CPU-computed misses also copied into GPU slots at most.
+   */
   gpu_expert_copies: z.number().int().nonnegative().optional(),
 });
 export type LoadParams = z.infer<typeof LoadParamsSchema>;
@@ -176,8 +185,11 @@ export const ReadyEventSchema = z.object({
   expert_cache_slots: z.number().int(),
   /** A GPU backend's expert slots per layer (fewer: the RAM tier); absent from older services. */
   gpu_expert_slots: z.number().int().optional(),
-  /** How the GPU's expert misses run under the RAM tier; absent from older services. */
-  gpu_misses: z.enum(["copy", "cpu"]).optional(),
+  /**
+   * How the GPU's expert misses run: "cpu" or "split" while the GPU's misses go to the CPU (a GPU
+   * backend under the RAM tier), else "copy"; absent from older services.
+   */
+  gpu_misses: GpuMissesSchema.optional(),
   memory: z.object({
     model_bytes: z.number(),
     kv_bytes: z.number(),

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { ENGINE_DEFAULTS } from "../defaults.ts";
-import { LoadParamsSchema, SamplingSchema } from "../engine/protocol.ts";
+import { LoadParamsSchema, ReadyEventSchema, SamplingSchema } from "../engine/protocol.ts";
 import { toProtocolLoad, toProtocolSampling } from "./settings.ts";
 
 describe("toProtocolSampling", () => {
@@ -62,9 +62,35 @@ describe("toProtocolLoad", () => {
     });
     expect(out).toMatchObject({ vram_budget: 2 ** 31, gpu_misses: "cpu", gpu_expert_copies: 0 });
     expect(LoadParamsSchema.strict().parse(out)).toEqual(out);
+    const split = toProtocolLoad("m", {
+      context: 4096,
+      backend: "vulkan",
+      vramBudget: 2 ** 31,
+      gpuMisses: "split",
+      gpuExpertCopies: 2,
+    });
+    expect(split).toMatchObject({ gpu_misses: "split", gpu_expert_copies: 2 });
+    expect(LoadParamsSchema.strict().parse(split)).toEqual(split);
+    // Left out, the engine's own default applies (split with 2, native defaults.h).
     const plain = toProtocolLoad("m", { context: 4096 });
     expect(plain.gpu_misses).toBeUndefined();
     expect(plain.gpu_expert_copies).toBeUndefined();
+  });
+
+  it("is checked against the protocol's choices of where the misses run", () => {
+    for (const gpu_misses of ["copy", "cpu", "split"]) {
+      expect(LoadParamsSchema.safeParse({ model: "m", gpu_misses }).success, gpu_misses).toBe(true);
+    }
+    for (const gpu_misses of ["gpu", "SPLIT", "", 1]) {
+      const r = LoadParamsSchema.safeParse({ model: "m", gpu_misses });
+      expect(r.success, String(gpu_misses)).toBe(false);
+    }
+    expect(LoadParamsSchema.safeParse({ model: "m", gpu_expert_copies: -1 }).success).toBe(false);
+    expect(LoadParamsSchema.safeParse({ model: "m", gpu_expert_copies: 1.5 }).success).toBe(false);
+    // The ready event reports the mode in effect, "split" included.
+    const ready = ReadyEventSchema.shape.gpu_misses;
+    for (const mode of ["copy", "cpu", "split"]) expect(ready.parse(mode)).toBe(mode);
+    expect(ready.safeParse("gpu").success).toBe(false);
   });
 
   it("loads the default slot count, or none when a memory budget picks it", () => {

@@ -3,7 +3,7 @@
  * fields (snake_case, docs/protocol.md): sampling for the CLI options, the app's settings and the
  * server's request fields; the engine options of `redwing chat`, `complete` and `serve`.
  */
-import { expertCacheSlotsFor } from "../defaults.ts";
+import { expertCacheSlotsFor, type GpuMisses } from "../defaults.ts";
 import type { LoadParams, Sampling } from "../engine/protocol.ts";
 
 export interface SamplingSettings {
@@ -52,11 +52,16 @@ export interface EngineOptions {
   vramBudget?: number;
   /**
    * Under the RAM tier (GPU memory for fewer experts than host memory): where the experts the
-   * GPU's slots miss are computed, "copy" (copied into a GPU slot; the default) or "cpu" (on the
-   * CPU from host memory, as llama.cpp's --n-cpu-moe), docs/gpu.md "Hybrid experts".
+   * GPU's slots miss are computed, "copy" (copied into a GPU slot), "cpu" (on the CPU from host
+   * memory, as llama.cpp's --n-cpu-moe) or "split" (the engine's default: gpuExpertCopies of a
+   * layer's misses per step on the GPU, the rest on the CPU at once), docs/gpu.md "Hybrid
+   * experts". Omitted: the engine's default.
    */
-  gpuMisses?: "copy" | "cpu";
-  /** With gpuMisses "cpu": experts copied into GPU slots per MoE layer and step at most. */
+  gpuMisses?: GpuMisses;
+  /**
+   * Per MoE layer and step: with gpuMisses "split" the misses the GPU copies and computes, with
+   * "cpu" the CPU-computed experts also copied into GPU slots at most. Omitted: the default.
+   */
   gpuExpertCopies?: number;
 }
 

@@ -343,7 +343,16 @@ export function createMockClient(): RendererClient {
     const rss =
       base == null ? null : base + (generating ? 12e6 * Math.random() + 8e6 : 2e6 * Math.random());
     const gpuTier = effectiveGpuMisses(settings.engine);
-    const hybrid = gpuTier?.gpuMisses === "cpu";
+    // The 26B at 2 GB: 168 of a token's expert uses miss the GPU over its 30 layers, 3.4 MB each.
+    // "copy" copies every miss; "cpu" computes every miss on the CPU and copies gpuExpertCopies a
+    // layer besides; "split" copies and computes that many on the GPU and the CPU the rest.
+    const misses = 168;
+    const copied =
+      gpuTier?.gpuMisses === "copy"
+        ? misses
+        : 30 * Math.min(gpuTier?.gpuExpertCopies ?? 0, misses / 30);
+    const cpuExperts =
+      gpuTier?.gpuMisses === "copy" ? 0 : gpuTier?.gpuMisses === "split" ? misses - copied : misses;
     const sample: LiveSample = {
       t: Date.now(),
       generating: !!generating,
@@ -367,9 +376,9 @@ export function createMockClient(): RendererClient {
               gpuSlots: 4,
               gpuHitRate: 0.3,
               ramHitRate: 0.62 + Math.random() * 0.02,
-              gpuCopyBytesPerToken: hybrid ? 101e6 : 610e6,
-              cpuExpertsPerToken: hybrid ? 168 : 0,
-              cpuExpertMsPerToken: hybrid ? 38 + Math.random() * 4 : 0,
+              gpuCopyBytesPerToken: copied * 3.4e6,
+              cpuExpertsPerToken: cpuExperts,
+              cpuExpertMsPerToken: (cpuExperts / misses) * (38 + Math.random() * 4),
             }
           : {}),
       },

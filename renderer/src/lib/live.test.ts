@@ -242,6 +242,15 @@ describe("expertTierStats (the Live view's expert tiers)", () => {
     );
   });
 
+  it("shows the CPU's experts when the misses are split between the GPU and the CPU", () => {
+    // Split: the CPU computes the misses beyond the GPU's share, so its experts count, even in a
+    // step where it took none (every miss went to the GPU).
+    expect(shown(hybrid, "split")["Experts on the CPU"]).toBe("16.8/token (0.90 ms)");
+    const none = { ...hybrid, cpuExpertsPerToken: 0, cpuExpertMsPerToken: 0 };
+    expect(shown(none, "split")["Experts on the CPU"]).toBe("0.0/token (0.00 ms)");
+    expect(shown(none, "copy")["Experts on the CPU"]).toBeUndefined();
+  });
+
   it("leaves out the CPU's experts in copy mode, and the tiers where the GPU mirrors RAM", () => {
     const copy = { ...hybrid, cpuExpertsPerToken: 0, cpuExpertMsPerToken: 0 };
     expect(Object.keys(shown(copy, "copy"))).toEqual([

@@ -131,9 +131,9 @@ export interface LiveStat {
  * The expert tiers of a GPU backend, as far as the engine reports them (docs/protocol.md,
  * `stats`): under the RAM tier (fewer GPU slots than host slots) the share of expert uses found
  * on the GPU, in RAM and read from the SSD; on any GPU that streams, the bytes copied to the GPU
- * per token; with hybrid experts (`gpuMisses`, the engine's own word, else uses it reports), the
- * experts the CPU computed per token and its time on them. Empty on the CPU (no GPU slots) and
- * for figures an older service leaves out.
+ * per token; with hybrid experts ("cpu" or "split" as `gpuMisses`, the engine's own word, else
+ * uses it reports), the experts the CPU computed per token and its time on them. Empty on the CPU
+ * (no GPU slots) and for figures an older service leaves out.
  */
 export function expertTierStats(
   cache: NonNullable<LiveSample["expertCache"]>,
@@ -162,7 +162,8 @@ export function expertTierStats(
     });
   }
   const cpu = cache.cpuExpertsPerToken;
-  if (cpu != null && (gpuMisses === "cpu" || cpu > 0)) {
+  // Both "cpu" and "split" compute misses on the CPU (split: those beyond the GPU's share).
+  if (cpu != null && (gpuMisses === "cpu" || gpuMisses === "split" || cpu > 0)) {
     const ms = cache.cpuExpertMsPerToken;
     out.push({
       label: "Experts on the CPU",

@@ -107,14 +107,17 @@ describe("where the GPU's misses run, in Tuning", () => {
     }
   });
 
-  it("takes the number of copies only when the CPU computes the misses", () => {
+  it("takes the number of copies only when the CPU computes misses: split and cpu, not copy", () => {
     const gpu = { backend: "vulkan" as const, vramBudgetBytes: 4 * GiB };
+    // Split: the misses the GPU takes; cpu: the extra copies.
+    expect(gpuExpertCopiesDisabledReason({ ...gpu, gpuMisses: "split" })).toBeNull();
     expect(gpuExpertCopiesDisabledReason({ ...gpu, gpuMisses: "cpu" })).toBeNull();
-    const off = "Only with Compute on CPU (hybrid), under GPU memory on a GPU backend.";
+    const off =
+      "Only with Split between GPU and CPU or Compute on CPU (hybrid), under GPU memory on a GPU backend.";
     expect(gpuExpertCopiesDisabledReason({ ...gpu, gpuMisses: "copy" })).toBe(off);
-    expect(gpuExpertCopiesDisabledReason({ ...gpu, backend: "cpu", gpuMisses: "cpu" })).toBe(off);
-    expect(gpuExpertCopiesDisabledReason({ ...gpu, vramBudgetBytes: null, gpuMisses: "cpu" })).toBe(
-      off,
-    );
+    for (const gpuMisses of ["split", "cpu"] as const) {
+      expect(gpuExpertCopiesDisabledReason({ ...gpu, backend: "cpu", gpuMisses })).toBe(off);
+      expect(gpuExpertCopiesDisabledReason({ ...gpu, vramBudgetBytes: null, gpuMisses })).toBe(off);
+    }
   });
 });

@@ -90,11 +90,14 @@ export function gpuMissesDisabledReason(
   return null;
 }
 
-/** Why the number of expert copies is off (it counts only when the CPU computes misses); null: on. */
+/**
+ * Why the number of expert copies is off; null: on. It counts only where the CPU computes misses:
+ * with "split" (the misses the GPU takes) and "cpu" (the extra copies), never with "copy".
+ */
 export function gpuExpertCopiesDisabledReason(
   e: Pick<EngineSettings, "backend" | "vramBudgetBytes" | "gpuMisses">,
 ): string | null {
-  return gpuMissesDisabledReason(e) === null && e.gpuMisses === "cpu"
+  return gpuMissesDisabledReason(e) === null && e.gpuMisses !== "copy"
     ? null
-    : "Only with Compute on CPU (hybrid), under GPU memory on a GPU backend.";
+    : "Only with Split between GPU and CPU or Compute on CPU (hybrid), under GPU memory on a GPU backend.";
 }
