@@ -43,9 +43,10 @@ export const GenerateReport = z.object({
   decode_bytes_read_per_token: z.number(),
   decode_gpu_copy_bytes_per_token: z.number(),
   decode_io_wait_ms_per_token: z.number(),
-  /** How a GPU's misses run under the RAM tier: copied to the GPU, or computed on the CPU. */
-  gpu_misses: z.enum(["copy", "cpu"]),
-  /** With `cpu`: copies into GPU slots per layer and step at most; -1 otherwise. */
+  /** How a GPU's misses run under the RAM tier: copied to the GPU, on the CPU, or split. */
+  gpu_misses: z.enum(["copy", "cpu", "split"]),
+  /** With `cpu`: copies into GPU slots per layer and step at most; with `split`: the misses per
+   * layer and step the GPU takes; -1 otherwise. */
   gpu_expert_copies: z.number(),
   decode_cpu_experts_per_token: z.number(),
   decode_cpu_expert_ms_per_token: z.number(),

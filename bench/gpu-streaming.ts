@@ -6,7 +6,8 @@
  *   npm run bench -- gpu-streaming [--model DIR | --synth-layers N] [--budgets 2G,4G,8G]
  *                                  [--decode 32] [--trace synthetic:reuse=0.45,seed=1]
  *                                  [--kv-dtype f16] [--direct-io off] [--tier ssd|ram|both]
- *                                  [--gpu-misses copy|cpu|both] [--gpu-expert-copies N]
+ *                                  [--gpu-misses split|cpu|copy|both|all]
+ *                                  [--gpu-expert-copies N]
  *                                  [--threads N] [--engine PATH] [--out DIR]
  *
  * The model is --model, or the synthetic Gemma 4 26B-A4B cut to --synth-layers N of its 30
@@ -21,11 +22,13 @@
  * model). Reported per budget and tier: slots per layer (GPU and host), device memory, decode
  * tok/s, GPU and RAM hit rates, bytes read from the SSD and copied to the GPU per token, I/O wait
  * per token, submissions (host round trips) per token.
- * --gpu-misses (default copy, as before): how the RAM tier's GPU misses run, `copy` into a GPU
- * slot and computed there, or `cpu` (hybrid experts: computed on the CPU with --threads threads,
- * at most --gpu-expert-copies of them per layer and step copied to the GPU; the engine's
- * defaults when not given); `both` runs each `ram` row twice. The `ssd` tier has no RAM tier, so
- * it always copies. The rows then also show the experts the CPU computed and its ms per token.
+ * --gpu-misses (default split, the engine's default): how the RAM tier's GPU misses run, `copy`
+ * into a GPU slot and computed there, `cpu` (hybrid experts: computed on the CPU with --threads
+ * threads, at most --gpu-expert-copies of them per layer and step also copied to the GPU) or
+ * `split` (--gpu-expert-copies of a layer's misses per step copied and computed on the GPU, the
+ * rest on the CPU at the same time); the engine's default copies when not given. `both` runs
+ * each `ram` row as copy and cpu, `all` as all three. The `ssd` tier has no RAM tier, so it
+ * always copies. The rows then also show the experts the CPU computed and its ms per token.
  * Results go to bench/results/gpu-streaming.json (or --out).
  */
 import { existsSync } from "node:fs";
@@ -43,7 +46,7 @@ const root = fileURLToPath(new URL("..", import.meta.url));
 const Plan = z.object({ gpu_slots: z.number() });
 
 type Tier = "ssd" | "ram";
-type Misses = "copy" | "cpu";
+type Misses = "copy" | "cpu" | "split";
 
 function option(name: string): string | undefined {
   const i = process.argv.indexOf(`--${name}`);
@@ -85,10 +88,15 @@ export async function runGpuStreamingBench(): Promise<void> {
   if (!["ssd", "ram", "both"].includes(tierOption))
     throw new Error(`--tier must be ssd, ram or both, not ${tierOption}`);
   const tiers: Tier[] = tierOption === "both" ? ["ssd", "ram"] : [tierOption as Tier];
-  const missesOption = option("gpu-misses") ?? "copy";
-  if (!["copy", "cpu", "both"].includes(missesOption))
-    throw new Error(`--gpu-misses must be copy, cpu or both, not ${missesOption}`);
-  const missModes: Misses[] = missesOption === "both" ? ["copy", "cpu"] : [missesOption as Misses];
+  const missesOption = option("gpu-misses") ?? "split";
+  if (!["copy", "cpu", "split", "both", "all"].includes(missesOption))
+    throw new Error(`--gpu-misses must be split, cpu, copy, both or all, not ${missesOption}`);
+  const missModes: Misses[] =
+    missesOption === "both"
+      ? ["copy", "cpu"]
+      : missesOption === "all"
+        ? ["copy", "cpu", "split"]
+        : [missesOption as Misses];
   const copies = option("gpu-expert-copies");
   const threads = option("threads");
 
@@ -115,7 +123,7 @@ export async function runGpuStreamingBench(): Promise<void> {
     return plan.gpu_slots > 0 ? ["--expert-cache-slots", String(plan.gpu_slots)] : [];
   };
 
-  const run = async (budget: string | null, tier: Tier | null, misses: Misses = "copy") => {
+  const run = async (budget: string | null, tier: Tier | null, misses: Misses = "split") => {
     const argv = [
       ...engineCommand("generate"),
       "--tokens",
@@ -130,8 +138,9 @@ export async function runGpuStreamingBench(): Promise<void> {
       // --direct-io off: expert reads through the page cache (a RAM tier once the files are
       // cached), to split the SSD's share of a token from the rest of the streaming path.
       ...(option("direct-io") === "off" ? ["--direct-io", "off"] : []),
-      ...(misses === "cpu" ? ["--gpu-misses", "cpu"] : []),
-      ...(misses === "cpu" && copies !== undefined ? ["--gpu-expert-copies", copies] : []),
+      // Always named: the engine's default is not copy.
+      ...(budget === null ? [] : ["--gpu-misses", misses]),
+      ...(misses !== "copy" && copies !== undefined ? ["--gpu-expert-copies", copies] : []),
     ];
     const r = parseGenerateReport(await captureOutput(argv));
     return {
@@ -182,7 +191,11 @@ export async function runGpuStreamingBench(): Promise<void> {
       [
         r.budget ?? "resident",
         r.tier ?? "-",
-        r.gpu_misses === "cpu" ? `cpu (${r.gpu_expert_copies} copies)` : "copy",
+        r.gpu_misses === "cpu"
+          ? `cpu (${r.gpu_expert_copies} copies)`
+          : r.gpu_misses === "split"
+            ? `split (${r.gpu_expert_copies} to the GPU)`
+            : "copy",
         r.slots === 0 ? "all" : `${r.slots}/${r.host_slots === 0 ? "all" : r.host_slots}`,
         (r.device_memory_bytes / 1e9).toFixed(2),
         r.decode_tokens_per_s.toFixed(1),

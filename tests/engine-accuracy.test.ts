@@ -492,18 +492,22 @@ for (const fixture of FIXTURES) {
         const rows = 12;
         const tokens = ref.prompt.slice(0, rows);
         const want = logits.subarray(0, rows * vocab);
-        const hybrid = (host: number, gpuSlots: number) => [
+        // "split": the GPU also computes 2 of a layer's misses per step (copied into its slots).
+        const hybrid = (host: number, gpuSlots: number, misses = "cpu") => [
           "--expert-cache-slots",
           String(host),
           "--gpu-expert-slots",
           String(gpuSlots),
           "--gpu-misses",
-          "cpu",
+          misses,
+          "--gpu-expert-copies",
+          "2",
         ];
         for (const [name, flags] of [modes[0]!, modes[1]!, modes[3]!]) {
-          for (const [host, gpuSlots] of [
-            [4, 1],
-            [3, 2],
+          for (const [host, gpuSlots, misses] of [
+            [4, 1, "cpu"],
+            [3, 2, "cpu"],
+            [3, 2, "split"],
           ] as const) {
             const f32 = compare(
               engineLogits(model, tokens, [
@@ -511,29 +515,38 @@ for (const fixture of FIXTURES) {
                 ...flags,
                 "--kv-dtype",
                 "f32",
-                ...hybrid(host, gpuSlots),
+                ...hybrid(host, gpuSlots, misses),
               ]),
               want,
               rows,
               vocab,
             );
             report.push(
-              `${fixture} ${GPU_BACKEND} hybrid ${gpuSlots}/${host} slots ${name}: f32 ${f32.maxAbs.toExponential(2)}`,
+              `${fixture} ${GPU_BACKEND} hybrid (${misses}) ${gpuSlots}/${host} slots ${name}: f32 ${f32.maxAbs.toExponential(2)}`,
             );
-            expect(f32.maxAbs, `${name}, ${gpuSlots} GPU / ${host} host slots`).toBeLessThanOrEqual(
-              TOLERANCE,
-            );
+            expect(
+              f32.maxAbs,
+              `${name}, ${misses}, ${gpuSlots} GPU / ${host} host slots`,
+            ).toBeLessThanOrEqual(TOLERANCE);
             expect(f32.agreement).toBe(1);
           }
         }
         for (const [name, flags] of [modes[1]!, modes[3]!]) {
-          const f16 = compare(
-            engineLogits(model, tokens, [...gpu, ...flags, "--kv-dtype", "f16", ...hybrid(3, 2)]),
-            want,
-            rows,
-            vocab,
-          );
-          expect(f16.agreement, `f16 KV, ${name}`).toBe(1);
+          for (const misses of ["cpu", "split"]) {
+            const f16 = compare(
+              engineLogits(model, tokens, [
+                ...gpu,
+                ...flags,
+                "--kv-dtype",
+                "f16",
+                ...hybrid(3, 2, misses),
+              ]),
+              want,
+              rows,
+              vocab,
+            );
+            expect(f16.agreement, `f16 KV, ${name}, ${misses}`).toBe(1);
+          }
         }
       });
 
@@ -578,6 +591,44 @@ for (const fixture of FIXTURES) {
           } else {
             expect(gpuHits).toBeGreaterThan(0); // the copies are used
           }
+        }
+      });
+
+      it("split misses' counters: the GPU computes at most --gpu-expert-copies of a layer's misses, the CPU the rest", () => {
+        const moeLayers = 6;
+        const topK = 2;
+        for (const copies of [1, 2]) {
+          const out = greedyContinuation(model, ref, [
+            ...gpu,
+            "--expert-cache-slots",
+            "4",
+            "--gpu-expert-slots",
+            "2",
+            "--gpu-misses",
+            "split",
+            "--gpu-expert-copies",
+            String(copies),
+          ]);
+          const r = parseGenerateReport(out);
+          const stride = (JSON.parse(out) as { expected_memory: { expert_bytes_each: number } })
+            .expected_memory.expert_bytes_each;
+          expect(r.tokens, `${copies} copies`).toEqual(ref.greedy);
+          expect(r.gpu_misses).toBe("split");
+          expect(r.gpu_expert_copies).toBe(copies);
+          let onCpu = 0;
+          let onGpu = 0;
+          r.token_stats.forEach((t, i) => {
+            if (i > 0) expect(t.hits + t.misses, `decode step ${i}`).toBe(moeLayers * topK);
+            expect(t.gpu_copy_bytes % stride).toBe(0);
+            const copied = t.gpu_copy_bytes / stride;
+            expect(copied, `step ${i}`).toBeLessThanOrEqual(copies * moeLayers);
+            // Each use that is not a GPU hit is computed once: copied to the GPU or on the CPU.
+            expect(t.cpu_experts + copied, `step ${i}`).toBe(t.hits - t.gpu_hits + t.misses);
+            onCpu += t.cpu_experts;
+            onGpu += copied;
+          });
+          expect(onCpu).toBeGreaterThan(0);
+          expect(onGpu).toBeGreaterThan(0);
         }
       });
     }
