@@ -68,8 +68,8 @@ export const ENGINE_DEFAULTS = {
    * slots miss are computed, "copy" (copied into a GPU slot, computed there), "cpu" (on the CPU
    * from RAM) or "split" (gpuExpertCopies of a layer's misses per step copied and computed on the
    * GPU, the rest on the CPU at the same time). The engine's default (native defaults.h): on an
-   * H200, split with 2 copies decoded 1.3-1.4x faster than "cpu" at 2 GB of GPU memory, 1.0-1.2x
-   * at 4 and 8 GB.
+   * H200, split with 2 copies decoded 1.1-1.4x faster than "cpu" at 2 GB of GPU memory, 1.0-1.1x
+   * at 4 GB and 1.0-1.3x at 8 GB.
    */
   gpuMisses: "split" satisfies GpuMisses,
   /**
