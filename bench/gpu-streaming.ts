@@ -9,6 +9,7 @@
  *                                  [--gpu-misses split|cpu|copy|both|all]
  *                                  [--gpu-expert-copies N]
  *                                  [--threads N] [--engine PATH] [--out DIR]
+ *                                  [--llama-bench PATH [--gguf PATH] [--llama-runs 2]]
  *
  * The model is --model, or the synthetic Gemma 4 26B-A4B cut to --synth-layers N of its 30
  * layers, or by default the gemma4-moe fixture (then the budgets default to a few MiB, so that
@@ -29,16 +30,31 @@
  * rest on the CPU at the same time); the engine's default copies when not given. `both` runs
  * each `ram` row as copy and cpu, `all` as all three. The `ssd` tier has no RAM tier, so it
  * always copies. The rows then also show the experts the CPU computed and its ms per token.
+ * --llama-bench PATH (or LLAMA_CPP_DIR with a build of llama.cpp's llama-bench; nothing here
+ * builds it) adds llama.cpp `--n-cpu-moe` at each budget beside the `ram` rows, in the same run
+ * (bench/llama-cpu-moe.ts): the GGUF of the same shapes (--gguf, else written for the synthetic
+ * model's layer count by bench/gguf-gemma4.ts), N the fewest layers whose experts stay on the CPU
+ * so that its GPU buffers fit the budget, `llama-bench -ngl 99 -ncmoe N -p 0 -n --decode -r
+ * --llama-runs`; the table gives both engines' decode tok/s and the ratio. Only for the synthetic
+ * 26B-A4B (--synth-layers or a --model of its shapes).
  * Results go to bench/results/gpu-streaming.json (or --out).
  */
 import { existsSync } from "node:fs";
-import { mkdtemp, readFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rename } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
+import { parseByteSize } from "../core/units.ts";
 import { parseGenerateReport } from "./generate-report.ts";
+import { writeGemma4Gguf } from "./gguf-gemma4.ts";
+import {
+  cpuMoeLayers,
+  llamaBenchBinary,
+  type LlamaCpuMoeResult,
+  runLlamaCpuMoe,
+} from "./llama-cpu-moe.ts";
 import { flag, writeResult } from "./stats.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
@@ -79,8 +95,9 @@ export async function runGpuStreamingBench(): Promise<void> {
   const { model, budgets } = chosen ? { model: chosen, budgets: "2G,4G,8G" } : await defaultModel();
   const budgetList = (option("budgets") ?? budgets).split(",");
   const manifest = JSON.parse(await readFile(join(model, "manifest.json"), "utf8")) as {
-    architecture: { vocab_size: number };
+    architecture: { vocab_size: number; hidden_size: number; num_layers: number };
   };
+  const llamaBench = llamaBenchBinary(option("llama-bench"));
   const vocab = manifest.architecture.vocab_size;
   const tokens = Array.from({ length: 8 }, (_, i) => (1000 + i * 7919) % vocab).join(",");
 
@@ -210,11 +227,67 @@ export async function runGpuStreamingBench(): Promise<void> {
       ].join(" | "),
     );
   for (const r of refused) console.log(`${r.budget} ${r.tier}: refused: ${r.error.slice(-400)}`);
+
+  // llama.cpp --n-cpu-moe at the same budgets, after our rows (its CPU work would disturb ours).
+  let llama: { budget: string; n_cpu_moe: number; result: LlamaCpuMoeResult | null }[] = [];
+  if (llamaBench !== undefined) {
+    if (manifest.architecture.hidden_size !== 2816)
+      throw new Error("--llama-bench needs the synthetic Gemma 4 26B-A4B (--synth-layers N)");
+    const layers = manifest.architecture.num_layers;
+    const gguf = option("gguf") ?? (await synthGguf(layers));
+    const ncmoe = budgetList.map((b) => {
+      const bytes = parseByteSize(b);
+      if (bytes === undefined) throw new Error(`--budgets: ${b} is not a size`);
+      return cpuMoeLayers(bytes, layers);
+    });
+    const results = await runLlamaCpuMoe({
+      llamaBench,
+      gguf,
+      ncmoe,
+      decode,
+      runs: flag("llama-runs", 2),
+      ...(threads === undefined ? {} : { threads: Number(threads) }),
+    });
+    llama = budgetList.map((budget, i) => ({
+      budget,
+      n_cpu_moe: ncmoe[i]!,
+      result: results.find((r) => r.n_cpu_moe === ncmoe[i]) ?? null,
+    }));
+    console.log(
+      `\nllama.cpp --n-cpu-moe (${llamaBench}, ${gguf}) | Redwing, ram tier (decode tok/s) | llama.cpp tok/s | Redwing / llama.cpp`,
+    );
+    for (const l of llama) {
+      for (const r of rows.filter((row) => row.budget === l.budget && row.tier === "ram")) {
+        const theirs = l.result?.avg_ts;
+        console.log(
+          [
+            `${l.budget}, -ncmoe ${l.n_cpu_moe}`,
+            `${r.gpu_misses} ${r.decode_tokens_per_s.toFixed(1)}`,
+            theirs === undefined ? "-" : `${theirs.toFixed(1)} ± ${l.result!.stddev_ts.toFixed(1)}`,
+            theirs === undefined ? "-" : `${(r.decode_tokens_per_s / theirs).toFixed(2)}x`,
+          ].join(" | "),
+        );
+      }
+    }
+  }
   await writeResult(
     "gpu-streaming",
-    { model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows, refused },
+    { model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows, refused, llama },
     option("out"),
   );
+}
+
+/** The GGUF of the synthetic model's shapes with `layers` layers, cached beside the models. */
+async function synthGguf(layers: number): Promise<string> {
+  const dir = join(tmpdir(), "redwing-bench");
+  await mkdir(dir, { recursive: true });
+  const gguf = join(dir, `gemma-4-26b-a4b-${layers}l-q4_0.gguf`);
+  if (!existsSync(gguf)) {
+    console.error(`gpu-streaming: writing the GGUF ${gguf}`);
+    await writeGemma4Gguf(`${gguf}.partial`, layers);
+    await rename(`${gguf}.partial`, gguf);
+  }
+  return gguf;
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
