@@ -68,7 +68,7 @@ export const ENGINE_DEFAULTS = {
    * slots miss are computed, "copy" (copied into a GPU slot, computed there), "cpu" (on the CPU
    * from RAM) or "split" (gpuExpertCopies of a layer's misses per step copied and computed on the
    * GPU, the rest on the CPU at the same time). The engine's default (native defaults.h): on an
-   * H200, split with 2 copies decoded 1.1-1.4x faster than "cpu" at 2 GB of GPU memory, 1.0-1.1x
+   * H200, split with 2 copies decoded 1.1-1.4x faster than "cpu" at 2 GB of GPU memory, 0.96-1.12x
    * at 4 GB and 1.0-1.3x at 8 GB.
    */
   gpuMisses: "split" satisfies GpuMisses,

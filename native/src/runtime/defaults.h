@@ -48,7 +48,7 @@ inline constexpr int kExpertIoThreads = 8;    // expert reads in flight at most
 // has the GPU take kGpuExpertCopies of a layer's misses per step over the link (copied from the
 // host slots in place, computed there) while the CPU computes the rest. On the H200 (docs/gpu.md,
 // "The misses split between the link and the CPU") split with 2 decoded 1.1-1.4x faster than
-// cpu at 2 GB of GPU memory, 1.0-1.1x at 4 GB and 1.0-1.3x at 8 GB (two calls), so it is the
+// cpu at 2 GB of GPU memory, 0.96-1.12x at 4 GB and 1.0-1.3x at 8 GB (two calls), so it is the
 // default.
 inline constexpr const char* kGpuMisses = "split";
 // With "split": the misses per MoE layer and step the GPU copies and computes (2 balanced the

@@ -55,7 +55,7 @@ const OVERFLOW_CHOICES: Record<EngineSettings["contextOverflow"], { label: strin
 const GPU_MISSES_CHOICES: Record<EngineSettings["gpuMisses"], { label: string; help: string }> = {
   split: {
     label: "Split between GPU and CPU",
-    help: 'Per layer and step, the GPU copies and computes as many of its misses as "Experts copied to the GPU" says, while the CPU computes the rest from system RAM at the same time. The default: on an NVIDIA H200 it was 1.1-1.4x faster than computing every miss on the CPU at 2 GB of GPU memory, 1.0-1.1x at 4 GB and 1.0-1.3x at 8 GB.',
+    help: 'Per layer and step, the GPU copies and computes as many of its misses as "Experts copied to the GPU" says, while the CPU computes the rest from system RAM at the same time. The default: on an NVIDIA H200 it was 1.1-1.4x faster than computing every miss on the CPU at 2 GB of GPU memory, 0.96-1.12x at 4 GB and 1.0-1.3x at 8 GB.',
   },
   cpu: {
     label: "Compute on CPU (hybrid)",
