@@ -79,7 +79,8 @@ Engine::Engine(const EngineOptions& options)
     so.io_threads = options_.expert_io_threads;
     so.read_piece_bytes = options_.expert_read_piece_bytes;
     so.direct_io = options_.direct_io;
-    // Hybrid experts: the RAM tier on a backend with expert slots, its misses on the CPU.
+    // Hybrid experts: the RAM tier on a backend with expert slots, its misses on the CPU (all of
+    // them, or with "split" all but the few the GPU copies and computes).
     const bool hybrid =
         options_.gpu_misses != "copy" && so.device_slots > 0 && backend_->supports_expert_slots();
     if (hybrid) {

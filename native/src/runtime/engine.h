@@ -95,8 +95,8 @@ class Engine {
   // A GPU backend's expert slots per layer (the plan's gpu_slots): 0 on the CPU or with every
   // expert resident; fewer than expert_cache_slots() under the RAM tier.
   int gpu_expert_slots() const { return plan_.gpu_slots; }
-  // Whether a GPU's expert misses are computed on the CPU (hybrid experts: gpu_misses "cpu"
-  // under the RAM tier).
+  // Whether a GPU's expert misses are computed on the CPU, all or some (hybrid experts:
+  // gpu_misses "cpu" or "split" under the RAM tier).
   bool hybrid_experts() const { return host_backend_ != nullptr; }
   // Where the GPU's misses go: "cpu" or "split" with hybrid experts, else "copy".
   std::string gpu_misses() const { return hybrid_experts() ? options_.gpu_misses : "copy"; }
