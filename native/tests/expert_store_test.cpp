@@ -477,7 +477,10 @@ TEST_CASE("hybrid experts: the host's grouped products equal the reference with 
   // "split": the GPU computes its copies (1 or 2 of a layer's misses per step), the host the rest.
   const std::pair<const char*, int> modes[] = {{"cpu", 0}, {"cpu", 1}, {"split", 1}, {"split", 2}};
   for (bool decode : {false, true}) {
-    for (const auto& [mode, copies] : modes) {
+    for (const auto& m : modes) {
+      // Named copies, not structured bindings: CAPTURE's lambda may not capture those (clang).
+      const char* mode = m.first;
+      const int copies = m.second;
       std::vector<float> first;
       for (int host : {2, 3, 8}) {
         CAPTURE(decode);
