@@ -3,7 +3,8 @@
 // records its arguments and answers in llama-bench's JSON.
 import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   cpuMoeLayers,
@@ -14,6 +15,7 @@ import {
   runLlamaCpuMoe,
 } from "../bench/llama-cpu-moe.ts";
 
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const GIB = 1024 ** 3;
 const MIB = 1024 ** 2;
 const dir = mkdtempSync(join(tmpdir(), "redwing-llama-cpu-moe-"));
@@ -58,6 +60,17 @@ describe("llama.cpp --n-cpu-moe beside the GPU streaming bench", () => {
     expect(rows).toEqual([
       { n_cpu_moe: 30, n_gen: 32, avg_ts: 39.72, stddev_ts: 0.04 },
       { n_cpu_moe: 15, n_gen: 32, avg_ts: 69.74, stddev_ts: 6.48 },
+    ]);
+    // What a real llama-bench (the source node-llama-cpp 3.22.1 bundles, CUDA, on the H200)
+    // printed for `-ngl 99 -ncmoe 30,25 -p 0 -n 16 -r 1 -t 16 -o json` on the synthetic GGUF
+    // (its whitespace reformatted by prettier).
+    const real = readFileSync(
+      join(ROOT, "bench", "testdata", "llama-bench-ncmoe-h200.json"),
+      "utf8",
+    );
+    expect(parseLlamaBenchJson(real).map((r) => [r.n_cpu_moe, r.n_gen, r.avg_ts])).toEqual([
+      [30, 16, 42.376346],
+      [25, 16, 52.35673],
     ]);
     expect(() => parseLlamaBenchJson("[{}]")).toThrow();
     expect(() => parseLlamaBenchJson("| model | size |")).toThrow();
