@@ -11,6 +11,9 @@
  * and `rope_freqs` for the proportional RoPE of full layers. Both engines are fed token ids; the
  * vocabulary is a placeholder (see dummyVocabulary).
  */
+import { existsSync } from "node:fs";
+import { mkdir, rename } from "node:fs/promises";
+import { join } from "node:path";
 import { SYNTH_PRESETS } from "../core/synth/presets.ts";
 import {
   GgmlType,
@@ -200,4 +203,19 @@ export function gemma4Gguf(layers: number): {
 export async function writeGemma4Gguf(path: string, layers: number): Promise<number> {
   const { metadata, tensors } = gemma4Gguf(layers);
   return writeGguf(path, metadata, tensors);
+}
+
+/**
+ * The GGUF of `layers` layers in `dir`, written once (through a `.partial` file, so an interrupted
+ * write is never taken for a model) and reused by later runs; `who` names the bench in the log.
+ */
+export async function cachedGemma4Gguf(dir: string, layers: number, who: string): Promise<string> {
+  await mkdir(dir, { recursive: true });
+  const gguf = join(dir, `gemma-4-26b-a4b-${layers}l-q4_0.gguf`);
+  if (!existsSync(gguf)) {
+    console.error(`${who}: writing the GGUF ${gguf}`);
+    await writeGemma4Gguf(`${gguf}.partial`, layers);
+    await rename(`${gguf}.partial`, gguf);
+  }
+  return gguf;
 }

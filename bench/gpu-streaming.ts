@@ -40,7 +40,7 @@
  * Results go to bench/results/gpu-streaming.json (or --out).
  */
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rename } from "node:fs/promises";
+import { mkdtemp, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -48,7 +48,7 @@ import { z } from "zod";
 import { captureOutput, nativeBinary } from "../core/native.ts";
 import { parseByteSize } from "../core/units.ts";
 import { parseGenerateReport } from "./generate-report.ts";
-import { writeGemma4Gguf } from "./gguf-gemma4.ts";
+import { cachedGemma4Gguf } from "./gguf-gemma4.ts";
 import {
   cpuMoeLayers,
   llamaBenchBinary,
@@ -234,7 +234,9 @@ export async function runGpuStreamingBench(): Promise<void> {
     if (manifest.architecture.hidden_size !== 2816)
       throw new Error("--llama-bench needs the synthetic Gemma 4 26B-A4B (--synth-layers N)");
     const layers = manifest.architecture.num_layers;
-    const gguf = option("gguf") ?? (await synthGguf(layers));
+    const gguf =
+      option("gguf") ??
+      (await cachedGemma4Gguf(join(tmpdir(), "redwing-bench"), layers, "gpu-streaming"));
     const ncmoe = budgetList.map((b) => {
       const bytes = parseByteSize(b);
       if (bytes === undefined) throw new Error(`--budgets: ${b} is not a size`);
@@ -275,19 +277,6 @@ export async function runGpuStreamingBench(): Promise<void> {
     { model, kv_dtype: kvDtype, trace, decode_tokens: decode, rows, refused, llama },
     option("out"),
   );
-}
-
-/** The GGUF of the synthetic model's shapes with `layers` layers, cached beside the models. */
-async function synthGguf(layers: number): Promise<string> {
-  const dir = join(tmpdir(), "redwing-bench");
-  await mkdir(dir, { recursive: true });
-  const gguf = join(dir, `gemma-4-26b-a4b-${layers}l-q4_0.gguf`);
-  if (!existsSync(gguf)) {
-    console.error(`gpu-streaming: writing the GGUF ${gguf}`);
-    await writeGemma4Gguf(`${gguf}.partial`, layers);
-    await rename(`${gguf}.partial`, gguf);
-  }
-  return gguf;
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

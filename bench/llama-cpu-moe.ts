@@ -8,10 +8,10 @@
  * (`--llama-bench PATH`, or LLAMA_CPP_DIR/build/bin/llama-bench): a CUDA or Vulkan build of
  * llama.cpp from its source. Nothing here builds it.
  */
-import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { z } from "zod";
+import { captureOutput } from "../core/native.ts";
 import { gemma4Gguf } from "./gguf-gemma4.ts";
 import { tensorBytes } from "./gguf.ts";
 
@@ -104,18 +104,6 @@ export async function runLlamaCpuMoe(o: {
     "json",
     ...(o.threads === undefined ? [] : ["-t", String(o.threads)]),
   ];
-  const out = await new Promise<string>((resolveOut, reject) => {
-    const child = spawn(o.llamaBench, args, { stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-2000)));
-    child.on("error", reject);
-    child.on("close", (code) =>
-      code === 0
-        ? resolveOut(stdout)
-        : reject(new Error(`llama-bench exited with ${code}: ${stderr.trim().slice(-600)}`)),
-    );
-  });
+  const out = await captureOutput([o.llamaBench, ...args]);
   return parseLlamaBenchJson(out);
 }

@@ -31,7 +31,7 @@
  */
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, rename } from "node:fs/promises";
+import { mkdir } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -40,7 +40,7 @@ import { captureOutput, nativeBinary } from "../core/native.ts";
 import { synthesizeModel } from "../core/synth/synth.ts";
 import { syntheticPrompt } from "./engine.ts";
 import { greedyGenerateArgs, parseGenerateReport } from "./generate-report.ts";
-import { gemma4Gguf, writeGemma4Gguf } from "./gguf-gemma4.ts";
+import { cachedGemma4Gguf, gemma4Gguf } from "./gguf-gemma4.ts";
 import { tensorBytes } from "./gguf.ts";
 import { flag, median, sizeFlag, writeResult } from "./stats.ts";
 import { formatLimitedTable, runMemoryLimitedCase } from "./vs-llama-cpp-memory.ts";
@@ -72,13 +72,7 @@ async function models(layers: number): Promise<{ redwing: string; gguf: string }
     console.error(`vs-llama-cpp: writing the synthetic Redwing model ${redwing}`);
     await synthesizeModel({ preset: "gemma-4-26b-a4b", out: redwing, layers, force: true });
   }
-  const gguf = join(cache, `gemma-4-26b-a4b-${layers}l-q4_0.gguf`);
-  if (!existsSync(gguf)) {
-    console.error(`vs-llama-cpp: writing the GGUF ${gguf}`);
-    await writeGemma4Gguf(`${gguf}.partial`, layers);
-    await rename(`${gguf}.partial`, gguf);
-  }
-  return { redwing, gguf };
+  return { redwing, gguf: await cachedGemma4Gguf(cache, layers, "vs-llama-cpp") };
 }
 
 /** Installs the pinned peer into bench/peers on first use. */

@@ -550,33 +550,43 @@ for (const fixture of FIXTURES) {
         }
       });
 
+      // A greedy run under the RAM tier (2 GPU slots under 4 host slots) with the GPU's misses
+      // run as `misses` says: the same tokens as transformers, the mode and copies reported, each
+      // decode step's expert uses and whole experts copied; the report and an expert's bytes.
+      const moeLayers = 6;
+      const topK = 2;
+      const hybridRun = (misses: "cpu" | "split", copies: number) => {
+        const out = greedyContinuation(model, ref, [
+          ...gpu,
+          "--expert-cache-slots",
+          "4",
+          "--gpu-expert-slots",
+          "2",
+          "--gpu-misses",
+          misses,
+          "--gpu-expert-copies",
+          String(copies),
+        ]);
+        const r = parseGenerateReport(out);
+        const stride = (JSON.parse(out) as { expected_memory: { expert_bytes_each: number } })
+          .expected_memory.expert_bytes_each;
+        expect(r.tokens, `${misses}, ${copies} copies`).toEqual(ref.greedy);
+        expect(r.gpu_misses).toBe(misses);
+        expect(r.gpu_expert_copies).toBe(copies);
+        r.token_stats.forEach((t, i) => {
+          if (i > 0) expect(t.hits + t.misses, `decode step ${i}`).toBe(moeLayers * topK);
+          expect(t.gpu_copy_bytes % stride).toBe(0);
+        });
+        return { r, stride };
+      };
+
       it("hybrid experts' counters: the CPU computes every GPU miss, copies stay within --gpu-expert-copies", () => {
-        const moeLayers = 6;
-        const topK = 2;
         for (const copies of [0, 1]) {
-          const out = greedyContinuation(model, ref, [
-            ...gpu,
-            "--expert-cache-slots",
-            "4",
-            "--gpu-expert-slots",
-            "2",
-            "--gpu-misses",
-            "cpu",
-            "--gpu-expert-copies",
-            String(copies),
-          ]);
-          const r = parseGenerateReport(out);
-          const stride = (JSON.parse(out) as { expected_memory: { expert_bytes_each: number } })
-            .expected_memory.expert_bytes_each;
-          expect(r.tokens, `${copies} copies`).toEqual(ref.greedy);
-          expect(r.gpu_misses).toBe("cpu");
-          expect(r.gpu_expert_copies).toBe(copies);
+          const { r, stride } = hybridRun("cpu", copies);
           let onCpu = 0;
           let gpuHits = 0;
           r.token_stats.forEach((t, i) => {
-            if (i > 0) expect(t.hits + t.misses, `decode step ${i}`).toBe(moeLayers * topK);
             // Each step (the prefill is one chunk) copies at most `copies` experts per layer.
-            expect(t.gpu_copy_bytes % stride).toBe(0);
             expect(t.gpu_copy_bytes, `step ${i}`).toBeLessThanOrEqual(copies * moeLayers * stride);
             // Every use that is not a GPU hit is computed on the CPU.
             expect(t.cpu_experts, `step ${i}`).toBe(t.hits - t.gpu_hits + t.misses);
@@ -595,31 +605,11 @@ for (const fixture of FIXTURES) {
       });
 
       it("split misses' counters: the GPU computes at most --gpu-expert-copies of a layer's misses, the CPU the rest", () => {
-        const moeLayers = 6;
-        const topK = 2;
         for (const copies of [1, 2]) {
-          const out = greedyContinuation(model, ref, [
-            ...gpu,
-            "--expert-cache-slots",
-            "4",
-            "--gpu-expert-slots",
-            "2",
-            "--gpu-misses",
-            "split",
-            "--gpu-expert-copies",
-            String(copies),
-          ]);
-          const r = parseGenerateReport(out);
-          const stride = (JSON.parse(out) as { expected_memory: { expert_bytes_each: number } })
-            .expected_memory.expert_bytes_each;
-          expect(r.tokens, `${copies} copies`).toEqual(ref.greedy);
-          expect(r.gpu_misses).toBe("split");
-          expect(r.gpu_expert_copies).toBe(copies);
+          const { r, stride } = hybridRun("split", copies);
           let onCpu = 0;
           let onGpu = 0;
           r.token_stats.forEach((t, i) => {
-            if (i > 0) expect(t.hits + t.misses, `decode step ${i}`).toBe(moeLayers * topK);
-            expect(t.gpu_copy_bytes % stride).toBe(0);
             const copied = t.gpu_copy_bytes / stride;
             expect(copied, `step ${i}`).toBeLessThanOrEqual(copies * moeLayers);
             // Each use that is not a GPU hit is computed once: copied to the GPU or on the CPU.

@@ -43,6 +43,17 @@ bool same_bytes(const HostQuantMatrix& a, const HostQuantMatrix& b) {
   return a.rows == b.rows && a.cols == b.cols && std::memcmp(a.packed, b.packed, words * 4) == 0;
 }
 
+// Hybrid experts under the RAM tier: 2 GPU slots under `host` host slots, 2 I/O threads.
+ExpertStoreOptions hybrid_options(int host, int copies, EvictionPolicy policy) {
+  ExpertStoreOptions o;
+  o.slots = host;
+  o.device_slots = 2;
+  o.device_copies = copies;
+  o.policy = policy;
+  o.io_threads = 2;
+  return o;
+}
+
 std::vector<char> read_all(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -221,13 +232,7 @@ TEST_CASE("expert store: hybrid experts hand the GPU's misses to the host, copyi
       for (EvictionPolicy policy : {EvictionPolicy::lrfu, EvictionPolicy::lru}) {
         CAPTURE(host);
         CAPTURE(copies);
-        ExpertStoreOptions o;
-        o.slots = host;
-        o.device_slots = 2;
-        o.device_copies = copies;
-        o.policy = policy;
-        o.io_threads = 2;
-        ExpertStore store(dir, o);
+        ExpertStore store(dir, hybrid_options(host, copies, policy));
         REQUIRE(store.hybrid());
         std::vector<int32_t> holds(2, -1);  // the GPU's copy
         uint64_t uses = 0, copied = 0, gpu_hits = 0, on_host = 0;
@@ -313,13 +318,8 @@ TEST_CASE("expert store: split misses give the GPU N of them first, whatever it 
     for (int copies : {1, 2, 3}) {
       CAPTURE(host);
       CAPTURE(copies);
-      ExpertStoreOptions o;
-      o.slots = host;
-      o.device_slots = 2;
-      o.device_copies = copies;
+      ExpertStoreOptions o = hybrid_options(host, copies, EvictionPolicy::lfu);
       o.device_computes_copies = true;
-      o.policy = EvictionPolicy::lfu;
-      o.io_threads = 2;
       ExpertStore store(dir, o);
       REQUIRE(store.hybrid());
       std::vector<int32_t> holds(2, -1);  // the GPU's slots
