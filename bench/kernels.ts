@@ -22,11 +22,22 @@ const Result = z.object({
   fraction_of_bandwidth: z.number(),
 });
 
+/** A decode step's 8 routed experts of one MoE layer, batched as the CPU backend runs them. */
+const ExpertLayer = z.object({
+  activations: z.enum(["exact", "int8"]),
+  threads: z.number(),
+  gate_up_ms: z.number(),
+  down_ms: z.number(),
+  gbps: z.number(),
+  fraction_of_bandwidth: z.number(),
+});
+
 export const KernelBenchReport = z.object({
   cpu_features: z.string(),
   active_isa: z.string(),
   bandwidth_gbps: z.number(),
   bandwidth_gbps_by_threads: z.record(z.string(), z.number()),
+  expert_layer: z.array(ExpertLayer),
   results: z.array(Result),
 });
 export type KernelBenchReport = z.infer<typeof KernelBenchReport>;
@@ -51,9 +62,16 @@ export function formatKernelTable(report: KernelBenchReport): string {
   );
   const line = (cells: string[]): string =>
     cells.map((c, i) => (i < 2 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join("  ");
+  const experts = report.expert_layer.map(
+    (e) =>
+      `8 routed experts (one layer, ${e.activations}), ${e.threads} thread${e.threads === 1 ? "" : "s"}: ` +
+      `gate/up ${e.gate_up_ms.toFixed(3)} ms, down ${e.down_ms.toFixed(3)} ms, ` +
+      `${e.gbps.toFixed(1)} GB/s (${(e.fraction_of_bandwidth * 100).toFixed(0)}% of bandwidth)`,
+  );
   return [
     `CPU: ${report.cpu_features} (kernels: ${report.active_isa})`,
     `Memory read bandwidth: ${bw}`,
+    ...(experts.length ? ["", ...experts] : []),
     "",
     line(header),
     ...rows.map(line),

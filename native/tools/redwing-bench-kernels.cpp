@@ -2,12 +2,13 @@
 // quantized matrix-vector product (decode) at Gemma 4 26B-A4B shapes, and prints JSON on stdout
 // (progress goes to stderr). bench/kernels.ts runs it and formats the table.
 //
-//   redwing-bench-kernels [--threads 1,2] [--runs 9] [--quick] [--only ROWSxCOLS[:BITS]]
+//   redwing-bench-kernels [--threads 1,2] [--runs 9] [--quick] [--only ROWSxCOLS[:BITS]|experts]
 //
 // Throughput is GB/s of weight bytes read (packed + scales + biases). The small matrices would
 // fit in the last-level cache, which a real decode step never sees (30 layers of weights pass
 // through it per token), so each timed run cycles through enough copies of the matrix to exceed
-// the cache several times over.
+// the cache several times over. A ninth case, "experts", runs a decode step's 8 routed experts of
+// one MoE layer as the CPU backend batches them (bench_expert_layer).
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -27,6 +28,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
 #include "bench_median.h"
+#include "platform/file.h"
 
 using namespace redwing;
 using namespace redwing::cpu;
@@ -41,20 +43,20 @@ double seconds_since(Clock::time_point t0) {
 
 using bench::median;
 
-// 64-byte aligned, zero-initialised storage that is freed on scope exit.
+// 64-byte aligned storage, freed on scope exit. Blocks of 2 MiB or more come from
+// platform::allocate_aligned, which marks them for transparent huge pages as the engine's
+// weight blocks are: with 4 KiB pages a sweep over the copies below pays a TLB miss per page,
+// which on a virtual machine costs the small products a third of their speed (docs/cpu.md).
 struct AlignedBuffer {
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, Free> ptr;
+  platform::AlignedBytes ptr;
   size_t bytes = 0;
-  explicit AlignedBuffer(size_t n) : bytes((n + 63) / 64 * 64) {
-    ptr.reset(std::aligned_alloc(64, bytes));
-    if (!ptr) throw std::runtime_error("out of memory allocating " + std::to_string(n) + " bytes");
+  explicit AlignedBuffer(size_t n)
+      : ptr(platform::allocate_aligned((n + 63) / 64 * 64, 64)), bytes((n + 63) / 64 * 64) {
+    std::memset(ptr.get(), 0, bytes);
   }
   template <typename T>
   T* as() const {
-    return static_cast<T*>(ptr.get());
+    return reinterpret_cast<T*>(ptr.get());
   }
 };
 
@@ -137,31 +139,39 @@ double measure_bandwidth(ThreadPool& pool, const AlignedBuffer& buf, int runs) {
 
 // ---- quantized matrices ------------------------------------------------------------------------
 
+// A matrix's packed words, scales and biases, carved one after another from a shared arena
+// (one huge-page block for all the copies of a shape, laid out as the engine's weights are).
 struct BenchMatrix {
-  AlignedBuffer packed, scales, biases;
+  static size_t bytes_needed(int64_t rows, int64_t cols, int bits, int group) {
+    return round64(static_cast<size_t>(rows * cols * bits / 8)) +
+           2 * round64(static_cast<size_t>(rows * (cols / group) * 2));
+  }
   QuantMatrix view;
-  BenchMatrix(int64_t rows, int64_t cols, int bits, int group, uint64_t seed)
-      : packed(static_cast<size_t>(rows * cols * bits / 8)),
-        scales(static_cast<size_t>(rows * (cols / group) * 2)),
-        biases(static_cast<size_t>(rows * (cols / group) * 2)) {
-    fill_random(packed.as<void>(), packed.bytes, seed);
+  BenchMatrix(std::byte* at, int64_t rows, int64_t cols, int bits, int group, uint64_t seed) {
+    const size_t packed_bytes = static_cast<size_t>(rows * cols * bits / 8);
+    const size_t scale_bytes = static_cast<size_t>(rows * (cols / group) * 2);
+    std::byte* packed = at;
+    auto* s = reinterpret_cast<uint16_t*>(packed + round64(packed_bytes));
+    auto* b = reinterpret_cast<uint16_t*>(packed + round64(packed_bytes) + round64(scale_bytes));
+    fill_random(packed, packed_bytes, seed);
     // Plausible bf16 scales (|s| ~ 0.01, both signs) and biases (~ -0.1).
-    auto* s = scales.as<uint16_t>();
-    auto* b = biases.as<uint16_t>();
     const int64_t n = rows * (cols / group);
     for (int64_t i = 0; i < n; ++i) {
       s[i] = f32_to_bf16((i % 3 ? 0.01f : -0.012f) * (1.0f + 0.001f * static_cast<float>(i % 97)));
       b[i] = f32_to_bf16(-0.1f + 0.0005f * static_cast<float>(i % 101));
     }
-    view.packed = packed.as<uint32_t>();
-    view.scales = scales.as<void>();
-    view.biases = biases.as<void>();
+    view.packed = reinterpret_cast<const uint32_t*>(packed);
+    view.scales = s;
+    view.biases = b;
     view.scale_type = ScaleType::bf16;
     view.bits = bits;
     view.group_size = group;
     view.rows = rows;
     view.cols = cols;
   }
+
+ private:
+  static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 };
 
 struct Result {
@@ -189,6 +199,141 @@ std::vector<int> parse_list(const std::string& s) {
   return out;
 }
 
+// ---- a MoE layer's routed experts, batched as the CPU backend runs a decode step -------------
+
+// One decode step's 8 routed experts of a Gemma 4 26B-A4B layer (gate and up 704 x 2,816, down
+// 2,816 x 704, 4-bit, group 64), as CpuBackend::qmatmul_batch runs them with the exact integer
+// method (the float32 product on CPUs without it) or 8-bit activations: the 16 gate and up
+// products share one prepared input and run as one parallel loop over their rows, then the 8
+// down products (each its own prepared input) as another. Enough layers
+// are cycled through to exceed the last-level cache. Returns {ms per layer for gate/up, ms for
+// down}; GB/s is weight bytes over that time.
+struct ExpertLayerTimes {
+  double gate_up_ms, down_ms;
+  double bytes_gate_up, bytes_down;
+};
+ExpertLayerTimes bench_expert_layer(ThreadPool& pool, int runs, size_t sweep_bytes, bool int8) {
+  constexpr int kExperts = 8;
+  constexpr int64_t kHidden = 2816, kInter = 704;
+  const size_t up_each = BenchMatrix::bytes_needed(kInter, kHidden, 4, 64);
+  const size_t down_each = BenchMatrix::bytes_needed(kHidden, kInter, 4, 64);
+  const size_t layer_bytes = kExperts * (2 * up_each + down_each);
+  const int layers = static_cast<int>(std::max<size_t>(2, sweep_bytes / layer_bytes));
+  AlignedBuffer arena(layer_bytes * static_cast<size_t>(layers));
+  struct Layer {
+    std::vector<std::unique_ptr<BenchMatrix>> up, down;  // up: gate then up per expert
+  };
+  std::vector<Layer> all(static_cast<size_t>(layers));
+  std::byte* at = arena.as<std::byte>();
+  uint64_t seed = 100;
+  for (Layer& l : all) {
+    for (int e = 0; e < kExperts; ++e) {
+      for (int k = 0; k < 2; ++k, at += up_each)
+        l.up.push_back(std::make_unique<BenchMatrix>(at, kInter, kHidden, 4, 64, seed++));
+      l.down.push_back(std::make_unique<BenchMatrix>(at, kHidden, kInter, 4, 64, seed++));
+      at += down_each;
+    }
+  }
+  std::vector<float> x(kHidden), g(static_cast<size_t>(2 * kExperts * kInter)),
+      y(static_cast<size_t>(kExperts * kHidden));
+  for (int64_t c = 0; c < kHidden; ++c) x[static_cast<size_t>(c)] = std::sin(0.1f * c);
+  X24Buffer x24;
+  std::vector<X24Buffer> down_x24(kExperts);
+  Q8Buffer x8;
+  std::vector<Q8Buffer> down_x8(kExperts);
+  ExpertLayerTimes out{0, 0, 2.0 * kExperts * static_cast<double>(up_each),
+                       kExperts * static_cast<double>(down_each)};
+  // Exact: the integer method where the CPU has it, else the float32 product (as the backend).
+  const bool integer = !int8 && x24.prepare(x.data(), kHidden, 64);
+  // One parallel loop over the rows of several products of rows_each rows (the backend's batch).
+  auto batch = [&](const std::vector<std::unique_ptr<BenchMatrix>>& mats, int64_t rows_each,
+                   int64_t cols, auto&& product) {
+    const int64_t total = rows_each * static_cast<int64_t>(mats.size());
+    pool.parallel_for(total, std::max<int64_t>(4, 65536 / cols), [&](int64_t b, int64_t e) {
+      for (int64_t m = b / rows_each; m * rows_each < e; ++m) {
+        const int64_t lo = std::max(b, m * rows_each) - m * rows_each;
+        const int64_t hi = std::min(e, (m + 1) * rows_each) - m * rows_each;
+        product(static_cast<size_t>(m), mats[static_cast<size_t>(m)]->view, lo, hi);
+      }
+    });
+  };
+  std::vector<double> up_ms, down_ms;
+  for (int r = 0; r < runs + 1; ++r) {
+    double t_up = 0, t_down = 0;
+    for (const Layer& l : all) {
+      auto t0 = Clock::now();
+      if (int8) x8.quantize(x.data(), 1, kHidden, kHidden, 4);  // per layer, as the backend does
+      batch(l.up, kInter, kHidden, [&](size_t m, const QuantMatrix& w, int64_t lo, int64_t hi) {
+        float* out_rows = g.data() + m * kInter;
+        if (int8)
+          qmatvec_q8(w, x8.row(0), out_rows, lo, hi);
+        else if (integer)
+          qmatvec_x24(w, x24, out_rows, lo, hi);
+        else
+          qmatvec(w, x.data(), out_rows, lo, hi);
+      });
+      t_up += seconds_since(t0);
+      t0 = Clock::now();
+      for (size_t e = 0; e < kExperts; ++e) {  // the GeGLU's output stands in: gate's values
+        const float* in = g.data() + 2 * e * static_cast<size_t>(kInter);
+        if (int8)
+          down_x8[e].quantize(in, 1, kInter, kInter, 4);
+        else if (integer)
+          down_x24[e].prepare(in, kInter, 64);
+      }
+      batch(l.down, kHidden, kInter, [&](size_t m, const QuantMatrix& w, int64_t lo, int64_t hi) {
+        float* out_rows = y.data() + m * kHidden;
+        if (int8)
+          qmatvec_q8(w, down_x8[m].row(0), out_rows, lo, hi);
+        else if (integer)
+          qmatvec_x24(w, down_x24[m], out_rows, lo, hi);
+        else
+          qmatvec(w, g.data() + 2 * m * kInter, out_rows, lo, hi);
+      });
+      t_down += seconds_since(t0);
+    }
+    if (r > 0) {  // run 0 warms up
+      up_ms.push_back(t_up * 1e3 / layers);
+      down_ms.push_back(t_down * 1e3 / layers);
+    }
+  }
+  out.gate_up_ms = median(up_ms);
+  out.down_ms = median(down_ms);
+  return out;
+}
+
+// The expert layer at every thread count, exact and with 8-bit activations: a line each on
+// stderr, and the JSON array's entries.
+std::string expert_layer_runs(const std::vector<int>& thread_counts,
+                              const std::vector<double>& bandwidth, int runs, size_t sweep_bytes) {
+  std::string json;
+  for (size_t t = 0; t < thread_counts.size(); ++t) {
+    for (bool int8 : {false, true}) {
+      ThreadPool pool(thread_counts[t]);
+      const ExpertLayerTimes e = bench_expert_layer(pool, runs, sweep_bytes, int8);
+      const double up_gbps = e.bytes_gate_up / (e.gate_up_ms * 1e-3) / 1e9;
+      const double down_gbps = e.bytes_down / (e.down_ms * 1e-3) / 1e9;
+      const double gbps =
+          (e.bytes_gate_up + e.bytes_down) / ((e.gate_up_ms + e.down_ms) * 1e-3) / 1e9;
+      const char* activations = int8 ? "int8" : "exact";
+      std::fprintf(stderr,
+                   "8 routed experts, %s, %d thread(s): gate/up %.3f ms (%.2f GB/s), down %.3f "
+                   "ms (%.2f GB/s), layer %.2f GB/s (%.0f%%)\n",
+                   activations, thread_counts[t], e.gate_up_ms, up_gbps, e.down_ms, down_gbps, gbps,
+                   gbps / bandwidth[t] * 100);
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "%s\n    {\"activations\": \"%s\", \"threads\": %d, \"gate_up_ms\": %s, "
+                    "\"down_ms\": %s, \"gbps\": %s, \"fraction_of_bandwidth\": %s}",
+                    json.empty() ? "" : ",", activations, thread_counts[t],
+                    json_number(e.gate_up_ms).c_str(), json_number(e.down_ms).c_str(),
+                    json_number(gbps).c_str(), json_number(gbps / bandwidth[t]).c_str());
+      json += buf;
+    }
+  }
+  return json;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -209,7 +354,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: redwing-bench-kernels [--threads 1,2] [--runs N] [--quick] "
-                   "[--only ROWSxCOLS[:BITS]]\n"
+                   "[--only ROWSxCOLS[:BITS]|experts]\n"
                    "  prints JSON: bandwidth and qmatvec GB/s at Gemma 4 26B-A4B shapes\n");
       return a == "--help" ? 0 : 2;
     }
@@ -229,6 +374,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  const std::string experts_json =
+      (only.empty() || only == "experts")
+          ? expert_layer_runs(thread_counts, bandwidth, runs, sweep_bytes)
+          : "";
+
   struct Shape {
     int64_t rows, cols;
     int bits;
@@ -243,9 +393,12 @@ int main(int argc, char** argv) {
     const size_t bytes_one =
         static_cast<size_t>(sh.rows * sh.cols * sh.bits / 8 + sh.rows * (sh.cols / 64) * 4);
     const int copies = static_cast<int>(std::max<size_t>(1, sweep_bytes / bytes_one));
+    const size_t each = BenchMatrix::bytes_needed(sh.rows, sh.cols, sh.bits, 64);
+    AlignedBuffer arena(each * static_cast<size_t>(copies));
     std::vector<std::unique_ptr<BenchMatrix>> mats;
     for (int c = 0; c < copies; ++c) {
-      mats.push_back(std::make_unique<BenchMatrix>(sh.rows, sh.cols, sh.bits, 64, 10 + c));
+      mats.push_back(std::make_unique<BenchMatrix>(arena.as<std::byte>() + each * c, sh.rows,
+                                                   sh.cols, sh.bits, 64, 10 + c));
     }
     AlignedBuffer xbuf(static_cast<size_t>(sh.cols) * sizeof(float));
     AlignedBuffer ybuf(static_cast<size_t>(sh.rows) * sizeof(float));
@@ -314,7 +467,8 @@ int main(int argc, char** argv) {
     out +=
         (t ? ", \"" : "\"") + std::to_string(thread_counts[t]) + "\": " + json_number(bandwidth[t]);
   }
-  out += "},\n  \"results\": [\n";
+  out += "},\n  \"expert_layer\": [" + experts_json + (experts_json.empty() ? "" : "\n  ") +
+         "],\n  \"results\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     out += "    {\"shape\": [" + std::to_string(r.rows) + ", " + std::to_string(r.cols) +
