@@ -104,6 +104,13 @@ inline __m512i lane_groups() {
   return _mm512_load_si512(lane_group);
 }
 
+// Each lane's scale for a register block whose first group's scale is at first (a row's scales
+// as float32, row_scales_f32): lane i takes first[lane_groups' i], and those indices are under
+// 4 (a block spans at most 4 groups of 32), so 4 floats are read.
+inline __m512 block_scales(__m512i idx, const float* first) {
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(first)));
+}
+
 // The lane sum of one vector in reduce4's order, so that a row's sum has the same bits whether
 // it was reduced alone or with three others.
 inline float reduce1(__m512 a) {
@@ -123,9 +130,10 @@ struct Q8Prepared {
 };
 
 // Rows [r0, r0 + kRows) against every prepared activation row. The rows' scales and biases are
-// converted once (sbuf, bbuf: kRows rows of pad16(gpr) + 16 floats, zero past gpr) and their
-// packed weights stay in L1 while each activation row goes by, so a prefill chunk reads the
-// weights from memory once. kX24: the integer method's limbs (4-bit weights, one x row).
+// converted once (sbuf, bbuf: row i at i * (pad16(gpr) + 16), pad16(gpr) floats written, zero
+// past gpr) and their packed weights stay in L1 while each activation row goes by, so a prefill
+// chunk reads the weights from memory once. kX24: the integer method's limbs (4-bit weights, one
+// x row).
 template <int kBits, int kGroup, int kRows, bool kX24 = false>
 void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0, float* y,
              int64_t y_stride, float* sbuf, float* bbuf) {
@@ -137,8 +145,29 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
   const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
   const uint32_t* rows[kRows];
   prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
+  // Each row's scales as float32 into sbuf, 16 groups at a time up to pad16(gpr): a block reads
+  // at most 4 of them from its first group on (block_scales), and the lanes of a partial last
+  // block that pick groups past gpr find the zeros the masked conversion wrote there. The biases
+  // go to bbuf likewise for several x rows; for one (decode) they go straight into the row's
+  // bias part instead: the same products in the same order, without a store and a reload. Short
+  // rows gain most: an expert's 704-column down row (11 groups) converted 2 x 32 floats before
+  // (pad16(gpr) + 16, for 16-float loads at any group) and stored and reloaded its biases.
+  const bool one_x = n_x == 1;
+  __m512 bias_part[kRows];
   for (int i = 0; i < kRows; ++i) {
-    row_scales_f32(w, r0 + i, gpr, stride, sbuf + i * stride, bbuf + i * stride);
+    const int64_t first = (r0 + i) * gpr;
+    __m512 b = _mm512_setzero_ps();
+    for (int64_t g = 0; g < gpr; g += 16) {
+      const __mmask16 lanes = first_lanes(gpr - g);
+      _mm512_storeu_ps(sbuf + i * stride + g,
+                       load_scales16(w.scales, w.scale_type, first + g, lanes));
+      const __m512 bias = load_scales16(w.biases, w.scale_type, first + g, lanes);
+      if (one_x)
+        b = _mm512_fmadd_ps(bias, _mm512_load_ps(xs[0].sums + g), b);
+      else
+        _mm512_storeu_ps(bbuf + i * stride + g, bias);
+    }
+    bias_part[i] = b;
     rows[i] = w.packed + (r0 + i) * wpr;
   }
   const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
@@ -148,9 +177,11 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
     __m512 acc[kRows];
     for (int i = 0; i < kRows; ++i) {
       // The bias part: b_g times the float32 sum of x over group g, lane-wise.
-      __m512 b = _mm512_setzero_ps();
-      for (int64_t g = 0; g < gpr; g += 16)
-        b = _mm512_fmadd_ps(_mm512_loadu_ps(bbuf + i * stride + g), _mm512_load_ps(x.sums + g), b);
+      __m512 b = bias_part[i];
+      if (!one_x)
+        for (int64_t g = 0; g < gpr; g += 16)
+          b = _mm512_fmadd_ps(_mm512_loadu_ps(bbuf + i * stride + g), _mm512_load_ps(x.sums + g),
+                              b);
       acc[i] = b;
     }
     for (int64_t blk = 0; blk < n_blocks; ++blk) {
@@ -173,7 +204,7 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
         if constexpr (kGroup >= L::kValues) {
           s = _mm512_set1_ps(sbuf[i * stride + g0]);
         } else {
-          s = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sbuf + i * stride + g0));
+          s = block_scales(idx, sbuf + i * stride + g0);
         }
         acc[i] = _mm512_fmadd_ps(dots, _mm512_mul_ps(s, d), acc[i]);
       }
