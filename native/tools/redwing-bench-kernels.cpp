@@ -7,8 +7,9 @@
 // Throughput is GB/s of weight bytes read (packed + scales + biases). The small matrices would
 // fit in the last-level cache, which a real decode step never sees (30 layers of weights pass
 // through it per token), so each timed run cycles through enough copies of the matrix to exceed
-// the cache several times over. A ninth case, "experts", runs a decode step's 8 routed experts of
-// one MoE layer as the CPU backend batches them (bench_expert_layer).
+// the cache several times over. Beside those shapes, "experts" (also in the default run) times a
+// decode step's 8 routed experts of one MoE layer as the CPU backend batches them
+// (bench_expert_layer).
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -46,7 +47,7 @@ using bench::median;
 // 64-byte aligned storage, freed on scope exit. Blocks of 2 MiB or more come from
 // platform::allocate_aligned, which marks them for transparent huge pages as the engine's
 // weight blocks are: with 4 KiB pages a sweep over the copies below pays a TLB miss per page,
-// which on a virtual machine costs the small products a third of their speed (docs/cpu.md).
+// which on a 2-core virtual machine slowed the products by 4-17% (docs/cpu.md, session 28).
 struct AlignedBuffer {
   platform::AlignedBytes ptr;
   size_t bytes = 0;
@@ -205,9 +206,9 @@ std::vector<int> parse_list(const std::string& s) {
 // 2,816 x 704, 4-bit, group 64), as CpuBackend::qmatmul_batch runs them with the exact integer
 // method (the float32 product on CPUs without it) or 8-bit activations: the 16 gate and up
 // products share one prepared input and run as one parallel loop over their rows, then the 8
-// down products (each its own prepared input) as another. Enough layers
-// are cycled through to exceed the last-level cache. Returns {ms per layer for gate/up, ms for
-// down}; GB/s is weight bytes over that time.
+// down products (each its own prepared input) as another. Enough layers are cycled through to
+// exceed the last-level cache. Returns the medians of the ms a layer spends in each of the two
+// loops, and the weight bytes each reads.
 struct ExpertLayerTimes {
   double gate_up_ms, down_ms;
   double bytes_gate_up, bytes_down;
