@@ -419,20 +419,25 @@ for (const fixture of FIXTURES) {
         });
       }
 
-      it("the RAM tier's counters: GPU hits, RAM hits and misses add up to the expert uses", () => {
-        // 8 experts, top-2, 6 MoE layers: a decode step uses 12 experts. 2 GPU slots under 4 host
-        // slots; the same greedy tokens as every expert resident.
-        const moeLayers = 6;
-        const topK = 2;
-        const out = greedyContinuation(model, ref, [
+      // 8 experts, top-2, 6 MoE layers: a decode step uses 12 experts. The RAM tier's runs below
+      // hold 2 GPU slots under 4 host slots, the GPU's misses handled as `misses` says.
+      const moeLayers = 6;
+      const topK = 2;
+      const ramTierRun = (misses: "copy" | "cpu" | "split", extra: string[] = []) =>
+        greedyContinuation(model, ref, [
           ...gpu,
           "--expert-cache-slots",
           "4",
           "--gpu-expert-slots",
           "2",
           "--gpu-misses",
-          "copy",
+          misses,
+          ...extra,
         ]);
+
+      it("the RAM tier's counters: GPU hits, RAM hits and misses add up to the expert uses", () => {
+        // The same greedy tokens as every expert resident.
+        const out = ramTierRun("copy");
         const r = JSON.parse(out) as {
           tokens: number[];
           expert_cache_slots: number;
@@ -550,23 +555,11 @@ for (const fixture of FIXTURES) {
         }
       });
 
-      // A greedy run under the RAM tier (2 GPU slots under 4 host slots) with the GPU's misses
-      // run as `misses` says: the same tokens as transformers, the mode and copies reported, each
-      // decode step's expert uses and whole experts copied; the report and an expert's bytes.
-      const moeLayers = 6;
-      const topK = 2;
+      // A greedy run under the RAM tier with the GPU's misses run as `misses` says: the same
+      // tokens as transformers, the mode and copies reported, each decode step's expert uses and
+      // whole experts copied; the report and an expert's bytes.
       const hybridRun = (misses: "cpu" | "split", copies: number) => {
-        const out = greedyContinuation(model, ref, [
-          ...gpu,
-          "--expert-cache-slots",
-          "4",
-          "--gpu-expert-slots",
-          "2",
-          "--gpu-misses",
-          misses,
-          "--gpu-expert-copies",
-          String(copies),
-        ]);
+        const out = ramTierRun(misses, ["--gpu-expert-copies", String(copies)]);
         const r = parseGenerateReport(out);
         const stride = (JSON.parse(out) as { expected_memory: { expert_bytes_each: number } })
           .expected_memory.expert_bytes_each;
