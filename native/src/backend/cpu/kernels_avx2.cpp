@@ -1042,18 +1042,27 @@ struct Avx2AttentionTiles {
   static void score_tile(const float* q, int64_t q_stride, int d, float scale, const void* k,
                          const int64_t* rows, int64_t n, int h0, int64_t j0, float* s) {
     __m256 acc[kKeys][kHeads];
-    for (int a = 0; a < kKeys; ++a)
+    REDWING_UNROLL
+    for (int a = 0; a < kKeys; ++a) {
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_setzero_ps();
+    }
     for (int c = 0; c < d; c += 8) {
       __m256 qv[kHeads];
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h) qv[h] = load_kv8<false>(q + (h0 + h) * q_stride, c, d - c);
+      REDWING_UNROLL
       for (int a = 0; a < kKeys; ++a) {
         const __m256 kv = load_kv8<kF16>(k, rows[j0 + a] + c, d - c);
+        REDWING_UNROLL
         for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm256_fmadd_ps(qv[h], kv, acc[a][h]);
       }
     }
-    for (int a = 0; a < kKeys; ++a)
+    REDWING_UNROLL
+    for (int a = 0; a < kKeys; ++a) {
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h) s[(h0 + h) * n + j0 + a] = hsum(acc[a][h]) * scale;
+    }
   }
 
   // Output columns [c0, c0 + 8 kChunks) of query heads [h0, h0 + kHeads): each value row's
@@ -1063,20 +1072,28 @@ struct Avx2AttentionTiles {
   static void value_tile(const float* p, int d, const void* v, const int64_t* rows, int64_t n,
                          int h0, int c0, float* o) {
     __m256 acc[kHeads][kChunks];
-    for (int h = 0; h < kHeads; ++h)
+    REDWING_UNROLL
+    for (int h = 0; h < kHeads; ++h) {
+      REDWING_UNROLL
       for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_setzero_ps();
+    }
     for (int64_t j = 0; j < n; ++j) {
       __m256 vv[kChunks];
+      REDWING_UNROLL
       for (int c = 0; c < kChunks; ++c) {
         const int col = c0 + 8 * c;
         vv[c] = col < d ? load_kv8<kF16>(v, rows[j] + col, d - col) : _mm256_setzero_ps();
       }
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h) {
         const __m256 w = _mm256_set1_ps(p[(h0 + h) * n + j]);
+        REDWING_UNROLL
         for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
       }
     }
+    REDWING_UNROLL
     for (int h = 0; h < kHeads; ++h) {
+      REDWING_UNROLL
       for (int c = 0; c < kChunks; ++c) {
         const int col = c0 + 8 * c;
         float* out = o + (h0 + h) * d + col;

@@ -363,21 +363,30 @@ struct Avx512AttentionTiles {
   static void score_tile(const float* q, int64_t q_stride, int d, float scale, const void* k,
                          const int64_t* rows, int64_t n, int h0, int64_t j0, float* s) {
     __m512 acc[kKeys][kHeads];
-    for (int a = 0; a < kKeys; ++a)
+    REDWING_UNROLL
+    for (int a = 0; a < kKeys; ++a) {
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm512_setzero_ps();
+    }
     for (int c = 0; c < d; c += 16) {
       const __mmask16 lanes = lanes_upto(d - c);
       __m512 qv[kHeads];
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h)
         qv[h] = _mm512_maskz_loadu_ps(lanes, q + (h0 + h) * q_stride + c);
+      REDWING_UNROLL
       for (int a = 0; a < kKeys; ++a) {
         const __m512 kv = load_kv16<kF16>(k, rows[j0 + a] + c, lanes);
+        REDWING_UNROLL
         for (int h = 0; h < kHeads; ++h) acc[a][h] = _mm512_fmadd_ps(qv[h], kv, acc[a][h]);
       }
     }
-    for (int a = 0; a < kKeys; ++a)
+    REDWING_UNROLL
+    for (int a = 0; a < kKeys; ++a) {
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h)
         s[(h0 + h) * n + j0 + a] = _mm512_reduce_add_ps(acc[a][h]) * scale;
+    }
   }
 
   // Output columns [c0, c0 + 16 kChunks) of query heads [h0, h0 + kHeads): each value row's
@@ -388,20 +397,30 @@ struct Avx512AttentionTiles {
                          int h0, int c0, float* o) {
     __m512 acc[kHeads][kChunks];
     __mmask16 lanes[kChunks];
+    REDWING_UNROLL
     for (int c = 0; c < kChunks; ++c) lanes[c] = lanes_upto(d - c0 - 16 * c);
-    for (int h = 0; h < kHeads; ++h)
+    REDWING_UNROLL
+    for (int h = 0; h < kHeads; ++h) {
+      REDWING_UNROLL
       for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm512_setzero_ps();
+    }
     for (int64_t j = 0; j < n; ++j) {
       __m512 vv[kChunks];
+      REDWING_UNROLL
       for (int c = 0; c < kChunks; ++c) vv[c] = load_kv16<kF16>(v, rows[j] + c0 + 16 * c, lanes[c]);
+      REDWING_UNROLL
       for (int h = 0; h < kHeads; ++h) {
         const __m512 w = _mm512_set1_ps(p[(h0 + h) * n + j]);
+        REDWING_UNROLL
         for (int c = 0; c < kChunks; ++c) acc[h][c] = _mm512_fmadd_ps(w, vv[c], acc[h][c]);
       }
     }
-    for (int h = 0; h < kHeads; ++h)
+    REDWING_UNROLL
+    for (int h = 0; h < kHeads; ++h) {
+      REDWING_UNROLL
       for (int c = 0; c < kChunks; ++c)
         _mm512_mask_storeu_ps(o + (h0 + h) * d + c0 + 16 * c, lanes[c], acc[h][c]);
+    }
   }
 };
 

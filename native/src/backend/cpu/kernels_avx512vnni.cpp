@@ -373,7 +373,9 @@ inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float
                      int64_t stride, const Q8Prepared* xs, int64_t n_blocks, int tail_words,
                      int64_t gpr, __m512i idx, float* y, int64_t y_stride, int64_t r0) {
   __m512 acc[kR][kT];
+  REDWING_UNROLL
   for (int t = 0; t < kT; ++t) {
+    REDWING_UNROLL
     for (int i = 0; i < kR; ++i) {
       __m512 b = _mm512_setzero_ps();
       for (int64_t g = 0; g < gpr; g += 16)
@@ -390,6 +392,7 @@ inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float
     const int64_t g0 = blk * 128 / kGroup;
     __m512i lo[kR], hi[kR];
     __m512 s[kR];
+    REDWING_UNROLL
     for (int i = 0; i < kR; ++i) {
       const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows[i] + blk * 16)
                                  : _mm512_loadu_si512(rows[i] + blk * 16);
@@ -401,6 +404,7 @@ inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float
         s[i] = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sbuf + i * stride + g0));
       }
     }
+    REDWING_UNROLL
     for (int t = 0; t < kT; ++t) {
       const int8_t* a = xs[t].q + blk * 384;
       const __m512i top_even = _mm512_load_si512(a);
@@ -410,6 +414,7 @@ inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float
       const __m512i low_even = _mm512_load_si512(a + 256);
       const __m512i low_odd = _mm512_load_si512(a + 320);
       const __m512 e = _mm512_load_ps(xs[t].dl + blk * 16);
+      REDWING_UNROLL
       for (int i = 0; i < kR; ++i) {
         // lane_dots_x24, with the unpacked nibbles and the limbs shared.
         __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], top_even);
@@ -424,11 +429,13 @@ inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float
       }
     }
   }
+  REDWING_UNROLL
   for (int t = 0; t < kT; ++t) {
     float* yt = y + t * y_stride + r0;
     if constexpr (kR == 4) {
       _mm_storeu_ps(yt, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
     } else {
+      REDWING_UNROLL
       for (int i = 0; i < kR; ++i) yt[i] = reduce1(acc[i][t]);
     }
   }

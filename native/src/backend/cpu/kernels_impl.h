@@ -11,6 +11,13 @@
 
 #include "backend/cpu/kernels.h"
 
+// Put on the line before a loop over an array of vector registers (a tile's accumulators, its
+// unpacked weights): unrolls it early in compilation, so that GCC keeps the array in registers.
+// Without it GCC 12 at -O3 unrolled such loops too late and kept a copy of the array on the
+// stack, storing every accumulator on each pass of the enclosing loop: 8 stores per key in the
+// attention tiles and per 128 columns in the exact prefill tile (docs/cpu.md, session 29).
+#define REDWING_UNROLL _Pragma("GCC unroll 16")
+
 namespace redwing::cpu {
 
 // qmatvec's integer method (kernels.h) on 4-bit weights, both null where the ISA lacks it.
