@@ -31,6 +31,11 @@ const uint MV_LANES = THREADS / MV_ROWS;
 // operations (DeviceInfo::matvec_subgroup_reduce): mv_reduce then sums a row by subgroupAdd, no
 // barrier, instead of a shared-memory tree with a workgroup barrier per level.
 layout(constant_id = 5) const uint MV_ROW_SUBGROUP = 0u;
+// Blocks of MV_ROWS rows a workgroup of the looping grid (qmatvec_blocks) computes at once: 1, 2
+// or 4 (DeviceInfo::matvec_loop_rows). With more, each thread reads its quads of that many rows
+// against one read of x from shared memory and one sum(x), and their weight loads are in flight
+// together (mv_chunk_rows).
+layout(constant_id = 6) const uint MV_LOOP_ROWS = 1u;
 const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of every group size)
 // x is held as vec4s, with a pad vec4 after every 32 columns: a thread's quad (32 or 16
 // consecutive columns) starts on a vec4, so its x comes in 8 or 4 16-byte shared loads instead
@@ -112,6 +117,56 @@ float mv_chunk(float acc, bool row_ok, uint row_quad0, uint scale_base, uint c0,
     acc += MV_SCALE(si) * sxq + MV_BIAS(si) * sx;
   }
   return acc;
+}
+
+// mv_chunk for MV_LOOP_ROWS rows at once over the staged columns [0, n) (the looping grid's
+// rows of at most MV_CHUNK columns): acc[r] plus row r's dot product, row r starting at its
+// uvec4 row_quad0[r] with its scales at scale_base[r]. Each row adds mv_chunk's terms in
+// mv_chunk's order, so its sum has the same bits.
+void mv_chunk_rows(inout float acc[4], const uint row_quad0[4], const uint scale_base[4], uint n,
+                   uint bits, uint group_size, uint lane) {
+  const uint cols_per_quad = bits == 4u ? 32u : 16u;
+  const uint quads = n / cols_per_quad;
+  for (uint q = lane; q < quads; q += MV_LANES) {
+    uvec4 w[4];
+    [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+      if (r < MV_LOOP_ROWS) w[r] = packed4[row_quad0[r] + q];
+    }
+    const uint cl = q * cols_per_quad;
+    const uint xs4 = mv_slot(cl) >> 2u;
+    float sxq[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    float sx = 0.0;
+    if (bits == 4u) {
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        const vec4 lo = mv_x4[xs4 + 2u * j];
+        const vec4 hi = mv_x4[xs4 + 2u * j + 1u];
+        [[unroll]] for (uint k = 0u; k < 8u; ++k) {
+          const float xv = k < 4u ? lo[k] : hi[k - 4u];
+          [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+            if (r < MV_LOOP_ROWS) sxq[r] += xv * float((w[r][j] >> (k * 4u)) & 15u);
+          }
+          sx += xv;
+        }
+      }
+    } else {
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        const vec4 xq = mv_x4[xs4 + j];
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+          const float xv = xq[k];
+          [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+            if (r < MV_LOOP_ROWS) sxq[r] += xv * float((w[r][j] >> (k * 8u)) & 255u);
+          }
+          sx += xv;
+        }
+      }
+    }
+    [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+      if (r < MV_LOOP_ROWS) {
+        const uint si = scale_base[r] + cl / group_size;
+        acc[r] += MV_SCALE(si) * sxq[r] + MV_BIAS(si) * sx;
+      }
+    }
+  }
 }
 
 // The dot product of row `row_quad0` (its first uvec4 in packed4) with x[xb ..], or 0 where

@@ -64,10 +64,33 @@ void main() {
     if (lane == 0u && r < p.rows) y[p.y_offset + s * p.y_stride + r] = sum;
     return;
   }
-  // As qmatvec_blocks (qmatvec.glsl): x staged once for several blocks; the same sums.
+  // As qmatvec_blocks (qmatvec.glsl): x staged once for several blocks, MV_LOOP_ROWS of them at
+  // once while they are whole (and the slot's expert valid); the same sums.
   mv_stage(xb, 0u, p.cols);
   const uint blocks = (p.rows + MV_ROWS - 1u) / MV_ROWS;
-  for (uint b = linear_group(); b < blocks; b += p.loop_groups) {  // uniform in the workgroup
+  const uint whole_blocks = p.rows / MV_ROWS;
+  const uint step = p.loop_groups;
+  uint b = linear_group();
+  for (; MV_LOOP_ROWS > 1u && valid && b + (MV_LOOP_ROWS - 1u) * step < whole_blocks;
+       b += MV_LOOP_ROWS * step) {  // uniform in the workgroup
+    uint quad0[4];
+    uint scale_base[4];
+    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      const uint r = (b + min(i, MV_LOOP_ROWS - 1u) * step) * MV_ROWS + tid / MV_LANES;
+      quad0[i] = e * (p.packed_stride / 4u) + r * row_quads;
+      scale_base[i] = e * p.scale_stride + r * groups;
+    }
+    mv_chunk_rows(acc, quad0, scale_base, p.cols, p.bits, p.group_size, lane);
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      if (i < MV_LOOP_ROWS) {
+        const float sum = mv_reduce(acc[i], lane);
+        const uint r = (b + i * step) * MV_ROWS + tid / MV_LANES;
+        if (lane == 0u) y[p.y_offset + s * p.y_stride + r] = sum;
+      }
+    }
+  }
+  for (; b < blocks; b += step) {  // uniform in the workgroup
     const uint r = b * MV_ROWS + tid / MV_LANES;
     const float acc = mv_chunk(0.0, r < p.rows && valid, e * (p.packed_stride / 4u) + r * row_quads,
                                e * p.scale_stride + r * groups, 0u, p.cols, p.bits, p.group_size,

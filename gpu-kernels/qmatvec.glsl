@@ -47,8 +47,10 @@ void qmatvec_product() {
 // MV_CHUNK columns): each workgroup stages its token's x once, then computes blocks
 // linear_group(), + groups, + 2 groups, ... The x staging is as much traffic as a block's
 // weights on a 2,816-column row, so sharing it among several blocks leaves the weights the
-// bulk of what a large product reads (docs/gpu.md, "Eighteenth round"). Each row's sum is
-// qmatvec_product()'s, in the same order.
+// bulk of what a large product reads (docs/gpu.md, "Eighteenth round"). With MV_LOOP_ROWS > 1
+// it computes that many blocks at once (mv_chunk_rows: x read from shared memory once for all of
+// them, their weight loads in flight together; docs/gpu.md, "Twenty-second round"). Each row's
+// sum is qmatvec_product()'s, in the same order.
 void qmatvec_blocks(uint groups) {
   const uint tid = mv_thread();
   const uint lane = tid % MV_LANES;
@@ -62,7 +64,30 @@ void qmatvec_blocks(uint groups) {
     factor = mv_norm_factor(p.cols, p.norm_eps);
     barrier();  // every thread has read the sum before mv_reduce reuses mv_partial
   }
-  for (uint b = linear_group(); b < blocks; b += groups) {  // uniform in the workgroup
+  uint b = linear_group();
+  // MV_LOOP_ROWS blocks at once, b, b + groups, ...: all of them whole (the rest below).
+  const uint whole_blocks = p.rows / MV_ROWS;
+  for (; MV_LOOP_ROWS > 1u && b + (MV_LOOP_ROWS - 1u) * groups < whole_blocks;
+       b += MV_LOOP_ROWS * groups) {  // uniform in the workgroup
+    uint quad0[4];
+    uint scale_base[4];
+    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      const uint r = (b + min(i, MV_LOOP_ROWS - 1u) * groups) * MV_ROWS + tid / MV_LANES;
+      quad0[i] = r * row_quads;
+      scale_base[i] = p.scale0 + r * row_groups;
+    }
+    mv_chunk_rows(acc, quad0, scale_base, p.cols, p.bits, p.group_size, lane);
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      if (i < MV_LOOP_ROWS) {
+        float sum = mv_reduce(acc[i], lane);
+        if (p.norm_mode != 0u) sum *= factor;
+        const uint r = (b + i * groups) * MV_ROWS + tid / MV_LANES;
+        if (lane == 0u) y[p.y_offset + t * p.y_stride + r] = sum;
+      }
+    }
+  }
+  for (; b < blocks; b += groups) {  // uniform in the workgroup
     const uint r = b * MV_ROWS + tid / MV_LANES;
     const bool row_ok = r < p.rows;
     const float acc = mv_chunk(0.0, row_ok, r * row_quads, p.scale0 + r * row_groups, 0u, p.cols,

@@ -649,7 +649,8 @@ TEST_CASE("gpu: gate and up in one buffer and the GeGLU inside the down product 
 // blocks. Every row adds the same terms in the same order, so the outputs must be the bits of the
 // one-workgroup-per-block grid (and within 1e-4 of the CPU): plain 4- and 8-bit products, a
 // folded norm, the GeGLU inside the down product, rows wider than one staging chunk (not looped),
-// and the routed experts, for 1 and 3 tokens. Malformed values are refused.
+// and the routed experts, for 1 and 3 tokens; the same with 2 and 4 blocks computed at once
+// (REDWING_GPU_MATVEC_LOOP_ROWS). Malformed values are refused.
 TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-per-block bits") {
   FOR_EACH_WORKGROUP_SHAPE(threads);
   auto cpu = make_cpu_backend(2);
@@ -657,10 +658,16 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
   setenv("REDWING_GPU_MATVEC_GROUPS", "0", 1);
   auto whole = gpu_backend(threads);
   setenv("REDWING_GPU_MATVEC_GROUPS", "3", 1);
+  setenv("REDWING_GPU_MATVEC_LOOP_ROWS", "1", 1);
   auto looped = gpu_backend(threads);
+  setenv("REDWING_GPU_MATVEC_LOOP_ROWS", "2", 1);  // two blocks at once, then the rest singly
+  auto looped2 = gpu_backend(threads);
+  setenv("REDWING_GPU_MATVEC_LOOP_ROWS", "4", 1);
+  auto looped4 = gpu_backend(threads);
+  unsetenv("REDWING_GPU_MATVEC_LOOP_ROWS");
   unsetenv("REDWING_GPU_MATVEC_GROUPS");
   unsetenv("REDWING_GPU_FOLD_NORMS");
-  Backend* backends[] = {cpu.get(), whole.get(), looped.get()};
+  Backend* backends[] = {cpu.get(), whole.get(), looped.get(), looped2.get(), looped4.get()};
 
   const int64_t rows = 300, cols = 192, wide = 4096 + 128, inter = 128;
   HostQuant q4(rows, cols, 4, 64, DType::bf16, 1501), q8(rows + 1, cols, 8, 32, DType::f32, 1502);
@@ -695,7 +702,7 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
     }
     // Each product's output, per backend.
     std::vector<std::vector<std::vector<float>>> outs;
-    for (size_t i = 0; i < 3; ++i) {
+    for (size_t i = 0; i < std::size(backends); ++i) {
       Backend& b = *backends[i];
       const Imported& w = weights[i];
       auto xb = put(b, x), nb = put(b, nw), gub = put(b, gu);
@@ -730,11 +737,15 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
     }
     for (size_t k = 0; k < outs[0].size(); ++k) {
       CAPTURE(k);  // the products in the order above
-      CHECK(outs[2][k] == outs[1][k]);
-      CHECK(max_rel(outs[2][k], outs[0][k]) < 1e-4);
+      for (size_t i = 2; i < std::size(backends); ++i) {
+        CAPTURE(i);  // looped, 1, 2 and 4 blocks at once
+        CHECK(outs[i][k] == outs[1][k]);
+        CHECK(max_rel(outs[i][k], outs[0][k]) < 1e-4);
+      }
     }
   }
   check_setting_refused("REDWING_GPU_MATVEC_GROUPS", {"-1", "x", "70000", "1,2", " 3"});
+  check_setting_refused("REDWING_GPU_MATVEC_LOOP_ROWS", {"0", "3", "8", "x", "2,2"});
 }
 
 // Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096

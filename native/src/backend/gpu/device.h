@@ -168,6 +168,10 @@ struct DeviceInfo {
   // 2,816-column row; kGpuMatvecLoopGroups / kCpuMatvecLoopGroups (docs/gpu.md, "Eighteenth
   // round").
   uint32_t matvec_loop_groups = 0;
+  // Blocks of 8 rows a workgroup of that looping grid computes at once (1, 2 or 4;
+  // specialization constant 6): with more, each thread reads x from shared memory once for
+  // that many rows and has their weight loads in flight together (qmatvec.glsl).
+  uint32_t matvec_loop_rows = 1;
   // Which kernel the prefill products take (choose_matmul_tile).
   MatmulPolicy matmul;
   // Decode attention's splits and where prefill's tiles start (choose_attention_split).
@@ -189,8 +193,10 @@ struct DeviceInfo {
 // one subgroup. REDWING_GPU_SUBGROUP = "0" (shared-memory reductions everywhere), "down"
 // (subgroupAdd in this product only) or "1" (the default: wherever it fits).
 // info.matvec_loop_groups: REDWING_GPU_MATVEC_GROUPS (0 to 65,535) when set, else
-// kCpuMatvecLoopGroups on a CPU device and kGpuMatvecLoopGroups on a GPU. Throws
-// std::invalid_argument on a malformed value.
+// kCpuMatvecLoopGroups on a CPU device and kGpuMatvecLoopGroups on a GPU;
+// info.matvec_loop_rows: REDWING_GPU_MATVEC_LOOP_ROWS (1, 2 or 4) when set, else
+// kCpuMatvecLoopRows on a CPU device and kGpuMatvecLoopRows on a GPU. Throws std::invalid_argument
+// on a malformed value.
 void choose_matvec_shapes(DeviceInfo& info);
 // Reads REDWING_GPU_QMATMUL into info.matmul; throws std::invalid_argument on a malformed value.
 void choose_matmul_policy(DeviceInfo& info);
@@ -242,6 +248,11 @@ MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_e
 // 1.046x; through lavapipe on 2 cores 4 to 64 took q's product from 22 to 13 ms.
 constexpr uint32_t kGpuMatvecLoopGroups = 264;
 constexpr uint32_t kCpuMatvecLoopGroups = 16;
+// DeviceInfo::matvec_loop_rows' defaults (docs/gpu.md, "Twenty-second round"): through lavapipe
+// on 2 cores 4 blocks at once took the dense gate/up product from 8.8 to 4.5 ms and 16,384 rows
+// from 33 to 17 ms. The GPU's is also the kernels' own default, which Metal runs.
+constexpr uint32_t kGpuMatvecLoopRows = 1;
+constexpr uint32_t kCpuMatvecLoopRows = 4;
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;
 // The workgroup_threads a device of this kind uses: REDWING_GPU_WORKGROUP (64, 128 or 256)

@@ -178,6 +178,14 @@ void choose_matvec_shapes(DeviceInfo& info) {
                                   ": expected a number from 0 to 65535");
     info.matvec_loop_groups = *n;
   }
+  info.matvec_loop_rows = info.software ? kCpuMatvecLoopRows : kGpuMatvecLoopRows;
+  if (const char* rows = std::getenv("REDWING_GPU_MATVEC_LOOP_ROWS"); rows && *rows) {
+    const auto n = setting_number(rows);
+    if (!n || (*n != 1 && *n != 2 && *n != 4))
+      throw std::invalid_argument(std::string("REDWING_GPU_MATVEC_LOOP_ROWS=") + rows +
+                                  ": expected 1, 2 or 4");
+    info.matvec_loop_rows = *n;
+  }
 }
 
 void choose_matmul_policy(DeviceInfo& info) {

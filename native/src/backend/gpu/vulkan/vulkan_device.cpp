@@ -830,13 +830,15 @@ VkPipeline VulkanDevice::pipeline(Kernel k) {
   cpci.stage.module = module;
   cpci.stage.pName = "main";
   // Specialization constant 0: the workgroup size (device.h); 1 to 4: the experts' down
-  // product's shape (matvec_teams.glsl); 5: the other decode products' subgroup sums
-  // (matvec.glsl). Kernels that do not declare a constant ignore its entry.
+  // product's shape (matvec_teams.glsl); 5: the other decode products' subgroup sums; 6: the
+  // looping grid's blocks at once (matvec.glsl). Kernels that do not declare a constant ignore
+  // its entry.
   const MatvecShape& shape = info_.matvec_down;
-  const std::array<uint32_t, 6> constants = {
+  const std::array<uint32_t, 7> constants = {
       info_.workgroup_threads,         shape.rows_per_team, shape.lanes,
-      shape.subgroup_reduce ? 1u : 0u, shape.unroll,        info_.matvec_subgroup_reduce ? 1u : 0u};
-  std::array<VkSpecializationMapEntry, 6> entries{};
+      shape.subgroup_reduce ? 1u : 0u, shape.unroll,        info_.matvec_subgroup_reduce ? 1u : 0u,
+      info_.matvec_loop_rows};
+  std::array<VkSpecializationMapEntry, 7> entries{};
   for (uint32_t i = 0; i < entries.size(); ++i)
     entries[i] = {i, static_cast<uint32_t>(i * sizeof(uint32_t)), sizeof(uint32_t)};
   VkSpecializationInfo spec{static_cast<uint32_t>(entries.size()), entries.data(), sizeof constants,
