@@ -35,7 +35,7 @@ layout(constant_id = 5) const uint MV_ROW_SUBGROUP = 0u;
 // or 4 (DeviceInfo::matvec_loop_rows). With more, each thread reads its quads of that many rows
 // against one read of x from shared memory and one sum(x), and their weight loads are in flight
 // together (mv_chunk_rows).
-layout(constant_id = 6) const uint MV_LOOP_ROWS = 1u;
+layout(constant_id = 6) const uint MV_LOOP_ROWS = 2u;
 const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of every group size)
 // x is held as vec4s, with a pad vec4 after every 32 columns: a thread's quad (32 or 16
 // consecutive columns) starts on a vec4, so its x comes in 8 or 4 16-byte shared loads instead

@@ -248,10 +248,12 @@ MatmulTile choose_grouped_matmul_tile(const DeviceInfo& info, int64_t rows_per_e
 // 1.046x; through lavapipe on 2 cores 4 to 64 took q's product from 22 to 13 ms.
 constexpr uint32_t kGpuMatvecLoopGroups = 264;
 constexpr uint32_t kCpuMatvecLoopGroups = 16;
-// DeviceInfo::matvec_loop_rows' defaults (docs/gpu.md, "Twenty-second round"): through lavapipe
-// on 2 cores 4 blocks at once took the dense gate/up product from 8.8 to 4.5 ms and 16,384 rows
-// from 33 to 17 ms. The GPU's is also the kernels' own default, which Metal runs.
-constexpr uint32_t kGpuMatvecLoopRows = 1;
+// DeviceInfo::matvec_loop_rows' defaults (docs/gpu.md, "Twenty-second round"): on the H200 2
+// blocks at once took decode after 512 tokens from 158.1 to 163.0 tok/s (4 gave 162.2: the head
+// faster, the products of a few blocks per workgroup slower); through lavapipe on 2 cores 4 took
+// the dense gate/up product from 8.8 to 4.5 ms and 16,384 rows from 33 to 17 ms. The GPU's is
+// also the kernels' own default (matvec.glsl), which Metal runs.
+constexpr uint32_t kGpuMatvecLoopRows = 2;
 constexpr uint32_t kCpuMatvecLoopRows = 4;
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;
