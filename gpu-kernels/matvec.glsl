@@ -197,6 +197,29 @@ float mv_reduce(float acc, uint lane) {
   return mv_partial[tid];
 }
 
+// MV_LOOP_ROWS whole blocks of MV_ROWS rows, b, b + step, ..., of a matrix whose row r starts at
+// uvec4 quad_base + r * row_quads with its scales at scale_base + r * row_groups, against the
+// staged columns [0, n): sums[i] is this thread's row's sum in block b + i * step (mv_reduce:
+// every lane of the row holds it where subgroups sum, lane 0 otherwise). Every thread of the
+// workgroup must call it (barriers inside where mv_reduce has them).
+void mv_blocks_at_once(out float sums[4], uint b, uint step, uint quad_base, uint scale_base,
+                       uint row_quads, uint row_groups, uint n, uint bits, uint group_size,
+                       uint tid, uint lane) {
+  uint quad0[4];
+  uint scales0[4];
+  float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+  [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+    const uint r = (b + min(i, MV_LOOP_ROWS - 1u) * step) * MV_ROWS + tid / MV_LANES;
+    quad0[i] = quad_base + r * row_quads;
+    scales0[i] = scale_base + r * row_groups;
+  }
+  mv_chunk_rows(acc, quad0, scales0, n, bits, group_size, lane);
+  sums = float[4](0.0, 0.0, 0.0, 0.0);
+  [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+    if (i < MV_LOOP_ROWS) sums[i] = mv_reduce(acc[i], lane);
+  }
+}
+
 // The sum over the workgroup of every thread's v, by a shared-memory tree (mv_partial, free
 // once mv_reduce's readers are done). Every thread of the workgroup must call it.
 float mv_workgroup_sum(float v) {

@@ -73,21 +73,12 @@ void main() {
   uint b = linear_group();
   for (; MV_LOOP_ROWS > 1u && valid && b + (MV_LOOP_ROWS - 1u) * step < whole_blocks;
        b += MV_LOOP_ROWS * step) {  // uniform in the workgroup
-    uint quad0[4];
-    uint scale_base[4];
-    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    float sums[4];
+    mv_blocks_at_once(sums, b, step, e * (p.packed_stride / 4u), e * p.scale_stride, row_quads,
+                      groups, p.cols, p.bits, p.group_size, tid, lane);
     [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      const uint r = (b + min(i, MV_LOOP_ROWS - 1u) * step) * MV_ROWS + tid / MV_LANES;
-      quad0[i] = e * (p.packed_stride / 4u) + r * row_quads;
-      scale_base[i] = e * p.scale_stride + r * groups;
-    }
-    mv_chunk_rows(acc, quad0, scale_base, p.cols, p.bits, p.group_size, lane);
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      if (i < MV_LOOP_ROWS) {
-        const float sum = mv_reduce(acc[i], lane);
-        const uint r = (b + i * step) * MV_ROWS + tid / MV_LANES;
-        if (lane == 0u) y[p.y_offset + s * p.y_stride + r] = sum;
-      }
+      const uint r = (b + i * step) * MV_ROWS + tid / MV_LANES;
+      if (i < MV_LOOP_ROWS && lane == 0u) y[p.y_offset + s * p.y_stride + r] = sums[i];
     }
   }
   for (; b < blocks; b += step) {  // uniform in the workgroup

@@ -69,22 +69,13 @@ void qmatvec_blocks(uint groups) {
   const uint whole_blocks = p.rows / MV_ROWS;
   for (; MV_LOOP_ROWS > 1u && b + (MV_LOOP_ROWS - 1u) * groups < whole_blocks;
        b += MV_LOOP_ROWS * groups) {  // uniform in the workgroup
-    uint quad0[4];
-    uint scale_base[4];
-    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    float sums[4];
+    mv_blocks_at_once(sums, b, groups, 0u, p.scale0, row_quads, row_groups, p.cols, p.bits,
+                      p.group_size, tid, lane);
     [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      const uint r = (b + min(i, MV_LOOP_ROWS - 1u) * groups) * MV_ROWS + tid / MV_LANES;
-      quad0[i] = r * row_quads;
-      scale_base[i] = p.scale0 + r * row_groups;
-    }
-    mv_chunk_rows(acc, quad0, scale_base, p.cols, p.bits, p.group_size, lane);
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-      if (i < MV_LOOP_ROWS) {
-        float sum = mv_reduce(acc[i], lane);
-        if (p.norm_mode != 0u) sum *= factor;
-        const uint r = (b + i * groups) * MV_ROWS + tid / MV_LANES;
-        if (lane == 0u) y[p.y_offset + t * p.y_stride + r] = sum;
-      }
+      const uint r = (b + i * groups) * MV_ROWS + tid / MV_LANES;
+      if (i < MV_LOOP_ROWS && lane == 0u)
+        y[p.y_offset + t * p.y_stride + r] = p.norm_mode != 0u ? sums[i] * factor : sums[i];
     }
   }
   for (; b < blocks; b += groups) {  // uniform in the workgroup
