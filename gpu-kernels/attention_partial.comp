@@ -24,14 +24,16 @@ layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU devic
 layout(local_size_x = 256, local_size_x_id = 0) in;
 const uint PARTS = 8u;
 const uint UNROLL = 8u;
-layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, set = 0, binding = 1) readonly buffer KCache { uint k_cache[]; };
-layout(std430, set = 0, binding = 2) readonly buffer VCache { uint v_cache[]; };
+// coherent: written by the steps before, which a chained dispatch waits for (chain.glsl).
+layout(std430, set = 0, binding = 0) coherent readonly buffer Q { float q[]; };
+layout(std430, set = 0, binding = 1) coherent readonly buffer KCache { uint k_cache[]; };
+layout(std430, set = 0, binding = 2) coherent readonly buffer VCache { uint v_cache[]; };
 // coherent: the last workgroup of a (t, h) reads what the others wrote in this dispatch.
 layout(std430, set = 0, binding = 3) coherent buffer Partials { float partials[]; };
-layout(std430, set = 0, binding = 4) writeonly buffer Out { float out_values[]; };
+layout(std430, set = 0, binding = 4) coherent writeonly buffer Out { float out_values[]; };
 // One arrival counter per (t, h), 0 between dispatches: the last arrival resets it.
 layout(std430, set = 0, binding = 5) coherent buffer Counters { uint counters[]; };
+#include "chain.glsl"
 layout(push_constant) uniform Params {
   uint rows;
   uint n_heads;
@@ -53,6 +55,7 @@ layout(push_constant) uniform Params {
                     // attention_combine.comp
   uint out_offset;  // out's element of (t = 0, h = 0, j = 0), with combine
   uint out_stride;  // between rows t of out
+  CHAIN_PARAMS
 } p;
 
 const uint SPLIT = 256u;  // the most keys of one split (scores' size)
@@ -64,9 +67,15 @@ shared uint merges;  // 1: this workgroup is its (t, h)'s last to finish
 
 #include "kv_read.glsl"
 
+void attend(uint id);
 void main() {
+  chain_wait(p.chain_wait, p.chain_target);
   const uint id = linear_group();
-  if (id >= p.rows * p.n_heads * p.splits) return;  // uniform over the workgroup
+  if (id < p.rows * p.n_heads * p.splits) attend(id);  // uniform over the workgroup
+  chain_signal(p.chain_signal);
+}
+
+void attend(uint id) {
   const uint tid = gl_LocalInvocationID.x;
   const uint s = id % p.splits;
   const uint h = (id / p.splits) % p.n_heads;

@@ -20,16 +20,18 @@
 
 layout(constant_id = 0) const uint THREADS = 256u;  // 256, fewer on a CPU device (docs/gpu.md)
 layout(local_size_x = 256, local_size_x_id = 0) in;
-layout(std430, set = 0, binding = 0) readonly buffer M { float m[]; };
-layout(std430, set = 0, binding = 1) readonly buffer E { float e[]; };
-layout(std430, set = 0, binding = 2) buffer X { float x[]; };
+// coherent: written by the steps before, which a chained dispatch waits for (chain.glsl).
+layout(std430, set = 0, binding = 0) coherent readonly buffer M { float m[]; };
+layout(std430, set = 0, binding = 1) coherent readonly buffer E { float e[]; };
+layout(std430, set = 0, binding = 2) coherent buffer X { float x[]; };
 layout(std430, set = 0, binding = 3) readonly buffer W1 { float w1[]; };
 layout(std430, set = 0, binding = 4) readonly buffer W2 { float w2[]; };
 layout(std430, set = 0, binding = 5) readonly buffer W3 { float w3[]; };
-layout(std430, set = 0, binding = 6) readonly buffer RoutesIds { int ids[]; };
-layout(std430, set = 0, binding = 7) readonly buffer RoutesWeights { float weights[]; };
+layout(std430, set = 0, binding = 6) coherent readonly buffer RoutesIds { int ids[]; };
+layout(std430, set = 0, binding = 7) coherent readonly buffer RoutesWeights { float weights[]; };
 layout(std430, set = 0, binding = 8) readonly buffer W4 { float w4[]; };
-layout(std430, set = 0, binding = 9) writeonly buffer H { float h[]; };
+layout(std430, set = 0, binding = 9) coherent writeonly buffer H { float h[]; };
+#include "chain.glsl"
 layout(push_constant) uniform Params {
   uint rows;
   uint cols;
@@ -46,6 +48,7 @@ layout(push_constant) uniform Params {
   uint has_next;
   uint h_offset;
   uint h_stride;
+  CHAIN_PARAMS
 } p;
 
 const uint NORM_HELD = 16u;
@@ -66,9 +69,15 @@ vec2 workgroup_sum(vec2 v) {
   return partial[0];
 }
 
+void tail_of_row(uint r);
 void main() {
+  chain_wait(p.chain_wait, p.chain_target);
   const uint r = linear_group();
-  if (r >= p.rows) return;  // uniform over the workgroup
+  if (r < p.rows) tail_of_row(r);  // uniform over the workgroup
+  chain_signal(p.chain_signal);
+}
+
+void tail_of_row(uint r) {
   const uint tid = gl_LocalInvocationID.x;
   const uint last = p.cols - 1u;
   const uint mb = p.m_offset + r * p.m_stride;

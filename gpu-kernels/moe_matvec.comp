@@ -14,9 +14,11 @@ layout(constant_id = 0) const uint THREADS = 256u;
 layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) readonly buffer Packed { uvec4 packed4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer ScalesBiases { uint scales[]; };
-layout(std430, set = 0, binding = 2) readonly buffer X { float x[]; };
-layout(std430, set = 0, binding = 3) buffer Y { float y[]; };
-layout(std430, set = 0, binding = 4) readonly buffer Ids { int ids[]; };
+// coherent: written by the steps before, which a chained dispatch waits for (chain.glsl).
+layout(std430, set = 0, binding = 2) coherent readonly buffer X { float x[]; };
+layout(std430, set = 0, binding = 3) coherent buffer Y { float y[]; };
+layout(std430, set = 0, binding = 4) coherent readonly buffer Ids { int ids[]; };
+#include "chain.glsl"
 layout(push_constant) uniform Params {
   uint rows;           // rows of one expert's matrix
   uint cols;
@@ -35,6 +37,7 @@ layout(push_constant) uniform Params {
   uint geglu_half;     // 0, or x is the GeGLU of x's element i and i + geglu_half (see MV_X)
   uint loop_groups;    // 0: a workgroup per block of rows; else that many per slot, each staging
                        // x once and looping over blocks (rows of at most MV_CHUNK columns)
+  CHAIN_PARAMS
 } p;
 
 // With geglu_half, x's element i is gelu_tanh(x[i]) * x[i + geglu_half] (the experts' GeGLU
@@ -45,7 +48,14 @@ layout(push_constant) uniform Params {
 #define MV_X_FACTOR(C) 1.0
 #include "matvec.glsl"
 
+void products();
 void main() {
+  chain_wait(p.chain_wait, p.chain_target);  // the ids come from the step before
+  products();
+  chain_signal(p.chain_signal);
+}
+
+void products() {
   const uint tid = mv_thread();  // a row's lanes are consecutive here
   const uint lane = tid % MV_LANES;
   const uint s = gl_WorkGroupID.z;

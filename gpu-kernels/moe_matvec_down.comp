@@ -14,9 +14,11 @@ layout(constant_id = 0) const uint THREADS = 256u;
 layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) readonly buffer Packed { uint packed[]; };
 layout(std430, set = 0, binding = 1) readonly buffer ScalesBiases { uint scales[]; };
-layout(std430, set = 0, binding = 2) readonly buffer X { vec4 x4[]; };  // (16-byte aligned binding)
-layout(std430, set = 0, binding = 3) buffer Y { float y[]; };
-layout(std430, set = 0, binding = 4) readonly buffer Ids { int ids[]; };
+// coherent: written by the steps before, which a chained dispatch waits for (chain.glsl).
+layout(std430, set = 0, binding = 2) coherent readonly buffer X { vec4 x4[]; };  // 16-byte aligned
+layout(std430, set = 0, binding = 3) coherent buffer Y { float y[]; };
+layout(std430, set = 0, binding = 4) coherent readonly buffer Ids { int ids[]; };
+#include "chain.glsl"
 layout(push_constant) uniform Params {
   uint rows;           // rows of one expert's matrix
   uint cols;
@@ -33,6 +35,7 @@ layout(push_constant) uniform Params {
   uint y_stride;
   uint experts;        // ids outside [0, experts) contribute nothing
   uint geglu_half;     // 0 (x as is), or x' is the GeGLU of x's element i and i + geglu_half
+  CHAIN_PARAMS
 } p;
 
 // Element i of x, and elements i..i+3 (one 16-byte load where i is a multiple of 4).
@@ -51,6 +54,7 @@ vec4 geglu4(vec4 a, vec4 b) {
 #include "matvec_teams.glsl"
 
 void main() {
+  chain_wait(p.chain_wait, p.chain_target);
   const uint thread = mv_thread();
   const uint lane = thread % MV_LANES;
   const uint r0 = linear_group() * MV_ROWS + (thread / MV_LANES) * MV_RPT;  // the team's first row
@@ -72,4 +76,5 @@ void main() {
     [[unroll]] for (uint i = 0u; i < MV_MAX_RPT; ++i)
       if (i < rows_here) y[p.y_offset + s * p.y_stride + r0 + i] = v[i];
   }
+  chain_signal(p.chain_signal);
 }

@@ -16,4 +16,5 @@ void main() {
     qmatvec_product();
   else
     qmatvec_blocks(p.loop_groups);
+  chain_signal(p.chain_signal);
 }

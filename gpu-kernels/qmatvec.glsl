@@ -1,7 +1,9 @@
-// The decode product's kernel body (qmatvec.comp, and router.comp, which routes in the product's
-// last workgroup): declarations and qmatvec_product(), which writes y. An including kernel may
-// define QMATVEC_Y_COHERENT (its last workgroup reads what the others wrote to y) and
+// The decode product's kernel body (qmatvec.comp, and the kernels that go on in the product's
+// last workgroups: router.comp, qmatvec_norms.comp, qmatvec_heads.comp): declarations and
+// qmatvec_product() / qmatvec_blocks(), which write y. An including kernel may define
 // QMATVEC_EXTRA_PARAMS (its own push constants after the shared block, quant_params.glsl).
+// Every including kernel chains (chain.glsl): the products wait for the step before where the
+// host asks, and the kernel's main calls chain_signal() last.
 
 // Threads per workgroup: 256, or fewer on a CPU device (matvec.glsl; docs/gpu.md).
 layout(constant_id = 0) const uint THREADS = 256u;
@@ -9,13 +11,13 @@ layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(std430, set = 0, binding = 0) readonly buffer Packed { uvec4 packed4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Scales { uint scales[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Biases { uint biases[]; };
-layout(std430, set = 0, binding = 3) readonly buffer X { float x[]; };
-#ifdef QMATVEC_Y_COHERENT
+// coherent: x may come from the step before through chain.glsl's counters, not a barrier, and
+// the epilogues' last workgroups read what the others wrote to y.
+layout(std430, set = 0, binding = 3) coherent readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 4) coherent buffer Y { float y[]; };
-#else
-layout(std430, set = 0, binding = 4) buffer Y { float y[]; };
-#endif
 layout(std430, set = 0, binding = 5) readonly buffer NormWeight { float norm_weight[]; };
+#define QMATVEC_CHAIN
+#include "chain.glsl"
 #include "quant_params.glsl"
 
 #define MV_X(I) (p.geglu_half != 0u ? gelu_tanh_mul(x[(I)], x[(I) + p.geglu_half]) : x[(I)])
@@ -36,6 +38,7 @@ void qmatvec_product() {
   // A row holds cols * bits / 128 uvec4s (cols is a multiple of the group size, at least 32).
   const uint row_quads = p.cols * p.bits / 128u;
   const uint groups = p.cols / p.group_size;
+  chain_wait(p.chain_wait, p.chain_target);
   const float acc = mv_row(row_ok, r * row_quads, p.scale0 + r * groups,
                            p.x_offset + t * p.x_stride, p.cols, p.bits, p.group_size, lane);
   float sum = mv_reduce(acc, lane);
@@ -58,6 +61,19 @@ void qmatvec_blocks(uint groups) {
   const uint row_quads = p.cols * p.bits / 128u;
   const uint row_groups = p.cols / p.group_size;
   const uint blocks = (p.rows + MV_ROWS - 1u) / MV_ROWS;
+  // While the step before finishes: the first blocks' weights on their way into the caches
+  // (the loads' values are only folded into a word no one reads, below).
+  uint touched = 0u;
+  if (p.chain_wait != 0u && p.chain_prefetch != 0u) {  // uniform
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      const uint r = (linear_group() + i * groups) * MV_ROWS + tid / MV_LANES;
+      [[unroll]] for (uint k = 0u; k < 3u; ++k) {
+        const uint q = lane + k * MV_LANES;
+        if (i < MV_LOOP_ROWS && r < p.rows && q < row_quads) touched ^= packed4[r * row_quads + q].x;
+      }
+    }
+  }
+  chain_wait(p.chain_wait, p.chain_target);
   mv_stage(p.x_offset + t * p.x_stride, 0u, p.cols);
   float factor = 1.0;
   if (p.norm_mode != 0u) {  // uniform branch
@@ -87,4 +103,5 @@ void qmatvec_blocks(uint groups) {
     if (p.norm_mode != 0u) sum *= factor;
     if (lane == 0u && row_ok) y[p.y_offset + t * p.y_stride + r] = sum;
   }
+  if (touched == 0x9e3779b9u && p.rows == 0u) y[0] = 0.0;  // never: no dispatch has no rows
 }

@@ -9,7 +9,6 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
-#define QMATVEC_Y_COHERENT
 #define QMATVEC_EXTRA_PARAMS \
   float weight_offset;       \
   float eps;                 \
@@ -23,20 +22,26 @@
 #include "qmatvec.glsl"
 
 // Binding 5 (qmatvec's folded-norm weight, unused here: no norm is folded) is the post-norm's.
-layout(std430, set = 0, binding = 6) buffer Acc { float acc[]; };
+layout(std430, set = 0, binding = 6) coherent buffer Acc { float acc[]; };  // (chain.glsl)
 layout(std430, set = 0, binding = 7) readonly buffer Weight1 { float weight1[]; };
-layout(std430, set = 0, binding = 8) writeonly buffer Y1 { float y1[]; };
+layout(std430, set = 0, binding = 8) coherent writeonly buffer Y1 { float y1[]; };
 layout(std430, set = 0, binding = 9) readonly buffer Weight2 { float weight2[]; };
-layout(std430, set = 0, binding = 10) writeonly buffer Y2 { float y2[]; };
+layout(std430, set = 0, binding = 10) coherent writeonly buffer Y2 { float y2[]; };
 // One arrival counter per token, 0 between dispatches: the last arrival resets it.
 layout(std430, set = 0, binding = 11) coherent buffer Counters { uint counters[]; };
 #include "arrival.glsl"
 
 const uint NORM_HELD = 16u;  // rms_norm.comp's
+void norms_of_last(uint t);
 void main() {
   qmatvec_product();
   const uint t = gl_WorkGroupID.z;
-  if (!last_to_arrive(t)) return;  // uniform over the workgroup
+  if (last_to_arrive(t)) norms_of_last(t);  // uniform over the workgroup
+  chain_signal(p.chain_signal);
+}
+
+// The post-norm, residual add and feed-forward norms of token t's row.
+void norms_of_last(uint t) {
 
   const uint tid = gl_LocalInvocationID.x;
   const uint cols = p.rows;  // y's row: every row of the product

@@ -2,7 +2,8 @@
 // them, as the host has one struct (gpu_backend.cpp's QuantParams): qmatmul.comp,
 // qmatmul_tiled*.comp (qmatmul_tiled_kernel.glsl), qmatvec.comp, router.comp,
 // qmatvec_norms.comp and qmatvec_heads.comp (qmatvec.glsl). Each kernel reads the fields it
-// needs. An including kernel may define QMATVEC_EXTRA_PARAMS: its own push constants after these.
+// needs. An including kernel may define QMATVEC_EXTRA_PARAMS: its own push constants after these,
+// and QMATVEC_CHAIN: chain.glsl's fields at the block's end.
 layout(push_constant) uniform Params {
   uint rows;        // rows in this chunk (the bindings start at its first row)
   uint cols;        // a multiple of the group size, so of 32
@@ -31,5 +32,8 @@ layout(push_constant) uniform Params {
                     // (qmatvec_blocks)
 #ifdef QMATVEC_EXTRA_PARAMS
   QMATVEC_EXTRA_PARAMS
+#endif
+#ifdef QMATVEC_CHAIN
+  CHAIN_PARAMS  // chain.glsl: at byte 112, after every kernel's own fields
 #endif
 } p;

@@ -6,12 +6,11 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
-#define QMATVEC_Y_COHERENT
 #include "qmatvec.glsl"
 
 layout(std430, set = 0, binding = 6) readonly buffer ExpertScale { float per_expert_scale[]; };
-layout(std430, set = 0, binding = 7) writeonly buffer Ids { int ids[]; };
-layout(std430, set = 0, binding = 8) writeonly buffer Weights { float weights[]; };
+layout(std430, set = 0, binding = 7) coherent writeonly buffer Ids { int ids[]; };
+layout(std430, set = 0, binding = 8) coherent writeonly buffer Weights { float weights[]; };
 // One arrival counter per token, 0 between dispatches: the last arrival resets it.
 layout(std430, set = 0, binding = 9) coherent buffer Counters { uint counters[]; };
 
@@ -31,6 +30,6 @@ void main() {
   qmatvec_product();
   token = gl_WorkGroupID.z;
   // The workgroup that finishes the token's product last routes it.
-  if (!last_to_arrive(token)) return;  // uniform over the workgroup
-  route_row(gl_LocalInvocationID.x, p.rows, p.top_k);
+  if (last_to_arrive(token)) route_row(gl_LocalInvocationID.x, p.rows, p.top_k);  // uniform
+  chain_signal(p.chain_signal);
 }

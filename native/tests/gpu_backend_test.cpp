@@ -748,6 +748,74 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
   check_setting_refused("REDWING_GPU_MATVEC_LOOP_ROWS", {"0", "3", "8", "x", "2,2"});
 }
 
+// Dependent decode products recorded without barriers (REDWING_GPU_CHAIN, chain.glsl): each
+// step's workgroups wait on a counter for the step before instead. lavapipe runs the steps one
+// after another anyway, so what this checks is the bookkeeping: the barrier path's bits, fewer
+// barriers, no wait that gave up (a target too high), and every counter at the number of
+// workgroups the host recorded on it (a dispatch counted wrong, or a workgroup not signalling).
+TEST_CASE("gpu: decode products chained without barriers give the barrier path's bits") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  setenv("REDWING_GPU_MATVEC_GROUPS", "3", 1);  // the looping grid where a product has 4+ blocks
+  setenv("REDWING_GPU_CHAIN", "0", 1);
+  auto plain = gpu_backend(threads);
+  setenv("REDWING_GPU_CHAIN", "1", 1);
+  auto chained = gpu_backend(threads);
+  setenv("REDWING_GPU_CHAIN", "2", 1);  // without the weights' loads before the wait
+  auto chained_late = gpu_backend(threads);
+  unsetenv("REDWING_GPU_CHAIN");
+  unsetenv("REDWING_GPU_MATVEC_GROUPS");
+  Backend* backends[] = {plain.get(), chained.get(), chained_late.get()};
+
+  const int64_t n = 192, few = 24;  // `few` rows: 3 blocks, one workgroup each
+  HostQuant qa(n, n, 4, 64, DType::bf16, 1601), qb(n, n, 8, 32, DType::f16, 1602);
+  HostQuant qf(few, n, 4, 32, DType::f32, 1603);
+  for (int64_t t : {1, 3}) {
+    CAPTURE(t);
+    const auto x = randn(static_cast<size_t>(t * n), static_cast<uint64_t>(1610 + t));
+    const auto extra = randn(static_cast<size_t>(t * n), static_cast<uint64_t>(1620 + t));
+    std::vector<std::vector<std::vector<float>>> outs;
+    std::vector<uint64_t> barriers;
+    for (Backend* bp : backends) {
+      Backend& b = *bp;
+      auto a = b.import_qweight(qa.m), bw = b.import_qweight(qb.m), f = b.import_qweight(qf.m);
+      auto buf = [&](int64_t cols) { return b.alloc(static_cast<size_t>(t * cols) * 4); };
+      auto m = [&](const std::unique_ptr<Buffer>& u, int64_t cols) {
+        return Mat{u.get(), 0, t, cols, cols};
+      };
+      auto x0 = put(b, x);
+      auto y1 = buf(n), y2 = buf(n), y3 = buf(n), y3f = buf(few), y4 = buf(n), y5 = buf(n);
+      auto y6 = buf(n), y7 = buf(n), y8 = buf(n), u = buf(n);
+      const auto before = b.work_counters();
+      b.qmatmul(*a, m(x0, n), m(y1, n));
+      b.qmatmul(*bw, m(y1, n), m(y2, n));  // chained on the step before
+      const Backend::QProduct both[] = {{a.get(), m(y2, n), m(y3, n)},
+                                        {f.get(), m(y2, n), m(y3f, few)}};
+      b.qmatmul_batch(both);               // two products in one step, one workgroup per block
+      b.qmatmul(*bw, m(y3, n), m(y4, n));  // waits for both
+      b.rms_norm(m(y4, n), nullptr, 0.0f, 1e-6f, m(y5, n));  // not chained: a barrier
+      b.qmatmul(*a, m(y5, n), m(y6, n));  // after a step that does not signal: a barrier
+      b.upload(*u, 0, extra.data(), extra.size() * 4);  // a write joins this step
+      b.qmatmul(*bw, m(y6, n), m(y7, n));               // so a barrier again
+      b.qmatmul(*a, m(y7, n), m(y8, n));                // chained
+      outs.push_back({get(b, *y3f), get(b, *y8), get(b, *u)});
+      barriers.push_back(b.work_counters().barriers - before.barriers);
+    }
+    for (size_t i = 1; i < std::size(backends); ++i) {
+      CAPTURE(i);
+      for (size_t k = 0; k < outs[0].size(); ++k) {
+        CAPTURE(k);
+        CHECK(outs[i][k] == outs[0][k]);
+      }
+      CHECK(barriers[i] + 4 == barriers[0]);  // steps 2, 3, 4 and the last one chained
+      const auto check = gpu_chain_check(*backends[i]);
+      REQUIRE(check);
+      CHECK(check->failures == 0);
+      CHECK(check->counts_match);
+    }
+  }
+  check_setting_refused("REDWING_GPU_CHAIN", {"3", "x", "1,1", " 1"});
+}
+
 // Rows wider than the kernels' per-pass limits: qmatvec/moe_matvec stage x in chunks of 4,096
 // columns (matvec.glsl), qmatmul in slabs of 512 (qmatmul_tiled, which lavapipe takes, in slabs
 // of 32), rms_norm holds 4,096 columns in registers and reads the rest again.

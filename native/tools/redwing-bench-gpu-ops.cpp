@@ -32,6 +32,7 @@
 #include "backend/backend.h"
 #include "backend/backend_select.h"
 #include "backend/cpu/kernels.h"
+#include "backend/gpu/gpu_backend.h"
 #include "bench_median.h"
 #include "format/host_tensor.h"
 #include "platform/file.h"
@@ -408,7 +409,13 @@ int main(int argc, char** argv) try {
         last_dep.record_us_per_repeat);
     first = false;
   }
-  std::printf("]}\n");
+  std::printf("]");
+  // With REDWING_GPU_CHAIN=1 the dependent chains ran without barriers: say whether every wait
+  // held (a failed wait means the numbers above are not a chain's).
+  if (const auto chain = gpu_chain_check(b))
+    std::printf(",\"chain\":{\"failures\":%u,\"counts_match\":%s}", chain->failures,
+                chain->counts_match ? "true" : "false");
+  std::printf("}\n");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "redwing-bench-gpu-ops: %s\n", e.what());

@@ -111,12 +111,22 @@ struct QuantParams {
   uint32_t loop_groups = 0;  // qmatvec.comp: workgroups per token looping over row blocks, or 0
 };
 enum NormMode : uint32_t { kNoNorm = 0, kNormWeighted, kNormMulCols, kNormPlain };
+// chain.glsl's push constants, at byte kChainPushOffset of a chained kernel's block.
+struct ChainFields {
+  uint32_t wait = 0;      // counter to wait on, 0 for none
+  uint32_t target = 0;    // its running total once the step before is done
+  uint32_t signal = 0;    // counter the dispatch's workgroups add to, 0 for none
+  uint32_t prefetch = 0;  // 1: the kernel loads its first weights before the wait
+};
+constexpr size_t kChainPushOffset = 112;
+static_assert(kChainPushOffset + sizeof(ChainFields) == gpu::kMaxPushBytes);
+static_assert(sizeof(QuantParams) <= kChainPushOffset);
 // qmatvec_norms.comp's push constants after qmatvec's block.
 struct NormsFields {
   float weight_offset, eps, acc_scale;
   uint32_t acc_offset, acc_stride, y1_offset, y1_stride, y2_offset, y2_stride;
 };
-static_assert(sizeof(QuantParams) + sizeof(NormsFields) <= gpu::kMaxPushBytes);
+static_assert(sizeof(QuantParams) + sizeof(NormsFields) <= kChainPushOffset);
 struct EmbedParams {
   uint32_t rows, cols, bits, group_size, scale_type, scale0, out_offset, out_stride, count, row0;
   float scale;
@@ -145,14 +155,23 @@ struct KvNormStoreParams {
   uint32_t v_norm, pos0, capacity, ring, f16;
 };
 // qmatvec_heads.comp's push constants after qmatvec's block.
+// (flags: the target in bits 0-1, then kHeadsWeight, kHeadsValueNorm, kHeadsAlsoValue, kHeadsRing,
+// kHeadsF16: one word, so that chain.glsl's fields fit after the block.)
 struct HeadsFields {
-  uint32_t half_dim, heads, target, has_weight;
+  uint32_t half_dim, heads, flags;
   float weight_offset, eps;
-  uint32_t v_norm, also_v, pos0, capacity, ring, f16;
+  uint32_t pos0, capacity;
   uint32_t counter0;  // this product's first arrival counter
 };
-static_assert(sizeof(QuantParams) + sizeof(HeadsFields) <= gpu::kMaxPushBytes);
+static_assert(sizeof(QuantParams) + sizeof(HeadsFields) <= kChainPushOffset);
 enum HeadsTarget : uint32_t { kHeadsQuery = 0, kHeadsKey, kHeadsValue };
+enum HeadsFlag : uint32_t {
+  kHeadsWeight = 4,
+  kHeadsValueNorm = 8,
+  kHeadsAlsoValue = 16,
+  kHeadsRing = 32,
+  kHeadsF16 = 64
+};
 struct ElementParams {
   uint32_t op, rows, cols, a_offset, a_stride, b_offset, b_stride, out_offset, out_stride;
   float s;
@@ -290,6 +309,25 @@ class GpuBackend final : public Backend {
       fold_norms_ = f == "1" ? FoldNorms::all : f == "small" ? FoldNorms::small : FoldNorms::none;
     }
     dev_->enable_timestamps(profile_);
+    // REDWING_GPU_CHAIN=1: dependent decode products without a barrier between them
+    // (chain.glsl); never with timestamps or a knockout, which would break its counts.
+    if (const char* chain = std::getenv("REDWING_GPU_CHAIN"); chain && *chain) {
+      const std::string c = chain;
+      if (c != "0" && c != "1" && c != "2")
+        throw std::invalid_argument("REDWING_GPU_CHAIN=" + c + ": expected 0, 1 or 2");
+      chain_on_ = c != "0" && !profile_ && !dev_->info().knockout.any();
+      chain_prefetch_ = c == "1";
+    }
+    chain_counters_ = dev_->create_buffer(4096);
+  }
+
+  ChainCheck chain_check() {
+    std::array<uint32_t, kChainCounters + 1> counts{};
+    dev_->read(*chain_counters_, 0, counts.data(), sizeof counts);
+    after_flush();
+    bool match = true;
+    for (uint32_t i = 1; i <= kChainCounters; ++i) match = match && counts[i] == chain_expected_[i];
+    return {counts[0], match};
   }
   ~GpuBackend() override {
     // Device buffers must go before the device.
@@ -306,6 +344,7 @@ class GpuBackend final : public Backend {
     router_counters_.reset();
     norms_counters_.reset();
     heads_counters_.reset();
+    chain_counters_.reset();
   }
 
   gpu::Device& device() { return *dev_; }
@@ -349,7 +388,7 @@ class GpuBackend final : public Backend {
     if (off + bytes > dst.size_bytes()) throw std::logic_error("upload outside the buffer");
     const DeviceBuffer& d = dev_of(dst);
     touch({}, {&d});
-    dev_->write(const_cast<DeviceBuffer&>(d), off, src, bytes);
+    write_device(const_cast<DeviceBuffer&>(d), off, src, bytes);
   }
 
   void submit() override { dev_->submit(); }
@@ -358,6 +397,16 @@ class GpuBackend final : public Backend {
     if (off + bytes > src.size_bytes()) throw std::logic_error("download outside the buffer");
     dev_->read(dev_of(src), off, dst, bytes);
     after_flush();
+    // Every so many read-backs (a decode step ends in one), that chaining kept its promise.
+    if (chain_on_ && ++chain_reads_ % kChainCheckEvery == 0) {
+      const ChainCheck c = chain_check();
+      if (c.failures > 0 || !c.counts_match) {
+        chain_on_ = false;
+        throw std::runtime_error(
+            "gpu: chained dispatches did not wait as recorded (" + std::to_string(c.failures) +
+            " waits gave up); the results may be wrong: run with REDWING_GPU_CHAIN=0");
+      }
+    }
   }
 
   std::unique_ptr<QWeight> import_qweight(const HostQuantMatrix& h) override {
@@ -379,9 +428,9 @@ class GpuBackend final : public Backend {
     w->biases_offset = align_up(w->scales_offset + scales, 256);
     w->buf = dev_->create_buffer(align_up(w->biases_offset + scales, 4));
     touch({}, {w->buf.get()});
-    dev_->write(*w->buf, w->packed_offset, h.packed, packed);
-    dev_->write(*w->buf, w->scales_offset, h.scales, scales);
-    dev_->write(*w->buf, w->biases_offset, h.biases, scales);
+    write_device(*w->buf, w->packed_offset, h.packed, packed);
+    write_device(*w->buf, w->scales_offset, h.scales, scales);
+    write_device(*w->buf, w->biases_offset, h.biases, scales);
     return w;
   }
 
@@ -973,17 +1022,17 @@ class GpuBackend final : public Backend {
     HeadsFields h{};
     h.weight_offset = hn.weight_offset;
     h.eps = hn.eps;
-    h.v_norm = hn.v_norm ? 1u : 0u;
     h.pos0 = u32(pos0);
     h.capacity = u32(kv.capacity);
-    h.ring = kv.ring ? 1u : 0u;
-    h.f16 = kv.dtype == KvDType::f16 ? 1u : 0u;
     h.half_dim = u32(d / 2);
+    const uint32_t common_flags = (hn.v_norm ? kHeadsValueNorm : 0u) | (kv.ring ? kHeadsRing : 0u) |
+                                  (kv.dtype == KvDType::f16 ? kHeadsF16 : 0u);
+    bool also_v = false;
     size_t first_counter = 0;
     auto run = [&](const QProduct& p, HeadsTarget target, const Buffer* weight, uint32_t heads) {
-      h.target = target;
+      h.flags =
+          common_flags | target | (weight ? kHeadsWeight : 0u) | (also_v ? kHeadsAlsoValue : 0u);
       h.heads = heads;
-      h.has_weight = weight ? 1u : 0u;
       h.counter0 = u32(static_cast<int64_t>(first_counter));
       first_counter += static_cast<size_t>(T) * heads;
       // qmatvec_heads.comp: after the folded norm's weight, the head norm's weight, the RoPE
@@ -995,9 +1044,9 @@ class GpuBackend final : public Backend {
       qmatmul(*p.w, in, p.y, f ? &*f : nullptr, false, 0, &e);
     };
     run(qkv.q, kHeadsQuery, hn.q_norm, q_heads);
-    h.also_v = qkv.v.w ? 0u : 1u;  // the keys' raw product is the values' too
+    also_v = !qkv.v.w;  // the keys' raw product is the values' too
     run(qkv.k, kHeadsKey, hn.k_norm, kv_heads);
-    h.also_v = 0;
+    also_v = false;
     if (qkv.v.w) run(qkv.v, kHeadsValue, nullptr, kv_heads);
   }
 
@@ -1389,7 +1438,7 @@ class GpuBackend final : public Backend {
     const DeviceBuffer& yb = dev_of(*y.buf);
     touch({}, {&yb});
     for (size_t i = 0; i < entries.size(); ++i)
-      dev_->write(
+      write_device(
           const_cast<DeviceBuffer&>(yb),
           static_cast<size_t>(row_of[static_cast<size_t>(entries[i])]) * row_floats * sizeof(float),
           products.data() + i * row_floats, row_floats * sizeof(float));
@@ -1527,9 +1576,9 @@ class GpuBackend final : public Backend {
         throw std::logic_error("gpu: experts quantized differently");
       const size_t packed = static_cast<size_t>(m->rows) * row_bytes;
       const size_t scales = static_cast<size_t>(m->rows) * groups * s.scale_bytes;
-      dev_->write(*s.buf, packed_at, m->packed, packed);
-      dev_->write(*s.buf, s.scales_offset + scales_at, m->scales, scales);
-      dev_->write(*s.buf, s.biases_offset + scales_at, m->biases, scales);
+      write_device(*s.buf, packed_at, m->packed, packed);
+      write_device(*s.buf, s.scales_offset + scales_at, m->scales, scales);
+      write_device(*s.buf, s.biases_offset + scales_at, m->biases, scales);
       packed_at += packed;
       scales_at += scales;
     }
@@ -1861,7 +1910,7 @@ class GpuBackend final : public Backend {
     }
     const Binding b{ring_.get(), ring_used_, bytes};
     touch({}, {ring_.get()});
-    dev_->write(*ring_, ring_used_, data, bytes);
+    write_device(*ring_, ring_used_, data, bytes);
     ring_used_ += need;
     return b;
   }
@@ -1883,8 +1932,12 @@ class GpuBackend final : public Backend {
     for (auto* r : reads) hazard = hazard || written_.count(r);
     for (auto* w : writes) hazard = hazard || written_.count(w) || read_.count(w);
     if (hazard) {
-      dev_->barrier();
-      ++barriers_;
+      if (chain_on_) {
+        chain_sync_pending_ = true;  // the next command decides: a barrier or a chained wait
+      } else {
+        dev_->barrier();
+        ++barriers_;
+      }
       written_.clear();
       read_.clear();
     }
@@ -1903,7 +1956,83 @@ class GpuBackend final : public Backend {
   void dispatch(Kernel k, std::span<const Binding> binds, const void* push, size_t bytes,
                 uint32_t gx, uint32_t gy, uint32_t gz) {
     ++dispatches_;
-    dev_->dispatch(k, binds, push, bytes, gx, gy, gz);
+    if (!chain_kernel(k)) {
+      if (chain_on_) {
+        chain_new_epoch();
+        chain_sync(false);
+      }
+      dev_->dispatch(k, binds, push, bytes, gx, gy, gz);
+      return;
+    }
+    // A kernel that can chain: its counters at binding kChainBinding, its push constants with
+    // chain.glsl's fields at their offset (zero, so no wait and no signal, unless chaining).
+    if (binds.size() > kChainBinding || bytes > kChainPushOffset)
+      throw std::logic_error("chained kernel: bindings or push constants overlap the chain's");
+    std::array<Binding, gpu::kMaxBindings> all{};
+    std::copy(binds.begin(), binds.end(), all.begin());
+    all[kChainBinding] = whole(*chain_counters_);
+    std::array<std::byte, gpu::kMaxPushBytes> full{};
+    std::memcpy(full.data(), push, bytes);
+    if (chain_on_) {
+      chain_new_epoch();
+      chain_sync(true);
+      ChainFields f;
+      f.wait = chain_wait_;
+      f.target = chain_target_;
+      f.signal = chain_signal_;
+      f.prefetch = chain_prefetch_ ? 1 : 0;
+      std::memcpy(full.data() + kChainPushOffset, &f, sizeof f);
+      chain_expected_[chain_signal_] += gx * gy * gz;
+    }
+    dev_->dispatch(k, all, full.data(), full.size(), gx, gy, gz);
+  }
+
+  // ---- dependent dispatches without barriers (chain.glsl) ----
+
+  // Kernels that wait for the step before and count themselves done (chain.glsl): the decode
+  // step's dependent chain.
+  static bool chain_kernel(Kernel k) {
+    return k == Kernel::qmatvec || k == Kernel::qmatvec_heads || k == Kernel::qmatvec_norms ||
+           k == Kernel::router || k == Kernel::moe_matvec || k == Kernel::moe_matvec_down ||
+           k == Kernel::ffn_tail || k == Kernel::attention_partial;
+  }
+  static constexpr size_t kChainBinding = 12;  // chain.glsl's
+  // After a flush everything recorded has run: the next step waits for nothing.
+  void chain_new_epoch() {
+    if (dev_->submissions() == chain_epoch_) return;
+    chain_epoch_ = dev_->submissions();
+    chain_sync_pending_ = false;
+    chain_wait_ = 0;
+    chain_stage_signals_ = true;
+  }
+  // Before a command that depends on earlier work (touch found a hazard): a chained dispatch
+  // after a step whose every command signals waits on that step's counter; anything else
+  // takes a barrier. Either way a new step starts, signalling the next counter.
+  void chain_sync(bool chained) {
+    if (chain_sync_pending_) {
+      chain_sync_pending_ = false;
+      if (chained && chain_stage_signals_) {
+        chain_wait_ = chain_signal_;
+        chain_target_ = chain_expected_[chain_signal_];
+      } else {
+        dev_->barrier();
+        ++barriers_;
+        chain_wait_ = 0;
+      }
+      chain_signal_ = chain_signal_ % kChainCounters + 1;
+      chain_stage_signals_ = true;
+    }
+    if (!chained) chain_stage_signals_ = false;
+  }
+  // Before a command other than a dispatch (a write into device memory).
+  void before_command() {
+    if (!chain_on_) return;
+    chain_new_epoch();
+    chain_sync(false);
+  }
+  void write_device(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) {
+    before_command();
+    dev_->write(dst, offset, src, bytes);
   }
   void dispatch_linear(Kernel k, std::span<const Binding> binds, const void* push, size_t bytes,
                        uint64_t groups) {
@@ -2066,6 +2195,21 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;
   std::unordered_set<const DeviceBuffer*> written_, read_;
   uint64_t hazard_epoch_ = UINT64_MAX;
+  // Chaining (chain.glsl): counters 1..kChainCounters in chain_counters_ (0 counts failed
+  // waits), used in turn by consecutive steps (a step cannot start before the one before it
+  // ended, so a counter is never shared by two running steps); what the host has recorded on
+  // each; the current step's wait and signal.
+  static constexpr uint32_t kChainCounters = 4;
+  static constexpr uint64_t kChainCheckEvery = 32;  // read-backs between checks
+  uint64_t chain_reads_ = 0;
+  bool chain_on_ = false;
+  bool chain_prefetch_ = true;
+  std::unique_ptr<DeviceBuffer> chain_counters_;
+  std::array<uint32_t, kChainCounters + 1> chain_expected_{};
+  uint64_t chain_epoch_ = UINT64_MAX;
+  bool chain_sync_pending_ = false;
+  bool chain_stage_signals_ = true;  // every command of the current step signals
+  uint32_t chain_wait_ = 0, chain_target_ = 0, chain_signal_ = 1;
 };
 
 }  // namespace
@@ -2077,6 +2221,12 @@ std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device) {
 gpu::Device* gpu_device_of(Backend& backend) {
   auto* g = dynamic_cast<GpuBackend*>(&backend);
   return g ? &g->device() : nullptr;
+}
+
+std::optional<ChainCheck> gpu_chain_check(Backend& backend) {
+  auto* g = dynamic_cast<GpuBackend*>(&backend);
+  if (!g) return std::nullopt;
+  return g->chain_check();
 }
 
 }  // namespace redwing

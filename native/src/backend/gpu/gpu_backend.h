@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,5 +18,14 @@ std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device);
 // The device of a GPU backend (nullptr for other backends): tests and benchmarks read its
 // counters (submissions, per-kernel times).
 gpu::Device* gpu_device_of(Backend& backend);
+
+// Dependent dispatches recorded without barriers (REDWING_GPU_CHAIN, gpu-kernels/chain.glsl),
+// after a flush: the waits that gave up, and whether every counter holds the number of
+// workgroups the host recorded on it. nullopt for a backend that is not a GPU one.
+struct ChainCheck {
+  uint32_t failures = 0;
+  bool counts_match = false;
+};
+std::optional<ChainCheck> gpu_chain_check(Backend& backend);
 
 }  // namespace redwing
