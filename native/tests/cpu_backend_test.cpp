@@ -349,6 +349,50 @@ TEST_CASE("qmatmul_batch: the same bits as one qmatmul per product, for 1 and se
                   std::logic_error);
 }
 
+TEST_CASE("resident weights in the row-group layout give the borrowed weights' bits") {
+  // import_resident_qweight copies a matrix into row groups where the kernels read them
+  // (cpu::row_groups_pay), and lay_out_rows does the same in place for an expert source: either
+  // way every product must keep the bits of the matrix as the format lays it out, exact and with
+  // 8-bit activations, for a prompt and for one token. 37 rows are not whole groups (kept as
+  // they are); 704 columns end inside a 64-byte block.
+  auto b = make_cpu_backend(2);
+  const bool grouped = cpu::row_groups_pay();
+  CHECK(b->preferred_row_group() == (grouped ? cpu::kRowGroup : 1));
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{64, 704}, {37, 256}, {2816, 704}}) {
+    const RandomQuant w(rows, cols, 40 + static_cast<uint64_t>(rows));
+    RandomQuant laid_out(rows, cols, 40 + static_cast<uint64_t>(rows));
+    if (rows % cpu::kRowGroup == 0) {
+      b->lay_out_rows(laid_out.packed.data(), rows, cols / 8);
+      laid_out.host.row_group = b->preferred_row_group();
+    }
+    CHECK((laid_out.packed != w.packed) == (grouped && rows % cpu::kRowGroup == 0));
+    auto borrowed = b->import_qweight(w.host);
+    auto resident = b->import_resident_qweight(w.host);
+    auto in_place = b->import_qweight(laid_out.host);
+    for (const ActivationPlan& plan : {ActivationPlan::exact(), ActivationPlan::all_int8()})
+      for (int64_t T : {1, 5}) {
+        CAPTURE(rows);
+        CAPTURE(T);
+        REQUIRE(b->set_activations(plan));
+        auto x = upload(*b, randn(static_cast<size_t>(T * cols), 7 + static_cast<uint64_t>(T)));
+        const Mat xm{x.get(), 0, T, cols, cols};
+        const size_t n = static_cast<size_t>(T * rows);
+        std::vector<std::vector<float>> out;
+        for (const QWeight* q : {borrowed.get(), resident.get(), in_place.get()}) {
+          auto y = b->alloc(n * 4);
+          b->qmatmul(*q, xm, Mat{y.get(), 0, T, rows, rows});
+          out.push_back(download(*b, *y, n));
+        }
+        CHECK(std::memcmp(out[0].data(), out[1].data(), n * 4) == 0);
+        CHECK(std::memcmp(out[0].data(), out[2].data(), n * 4) == 0);
+      }
+  }
+  REQUIRE(b->set_activations(ActivationPlan::exact()));
+  RandomQuant odd(6, 64, 3);
+  odd.host.row_group = cpu::kRowGroup;  // 6 rows are not whole groups
+  CHECK_THROWS_AS(b->import_qweight(odd.host), std::invalid_argument);
+}
+
 TEST_CASE("exact products: a prompt's rows get decode's bits; inf or NaN takes float32") {
   // Where the CPU has the integer method (AVX512-VNNI without AMX), a prefill chunk's 4-bit
   // products give each row the bits that row gets as a one-row (decode) product, alone or in a

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend_select.h"
+#include "backend/cpu/kernels.h"
 #include "lavapipe.h"
 #include "runtime/engine.h"
 #include "runtime/expert_store.h"
@@ -65,6 +67,38 @@ void write_all(const fs::path& p, const std::vector<char>& bytes) {
 }
 
 }  // namespace
+
+TEST_CASE("resident experts laid out for the CPU backend: row groups of the file's bytes") {
+  // The engine's resident source asks the backend for its layout (Backend::lay_out_rows): where
+  // the CPU kernels read row groups, each matrix whose rows are whole groups comes back in them,
+  // and its words are the file's once put back in rows.
+  ModelFixture m("layout");
+  const ModelDir dir = ModelDir::open(m.path.string());
+  auto cpu = make_backend("cpu", 1);
+  ResidentExpertSource plain(dir);
+  ResidentExpertSource laid_out(dir, cpu.get());
+  const std::vector<int32_t> some = {0, 3, 7};
+  const auto want = plain.acquire(0, some);
+  const auto got = laid_out.acquire(0, some);
+  for (size_t k = 0; k < some.size(); ++k)
+    for (const auto& [g, w] : {std::pair{&got[k].gate, &want[k].gate},
+                               {&got[k].up, &want[k].up},
+                               {&got[k].down, &want[k].down}}) {
+      CHECK(w->row_group == 1);
+      const bool whole = g->rows % 4 == 0;
+      CHECK(g->row_group == (whole ? cpu->preferred_row_group() : 1));
+      if (g->row_group == 1) {
+        CHECK(same_bytes(*g, *w));
+        continue;
+      }
+      const int64_t wpr = g->cols * g->bits / 32;
+      std::vector<uint32_t> rows(static_cast<size_t>(g->rows * wpr));
+      cpu::ungroup_rows(g->packed, rows.data(), g->rows / 4, wpr);
+      CHECK(std::memcmp(rows.data(), w->packed, rows.size() * 4) == 0);
+      // Rows of more than one 64-byte block move (the fixture's small rows need not).
+      if (wpr > 16) CHECK(std::memcmp(g->packed, w->packed, rows.size() * 4) != 0);
+    }
+}
 
 TEST_CASE("expert store: same bytes as the resident source, in waves, with hit accounting") {
   ModelFixture m("bytes");

@@ -1254,6 +1254,118 @@ TEST_CASE("qmatmul_q8 gives every row of X the bits of qmatvec_q8") {
           }
 }
 
+TEST_CASE("row groups: the layout round-trips, in place too, and bad groupings are refused") {
+  // 4 rows of 20 words: a row is one block of 16 words and a tail of 4.
+  const int64_t rows = 8, wpr = 20;
+  std::vector<uint32_t> plain(static_cast<size_t>(rows * wpr));
+  for (size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<uint32_t>(i);
+  std::vector<uint32_t> grouped(plain.size()), back(plain.size());
+  group_rows(plain.data(), grouped.data(), rows, wpr);
+  // Group 0: block 0 of rows 0..3 (16 words each), then the tails (4 words each).
+  for (int64_t i = 0; i < 4; ++i) {
+    CHECK(grouped[static_cast<size_t>(16 * i)] == static_cast<uint32_t>(i * wpr));
+    CHECK(grouped[static_cast<size_t>(64 + 4 * i)] == static_cast<uint32_t>(i * wpr + 16));
+  }
+  CHECK(grouped[80] == static_cast<uint32_t>(4 * wpr));  // group 1 starts with row 4
+  ungroup_rows(grouped.data(), back.data(), rows / 4, wpr);
+  CHECK(back == plain);
+  std::vector<uint32_t> in_place = plain;
+  group_rows(in_place.data(), in_place.data(), rows, wpr);
+  CHECK(in_place == grouped);
+  CHECK_THROWS_AS(group_rows(plain.data(), grouped.data(), 6, wpr), std::invalid_argument);
+
+  const TestMatrix m = make_matrix(4, 32, 6, 64, ScaleType::bf16, 3);
+  std::vector<float> x(64, 1.0f), y(6);
+  QuantMatrix bad = m.view();
+  bad.row_group = 4;  // 6 rows are not whole groups
+  CHECK_THROWS_AS(qmatvec(bad, x.data(), y.data(), 0, 4), std::invalid_argument);
+  bad.rows = 4;
+  bad.row_group = 3;
+  CHECK_THROWS_AS(qmatvec(bad, x.data(), y.data(), 0, 4), std::invalid_argument);
+}
+
+TEST_CASE("row groups: every quantized product gives a row-grouped matrix the row-major bits") {
+  // Under every ISA (the kernels that read groups themselves, and the others through row-major
+  // copies), 4- and 8-bit, rows of whole and partial 64-byte blocks, ranges that start and end
+  // inside groups. Each product must give exactly the bits it gives the row-major matrix.
+  int checked = 0;
+  for (const auto& [isa, integer] : isa_and_product_pairs())
+    for (int bits : {4, 8})
+      for (int gs : {32, 64, 128})
+        for (int64_t cols : {int64_t{704}, int64_t{256}, int64_t{2816}}) {
+          if (cols % gs != 0) continue;
+          IsaScope scope(isa);
+          IntegerProductScope product(integer);
+          CAPTURE(std::string(isa_name(isa)));
+          CAPTURE(integer);
+          CAPTURE(bits);
+          CAPTURE(gs);
+          CAPTURE(cols);
+          const int64_t rows = 12, n_x = 3, y_stride = rows + 1;
+          const TestMatrix m = make_matrix(bits, gs, rows, cols, ScaleType::bf16, 77 + gs);
+          const QuantMatrix plain = m.view();
+          std::vector<uint32_t> grouped_words(m.packed.size());
+          group_rows(m.packed.data(), grouped_words.data(), rows, cols * bits / 32);
+          QuantMatrix grouped = plain;
+          grouped.packed = grouped_words.data();
+          grouped.row_group = kRowGroup;
+          const std::vector<float> x = random_vector(n_x * cols, 5 + static_cast<uint32_t>(cols));
+          X24Buffer x24;
+          const bool have_x24 = bits == 4 && x24.resize(n_x, cols, gs);
+          if (have_x24)
+            for (int64_t t = 0; t < n_x; ++t) REQUIRE(x24.prepare_row(t, x.data() + t * cols));
+          Q8Buffer x8;
+          x8.quantize(x.data(), n_x, cols, cols, bits);
+          SplitActivation split;
+          split.split(x.data(), n_x, cols, cols);
+          // Each product on both layouts into outputs prefilled alike; all must match.
+          auto same = [&](const char* what, auto&& run) {
+            for (const auto& [rb, re] :
+                 {std::pair<int64_t, int64_t>{0, 12}, {1, 6}, {3, 9}, {5, 5}, {6, 12}, {9, 10}}) {
+              CAPTURE(what);
+              CAPTURE(rb);
+              CAPTURE(re);
+              // Room for a dequantized row too.
+              std::vector<float> want(static_cast<size_t>(std::max(n_x * y_stride, cols)), -3.0f);
+              std::vector<float> got = want;
+              run(plain, want.data(), rb, re);
+              run(grouped, got.data(), rb, re);
+              REQUIRE(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+              ++checked;
+            }
+          };
+          same("qmatvec", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+            qmatvec(w, x.data(), y, rb, re);
+          });
+          same("qmatmul", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+            qmatmul(w, x.data(), n_x, cols, y, y_stride, rb, re);
+          });
+          same("qmatmul_split", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+            qmatmul_split(w, split, y, y_stride, rb, re);
+          });
+          same("qmatvec_q8", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+            qmatvec_q8(w, x8.row(1), y, rb, re);
+          });
+          same("qmatmul_q8", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+            qmatmul_q8(w, x8, y, y_stride, rb, re);
+          });
+          same("qdequant_row", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+            if (rb < re) qdequant_row(w, rb, y);  // cols floats: the output holds them
+          });
+          if (have_x24) {
+            same("qmatvec_x24", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+              X24Buffer one;
+              REQUIRE(one.prepare(x.data() + cols, cols, gs));
+              qmatvec_x24(w, one, y, rb, re);
+            });
+            same("qmatmul_x24", [&](const QuantMatrix& w, float* y, int64_t rb, int64_t re) {
+              qmatmul_x24(w, x24, y, y_stride, rb, re);
+            });
+          }
+        }
+  CHECK(checked > 1000);
+}
+
 TEST_CASE("q8 products refuse mismatched inputs") {
   const TestMatrix m = make_matrix(4, 32, 4, 64, ScaleType::bf16, 1);
   const std::vector<float> x = random_vector(128, 2);

@@ -162,6 +162,9 @@ struct BenchMatrix {
       b[i] = f32_to_bf16(-0.1f + 0.0005f * static_cast<float>(i % 101));
     }
     view.packed = reinterpret_cast<const uint32_t*>(packed);
+    // In the row-group layout where the engine's resident weights are (CpuBackend::
+    // import_resident_qweight); the words are random either way.
+    if (row_groups_pay() && rows % kRowGroup == 0) view.row_group = kRowGroup;
     view.scales = s;
     view.biases = b;
     view.scale_type = ScaleType::bf16;

@@ -223,6 +223,18 @@ class Backend {
   // Imports a quantized matrix from host memory. The backend may keep referring to the host
   // memory (the CPU backend does), so it must outlive the returned weight.
   virtual std::unique_ptr<QWeight> import_qweight(const HostQuantMatrix& m) = 0;
+  // A matrix the model keeps for its whole life, from a read-only file mapping (the resident
+  // weights): the backend may copy it into the layout its kernels read fastest and hand the
+  // mapping's pages back. By default import_qweight.
+  virtual std::unique_ptr<QWeight> import_resident_qweight(const HostQuantMatrix& m) {
+    return import_qweight(m);
+  }
+  // The packed-row layout this backend reads fastest from host memory
+  // (HostQuantMatrix::row_group): 1, or 4 where the CPU backend's kernels read row groups. A
+  // source that owns writable copies of its matrices (resident experts) lays them out so with
+  // lay_out_rows, which rewrites rows * words_per_row packed words in place.
+  virtual int preferred_row_group() const { return 1; }
+  virtual void lay_out_rows(uint32_t* packed, int64_t rows, int64_t words_per_row) const {}
 
   // ---- element-wise and per-row ops (x and y may be the same view unless stated) ----
   virtual void fill_zero(Mat x) = 0;

@@ -23,6 +23,10 @@ struct HostQuantMatrix {
   int group_size = 64;
   int64_t rows = 0;
   int64_t cols = 0;
+  // 1: rows one after another, as the format stores them. 4: the CPU backend's row-group layout
+  // (backend/cpu/kernels.h), which only a source asked for it by the backend delivers
+  // (Backend::preferred_row_group).
+  int row_group = 1;
 };
 
 }  // namespace redwing

@@ -60,20 +60,24 @@ void check_expert_file_size(const std::string& path, const ExpertLayerInfo& info
 // Views of the chosen experts of a layer whose whole file lies in memory at `base`.
 static std::vector<ExpertMatrices> experts_in_memory(const ExpertLayerInfo& info,
                                                      const std::byte* base, const std::string& path,
-                                                     std::span<const int32_t> experts) {
+                                                     std::span<const int32_t> experts,
+                                                     int row_group = 1) {
   std::vector<ExpertMatrices> out;
   out.reserve(experts.size());
   for (int32_t e : experts) {
     if (e < 0 || e >= info.count)
       throw std::out_of_range("expert " + std::to_string(e) + " out of range in " + path);
     const std::byte* blob = base + static_cast<uint64_t>(e) * info.stride;
-    out.push_back({host_quant_at(info.gate, blob), host_quant_at(info.up, blob),
-                   host_quant_at(info.down, blob)});
+    ExpertMatrices m{host_quant_at(info.gate, blob), host_quant_at(info.up, blob),
+                     host_quant_at(info.down, blob)};
+    for (HostQuantMatrix* h : {&m.gate, &m.up, &m.down})
+      if (h->rows % row_group == 0) h->row_group = row_group;
+    out.push_back(m);
   }
   return out;
 }
 
-ResidentExpertSource::ResidentExpertSource(const ModelDir& dir) {
+ResidentExpertSource::ResidentExpertSource(const ModelDir& dir, const Backend* layout) {
   const Architecture& arch = dir.arch();
   for (int i = 0; i < arch.num_layers; ++i) {
     if (!arch.layers[static_cast<size_t>(i)].moe) continue;
@@ -86,6 +90,20 @@ ResidentExpertSource::ResidentExpertSource(const ModelDir& dir) {
     check_expert_file_size(layer.path, info, file.size());
     layer.data = platform::allocate_aligned(size, 16384);
     file.read_exact(layer.data.get(), size, 0);
+    if (layout != nullptr && layout->preferred_row_group() != 1) {
+      layer.row_group = layout->preferred_row_group();
+      for (int e = 0; e < info.count; ++e) {
+        const std::byte* blob = layer.data.get() + static_cast<uint64_t>(e) * info.stride;
+        for (const QuantTensorInfo* q : {&info.gate, &info.up, &info.down}) {
+          if (q->rows % layer.row_group != 0) continue;
+          const HostQuantMatrix h = host_quant_at(*q, blob);
+          // The same words, writable: the source owns the buffer.
+          auto* packed = reinterpret_cast<uint32_t*>(
+              layer.data.get() + (reinterpret_cast<const std::byte*>(h.packed) - layer.data.get()));
+          layout->lay_out_rows(packed, h.rows, h.cols * h.bits / 32);
+        }
+      }
+    }
     bytes_ += size;
     layers_.emplace(i, std::move(layer));
   }
@@ -97,7 +115,7 @@ std::vector<ExpertMatrices> ResidentExpertSource::acquire(int layer,
   if (it == layers_.end())
     throw std::logic_error("layer " + std::to_string(layer) + " has no experts");
   const Layer& l = it->second;
-  return experts_in_memory(l.info, l.data.get(), l.path, experts);
+  return experts_in_memory(l.info, l.data.get(), l.path, experts, l.row_group);
 }
 
 MappedExpertSource::MappedExpertSource(const ModelDir& dir) {

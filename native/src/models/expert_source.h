@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "format/host_tensor.h"
 #include "format/model_dir.h"
 #include "platform/file.h"
@@ -116,8 +117,9 @@ void check_expert_file_size(const std::string& path, const ExpertLayerInfo& info
 // Reads each MoE layer's expert file fully into an aligned buffer when constructed.
 class ResidentExpertSource final : public ExpertSource {
  public:
-  // Throws FormatError / platform::FileError naming the file.
-  explicit ResidentExpertSource(const ModelDir& dir);
+  // Throws FormatError / platform::FileError naming the file. With a backend, the experts'
+  // matrices are laid out in its preferred_row_group() (Backend::lay_out_rows) once read.
+  explicit ResidentExpertSource(const ModelDir& dir, const Backend* layout = nullptr);
 
   std::vector<ExpertMatrices> acquire(int layer, std::span<const int32_t> experts) override;
   void release(int layer) override {}
@@ -130,6 +132,7 @@ class ResidentExpertSource final : public ExpertSource {
     ExpertLayerInfo info;
     std::string path;
     platform::AlignedBytes data;
+    int row_group = 1;  // of the matrices whose rows are whole groups; the others stay 1
   };
   std::map<int, Layer> layers_;
   uint64_t bytes_ = 0;

@@ -27,7 +27,7 @@ std::unique_ptr<Buffer> load_vector(Backend& backend, const ModelDir& dir, const
 
 std::unique_ptr<QWeight> load_matrix(Backend& backend, const ModelDir& dir, const std::string& name,
                                      int64_t rows, int64_t cols, ProductKind kind) {
-  std::unique_ptr<QWeight> w = backend.import_qweight(dir.quant(name, rows, cols));
+  std::unique_ptr<QWeight> w = backend.import_resident_qweight(dir.quant(name, rows, cols));
   w->kind = kind;
   return w;
 }

@@ -96,4 +96,10 @@ struct AlignedFree {
 using AlignedBytes = std::unique_ptr<std::byte[], AlignedFree>;
 AlignedBytes allocate_aligned(std::size_t bytes, std::size_t alignment);
 
+// Hands the whole pages inside [p, p + bytes) back to the system (Linux: MADV_PAGEOUT), for a
+// read-only file mapping whose contents were copied elsewhere: they leave the process's resident
+// memory and are read from the file again if touched. A hint: errors are ignored, and elsewhere
+// it does nothing. Reclaim never loses data, so it is safe on any memory.
+void release_pages(const void* p, std::size_t bytes);
+
 }  // namespace redwing::platform

@@ -258,4 +258,16 @@ AlignedBytes allocate_aligned(std::size_t bytes, std::size_t alignment) {
   return AlignedBytes(p, AlignedFree{alignment});
 }
 
+void release_pages(const void* p, std::size_t bytes) {
+#if defined(MADV_PAGEOUT)
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 }  // namespace redwing::platform

@@ -101,7 +101,7 @@ Engine::Engine(const EngineOptions& options)
   } else if (moe && options_.mmap_experts) {
     experts_ = std::make_unique<MappedExpertSource>(dir_);
   } else if (moe) {
-    experts_ = std::make_unique<ResidentExpertSource>(dir_);
+    experts_ = std::make_unique<ResidentExpertSource>(dir_, backend_.get());
   }
   model_ = load_model(dir_, *backend_, experts_.get(), host_backend_.get());
   if (!options_.routing_trace.empty() || !options_.record_routing.empty()) {

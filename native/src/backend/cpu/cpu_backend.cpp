@@ -34,6 +34,7 @@ class CpuBuffer final : public Buffer {
 class CpuQWeight final : public QWeight {
  public:
   cpu::QuantMatrix m;
+  platform::AlignedBytes grouped;  // m.packed's own row-grouped copy (import_resident_qweight)
 };
 
 cpu::ScaleType scale_type(DType t) {
@@ -104,7 +105,43 @@ class CpuBackend final : public Backend {
     w->m.group_size = h.group_size;
     w->m.rows = h.rows;
     w->m.cols = h.cols;
+    w->m.row_group = h.row_group;
+    if (h.row_group != 1 && (h.row_group != cpu::kRowGroup || h.rows % cpu::kRowGroup != 0))
+      throw std::invalid_argument("cpu: row_group " + std::to_string(h.row_group) + " for " +
+                                  std::to_string(h.rows) + " rows");
     return w;
+  }
+
+  // Where the kernels read row groups (cpu::row_groups_pay), a resident matrix's packed words
+  // are copied into that layout, in huge-page memory, a slice at a time, each slice's mapped
+  // pages handed back once copied: the process holds the matrix once, and at most one slice
+  // twice. The decode products then read one stream per 4 rows instead of four (kernels.h).
+  std::unique_ptr<QWeight> import_resident_qweight(const HostQuantMatrix& h) override {
+    std::unique_ptr<QWeight> imported = import_qweight(h);
+    auto& w = static_cast<CpuQWeight&>(*imported);
+    if (h.row_group != 1 || h.rows % cpu::kRowGroup != 0 || !cpu::row_groups_pay()) return imported;
+    const int64_t wpr = h.cols * h.bits / 32;
+    const size_t bytes = static_cast<size_t>(h.rows * wpr) * sizeof(uint32_t);
+    w.grouped = platform::allocate_aligned(bytes, 64);
+    auto* out = reinterpret_cast<uint32_t*>(w.grouped.get());
+    constexpr int64_t kSliceBytes = int64_t{32} << 20;
+    const int64_t slice_rows =
+        std::max<int64_t>(1, kSliceBytes / (wpr * 4 * cpu::kRowGroup)) * cpu::kRowGroup;
+    for (int64_t r = 0; r < h.rows; r += slice_rows) {
+      const int64_t n = std::min(slice_rows, h.rows - r);
+      cpu::group_rows(h.packed + r * wpr, out + r * wpr, n, wpr);
+      platform::release_pages(h.packed + r * wpr, static_cast<size_t>(n * wpr) * sizeof(uint32_t));
+    }
+    platform::release_pages(h.packed, bytes);  // the pages that straddled two slices
+    w.m.packed = out;
+    w.m.row_group = cpu::kRowGroup;
+    return imported;
+  }
+
+  int preferred_row_group() const override { return cpu::row_groups_pay() ? cpu::kRowGroup : 1; }
+  void lay_out_rows(uint32_t* packed, int64_t rows, int64_t words_per_row) const override {
+    if (preferred_row_group() == cpu::kRowGroup)
+      cpu::group_rows(packed, packed, rows, words_per_row);
   }
 
   // ---- element-wise ----

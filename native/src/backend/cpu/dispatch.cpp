@@ -157,6 +157,53 @@ void check_quant_matrix(const QuantMatrix& w, const char* kernel) {
   if (w.packed == nullptr || w.scales == nullptr || w.biases == nullptr) {
     fail("null packed, scales or biases pointer");
   }
+  if (w.row_group != 1 && (w.row_group != kRowGroup || w.rows % kRowGroup != 0))
+    fail("row_group " + std::to_string(w.row_group) + " with " + std::to_string(w.rows) +
+         " rows (1, or " + std::to_string(kRowGroup) + " with whole groups of rows)");
+}
+
+// For kernels that read rows one after another: product(view, lo, hi, first) for row-major
+// copies of the groups of a row-grouped w that cover [row_begin, row_end), up to 64 rows at a
+// time. view is rows [first, first + view.rows) of w, [lo, hi) the wanted ones among them, and
+// the product writes its row r to the caller's row first + r (y + first). A row-major w is
+// passed through as it is (first 0).
+template <typename Product>
+void by_rows(const QuantMatrix& w, int64_t row_begin, int64_t row_end, Product&& product) {
+  if (w.row_group != kRowGroup) {
+    product(w, row_begin, row_end, int64_t{0});
+    return;
+  }
+  constexpr int64_t kGroupsAtOnce = 16;
+  thread_local Scratch words;
+  const int64_t wpr = w.cols * w.bits / 32;
+  const int64_t gpr = w.cols / w.group_size;
+  const int64_t esize = w.scale_type == ScaleType::f32 ? 4 : 2;
+  uint32_t* plain = reinterpret_cast<uint32_t*>(
+      words.floats(static_cast<size_t>(kGroupsAtOnce * kRowGroup * wpr)));
+  for (int64_t g = row_begin / kRowGroup; g * kRowGroup < row_end; g += kGroupsAtOnce) {
+    const int64_t first = g * kRowGroup;
+    const int64_t n_groups = std::min(kGroupsAtOnce, (row_end - first + kRowGroup - 1) / kRowGroup);
+    ungroup_rows(w.packed + first * wpr, plain, n_groups, wpr);
+    QuantMatrix view = w;
+    view.packed = plain;
+    view.scales = static_cast<const char*>(w.scales) + first * gpr * esize;
+    view.biases = static_cast<const char*>(w.biases) + first * gpr * esize;
+    view.rows = n_groups * kRowGroup;
+    view.row_group = 1;
+    product(view, std::max(row_begin, first) - first, std::min(row_end, first + view.rows) - first,
+            first);
+  }
+}
+
+// by_rows for the kernels that read row groups themselves where the table says so (x24 and
+// qmatmul_q8): w as it is where they do.
+template <typename Product>
+void by_rows_unless_native(const QuantMatrix& w, int64_t row_begin, int64_t row_end,
+                           Product&& product) {
+  if (kernels().reads_row_groups)
+    product(w, row_begin, row_end, int64_t{0});
+  else
+    by_rows(w, row_begin, row_end, product);
 }
 
 void check_row_range(const QuantMatrix& w, int64_t row_begin, int64_t row_end, const char* kernel) {
@@ -230,6 +277,52 @@ const char* cpu_features() {
     return out;
   }();
   return features.c_str();
+}
+
+// ---- the row-group layout ------------------------------------------------------------------
+
+bool row_groups_pay() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("REDWING_ROW_GROUPS");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return allowed && kernels().reads_row_groups;
+}
+
+void group_rows(const uint32_t* src, uint32_t* dst, int64_t rows, int64_t words_per_row) {
+  if (rows % kRowGroup != 0)
+    throw std::invalid_argument("redwing::cpu::group_rows: " + std::to_string(rows) +
+                                " rows are not whole groups of " + std::to_string(kRowGroup));
+  const int64_t full = words_per_row / 16, tail = words_per_row % 16;
+  const int64_t group_words = kRowGroup * words_per_row;
+  std::vector<uint32_t> rows_of_group(static_cast<size_t>(group_words));
+  for (int64_t g = 0; g < rows / kRowGroup; ++g) {
+    // Through a copy of the group's rows, so that dst may be src.
+    std::memcpy(rows_of_group.data(), src + g * group_words,
+                static_cast<size_t>(group_words) * sizeof(uint32_t));
+    uint32_t* out = dst + g * group_words;
+    for (int64_t b = 0; b <= full; ++b) {
+      const int64_t n = b < full ? 16 : tail;
+      for (int64_t i = 0; i < kRowGroup; ++i, out += n)
+        std::memcpy(out, rows_of_group.data() + i * words_per_row + b * 16,
+                    static_cast<size_t>(n) * sizeof(uint32_t));
+    }
+  }
+}
+
+void ungroup_rows(const uint32_t* src, uint32_t* dst, int64_t n_groups, int64_t words_per_row) {
+  const int64_t full = words_per_row / 16, tail = words_per_row % 16;
+  const int64_t group_words = kRowGroup * words_per_row;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    const uint32_t* in = src + g * group_words;
+    uint32_t* rows = dst + g * group_words;
+    for (int64_t b = 0; b <= full; ++b) {
+      const int64_t n = b < full ? 16 : tail;
+      for (int64_t i = 0; i < kRowGroup; ++i, in += n)
+        std::memcpy(rows + i * words_per_row + b * 16, in,
+                    static_cast<size_t>(n) * sizeof(uint32_t));
+    }
+  }
 }
 
 // ---- forwarding --------------------------------------------------------------------------
@@ -325,7 +418,10 @@ void qmatvec_x24(const QuantMatrix& w, const X24Buffer& xa, float* y, int64_t ro
                  int64_t row_end) {
   check_x24_input(w, xa, row_begin, row_end, "qmatvec_x24");
   if (row_begin == row_end) return;
-  kernels().x24.product(w, xa.limbs_, xa.units_, xa.sums_, y, row_begin, row_end);
+  by_rows_unless_native(
+      w, row_begin, row_end, [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+        kernels().x24.product(v, xa.limbs_, xa.units_, xa.sums_, y + first, lo, hi);
+      });
 }
 
 void qmatmul_x24(const QuantMatrix& w, const X24Buffer& xs, float* y, int64_t y_stride,
@@ -336,8 +432,12 @@ void qmatmul_x24(const QuantMatrix& w, const X24Buffer& xs, float* y, int64_t y_
                                 std::to_string(y_stride) + " is under the row end " +
                                 std::to_string(row_end));
   if (row_begin == row_end) return;
-  kernels().x24.product_rows(w, xs.limbs_, xs.limb_stride_, xs.units_, xs.unit_stride_, xs.sums_,
-                             xs.sum_stride_, xs.rows(), y, y_stride, row_begin, row_end);
+  by_rows_unless_native(w, row_begin, row_end,
+                        [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+                          kernels().x24.product_rows(v, xs.limbs_, xs.limb_stride_, xs.units_,
+                                                     xs.unit_stride_, xs.sums_, xs.sum_stride_,
+                                                     xs.rows(), y + first, y_stride, lo, hi);
+                        });
 }
 
 void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, int64_t row_end) {
@@ -346,11 +446,16 @@ void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, 
   if (row_begin == row_end) return;
   thread_local X24Buffer prepared;  // this call's own x (the backend shares one per product)
   if (w.bits == 4 && prepared.prepare(x, w.cols, w.group_size)) {
-    kernels().x24.product(w, prepared.limbs_, prepared.units_, prepared.sums_, y, row_begin,
-                          row_end);
+    by_rows_unless_native(w, row_begin, row_end,
+                          [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+                            kernels().x24.product(v, prepared.limbs_, prepared.units_,
+                                                  prepared.sums_, y + first, lo, hi);
+                          });
     return;
   }
-  kernels().qmatvec(w, x, y, row_begin, row_end);
+  by_rows(w, row_begin, row_end, [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+    kernels().qmatvec(v, x, y + first, lo, hi);
+  });
 }
 
 void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride, float* y,
@@ -361,7 +466,9 @@ void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_s
     throw std::invalid_argument("redwing::cpu::qmatmul: bad n_rows_x or strides");
   }
   if (row_begin == row_end || n_rows_x == 0) return;
-  kernels().qmatmul(w, x, n_rows_x, x_stride, y, y_stride, row_begin, row_end);
+  by_rows(w, row_begin, row_end, [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+    kernels().qmatmul(v, x, n_rows_x, x_stride, y + first, y_stride, lo, hi);
+  });
 }
 
 // ---- exact products on matrix units ------------------------------------------------------
@@ -429,7 +536,9 @@ void qmatmul_split(const QuantMatrix& w, const SplitActivation& xs, float* y, in
   if (xs.rows() > 1 && y_stride < row_end)
     throw std::invalid_argument("redwing::cpu::qmatmul_split: bad y_stride");
   if (xs.rows() == 0 || row_begin == row_end) return;
-  kernels().qmatmul_split(w, xs, y, y_stride, row_begin, row_end);
+  by_rows(w, row_begin, row_end, [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+    kernels().qmatmul_split(v, xs, y + first, y_stride, lo, hi);
+  });
 }
 
 bool has_matrix_product() { return active_isa() == Isa::amx; }
@@ -440,7 +549,9 @@ void qdequant_row(const QuantMatrix& w, int64_t row, float* out) {
     throw std::out_of_range("redwing::cpu::qdequant_row: row " + std::to_string(row) +
                             " outside [0, " + std::to_string(w.rows) + ")");
   }
-  kernels().qdequant_row(w, row, out);
+  by_rows(w, row, row + 1, [&](const QuantMatrix& v, int64_t lo, int64_t, int64_t) {
+    kernels().qdequant_row(v, lo, out);
+  });
 }
 
 // ---- 8-bit activations --------------------------------------------------------------------
@@ -511,6 +622,14 @@ void check_q8_input(const QuantMatrix& w, const Q8Activation& xa, const char* ke
                                 " columns of " + std::to_string(xa.bits) + "-bit weights, not " +
                                 std::to_string(w.cols) + " of " + std::to_string(w.bits));
 }
+
+void q8_product(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
+                int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  by_rows_unless_native(w, row_begin, row_end,
+                        [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+                          kernels().qmatmul_q8(v, xa, n_x, y + first, y_stride, lo, hi);
+                        });
+}
 }  // namespace
 
 void qmatvec_q8(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t row_begin,
@@ -519,7 +638,7 @@ void qmatvec_q8(const QuantMatrix& w, const Q8Activation& xa, float* y, int64_t 
   check_row_range(w, row_begin, row_end, "qmatvec_q8");
   check_q8_input(w, xa, "qmatvec_q8");
   if (row_begin == row_end) return;
-  kernels().qmatmul_q8(w, &xa, 1, y, 0, row_begin, row_end);
+  q8_product(w, &xa, 1, y, 0, row_begin, row_end);
 }
 
 void qmatmul_q8(const QuantMatrix& w, const Q8Buffer& xa, float* y, int64_t y_stride,
@@ -533,7 +652,7 @@ void qmatmul_q8(const QuantMatrix& w, const Q8Buffer& xa, float* y, int64_t y_st
   thread_local std::vector<Q8Activation> rows;
   rows.resize(static_cast<size_t>(xa.rows()));
   for (int64_t t = 0; t < xa.rows(); ++t) rows[static_cast<size_t>(t)] = xa.row(t);
-  kernels().qmatmul_q8(w, rows.data(), xa.rows(), y, y_stride, row_begin, row_end);
+  q8_product(w, rows.data(), xa.rows(), y, y_stride, row_begin, row_end);
 }
 
 void rms_norm(const float* x, const float* weight, float weight_offset, float eps, int64_t n,

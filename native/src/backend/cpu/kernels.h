@@ -31,7 +31,31 @@ struct QuantMatrix {
   int group_size = 64;
   int64_t rows = 0;
   int64_t cols = 0;
+  // 1: rows one after another. kRowGroup: the row-group layout below (rows a multiple of 4).
+  int row_group = 1;
 };
+
+// The row-group layout: rows in groups of 4, each group's 4 * words_per_row words holding block
+// b of rows 4g, 4g + 1, 4g + 2, 4g + 3, then block b + 1, and so on, a block being 16 words (64
+// bytes) of a row, the last one shorter where a row is not whole blocks (words_per_row % 16
+// words each). The decode products read 4 rows a block at a time; laid out row after row that is
+// 4 interleaved streams a row apart, which this machine's prefetchers follow at ~52 GB/s against
+// ~67 for one stream (2 threads, docs/cpu.md session 32): grouped, the rows are one stream. Only
+// the packed words move; scales and biases keep their row-major layout.
+inline constexpr int kRowGroup = 4;
+
+// Whether the active ISA's quantized products read row-grouped matrices natively (the integer
+// method and the 8-bit-activation products on AVX512-VNNI). Every kernel accepts both layouts;
+// the others copy the groups they need back to rows first, which is correct but slower, so the
+// CPU backend groups its resident weights only where this holds. REDWING_ROW_GROUPS=0 says no
+// (A/B runs).
+bool row_groups_pay();
+
+// Writes the row-group layout of the row-major packed words src (rows a multiple of 4) to dst,
+// which may be src itself (then rewritten group by group in place).
+void group_rows(const uint32_t* src, uint32_t* dst, int64_t rows, int64_t words_per_row);
+// The inverse: n_groups groups at src back to 4 * n_groups rows at dst (not overlapping).
+void ungroup_rows(const uint32_t* src, uint32_t* dst, int64_t n_groups, int64_t words_per_row);
 
 // avx512 is the AVX2 set with the quantized products widened to 512 bits (needs AVX-512 F, BW,
 // DQ and VL besides AVX2, FMA and F16C); the other kernels are the AVX2 ones. amx is the avx512

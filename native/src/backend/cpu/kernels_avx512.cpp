@@ -434,6 +434,7 @@ const KernelTable& avx512_kernels() {
     if (cpu_has_avx512_vnni()) {
       t.qmatmul_q8 = avx512_vnni_qmatmul_q8();
       t.x24 = avx512_vnni_x24();
+      t.reads_row_groups = true;  // both read row-grouped matrices (kernels.h)
     }
     t.attention_scores = AttentionLoops<Avx512AttentionTiles>::scores;
     t.attention_values = AttentionLoops<Avx512AttentionTiles>::values;

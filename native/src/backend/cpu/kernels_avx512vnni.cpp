@@ -129,6 +129,19 @@ struct Q8Prepared {
   const float* sums;
 };
 
+// Rows [rb, re) as quad(r) for 4 rows from r and single(r) for one: quads start on a row group
+// in row-grouped matrices (RowBlocks reads at most to the end of r's group). A row's result does
+// not depend on which it took (reduce1 adds in reduce4's order).
+template <typename Quad, typename Single>
+inline void for_row_tiles(const QuantMatrix& w, int64_t rb, int64_t re, Quad&& quad,
+                          Single&& single) {
+  int64_t r = rb;
+  if (w.row_group == kRowGroup)
+    for (; r < re && r % kRowGroup != 0; ++r) single(r);
+  for (; r + 4 <= re; r += 4) quad(r);
+  for (; r < re; ++r) single(r);
+}
+
 // Rows [r0, r0 + kRows) against every prepared activation row. The rows' scales and biases are
 // converted once (sbuf, bbuf: row i at i * (pad16(gpr) + 16), pad16(gpr) floats written, zero
 // past gpr) and their packed weights stay in L1 while each activation row goes by, so a prefill
@@ -143,7 +156,7 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
   const int64_t stride = pad16(gpr) + 16;
   const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
   const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
-  const uint32_t* rows[kRows];
+  const RowBlocks rows = row_blocks(w, r0);
   prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
   // Each row's scales as float32 into sbuf, 16 groups at a time up to pad16(gpr): a block reads
   // at most 4 of them from its first group on (block_scales), and the lanes of a partial last
@@ -168,7 +181,6 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
         _mm512_storeu_ps(bbuf + i * stride + g, bias);
     }
     bias_part[i] = b;
-    rows[i] = w.packed + (r0 + i) * wpr;
   }
   const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
   const __m512i idx = lane_groups<L::kPerLane, kGroup>();
@@ -192,8 +204,8 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
       const int64_t g0 = blk * L::kValues / kGroup;
       for (int i = 0; i < kRows; ++i) {
         if (t == 0) _mm_prefetch(pf + (blk * kRows + i) * 64, _MM_HINT_T0);
-        const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows[i] + blk * 16)
-                                   : _mm512_loadu_si512(rows[i] + blk * 16);
+        const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows.at(blk, i))
+                                   : _mm512_loadu_si512(rows.at(blk, i));
         __m512 dots;
         if constexpr (kX24) {
           dots = _mm512_cvtepi32_ps(lane_dots_x24(wv, a));
@@ -257,10 +269,10 @@ void q8_range(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* 
   const size_t sb = static_cast<size_t>(4 * (pad16(gpr) + 16));
   float* sbuf = s_buf.floats(sb);
   float* bbuf = b_buf.floats(sb);
-  int64_t r = rb;
-  for (; r + 4 <= re; r += 4)
-    q8_rows<kBits, kGroup, 4>(w, prepared, n_x, r, y, y_stride, sbuf, bbuf);
-  for (; r < re; ++r) q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf, bbuf);
+  for_row_tiles(
+      w, rb, re,
+      [&](int64_t r) { q8_rows<kBits, kGroup, 4>(w, prepared, n_x, r, y, y_stride, sbuf, bbuf); },
+      [&](int64_t r) { q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf, bbuf); });
 }
 
 void qmatmul_q8_vnni(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
@@ -353,9 +365,10 @@ void qmatvec_x24_prepared(const QuantMatrix& w, const int8_t* limbs, const float
   float* bbuf = b_buf.floats(sb);
   with_quant_shape(w, [&]<int kBits, int kGroup>() {
     if constexpr (kBits == 4) {
-      int64_t r = rb;
-      for (; r + 4 <= re; r += 4) q8_rows<4, kGroup, 4, true>(w, &prepared, 1, r, y, 0, sbuf, bbuf);
-      for (; r < re; ++r) q8_rows<4, kGroup, 1, true>(w, &prepared, 1, r, y, 0, sbuf, bbuf);
+      for_row_tiles(
+          w, rb, re,
+          [&](int64_t r) { q8_rows<4, kGroup, 4, true>(w, &prepared, 1, r, y, 0, sbuf, bbuf); },
+          [&](int64_t r) { q8_rows<4, kGroup, 1, true>(w, &prepared, 1, r, y, 0, sbuf, bbuf); });
     }
   });
 }
@@ -369,9 +382,9 @@ void qmatvec_x24_prepared(const QuantMatrix& w, const int8_t* limbs, const float
 // part, then one FMA per block in block order, then reduce4's sum), so its bits do not depend on
 // kR, kT or the call's token count.
 template <int kGroup, int kR, int kT>
-inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float* bbuf,
-                     int64_t stride, const Q8Prepared* xs, int64_t n_blocks, int tail_words,
-                     int64_t gpr, __m512i idx, float* y, int64_t y_stride, int64_t r0) {
+inline void x24_tile(const RowBlocks& rows, const float* sbuf, const float* bbuf, int64_t stride,
+                     const Q8Prepared* xs, int64_t n_blocks, int tail_words, int64_t gpr,
+                     __m512i idx, float* y, int64_t y_stride, int64_t r0) {
   __m512 acc[kR][kT];
   REDWING_UNROLL
   for (int t = 0; t < kT; ++t) {
@@ -394,8 +407,8 @@ inline void x24_tile(const uint32_t* const* rows, const float* sbuf, const float
     __m512 s[kR];
     REDWING_UNROLL
     for (int i = 0; i < kR; ++i) {
-      const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows[i] + blk * 16)
-                                 : _mm512_loadu_si512(rows[i] + blk * 16);
+      const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows.at(blk, i))
+                                 : _mm512_loadu_si512(rows.at(blk, i));
       lo[i] = _mm512_and_si512(wv, nibble);
       hi[i] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble);
       if constexpr (kGroup >= 128) {
@@ -451,7 +464,6 @@ template <int kGroup>
 void x24_rows_range(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, float* y,
                     int64_t y_stride, int64_t rb, int64_t re) {
   thread_local Scratch s_buf, b_buf;
-  const int64_t wpr = w.cols / 8;
   const int64_t gpr = w.cols / kGroup;
   const int64_t stride = pad16(gpr) + 16;
   const int64_t n_blocks = (w.cols + 127) / 128;
@@ -461,13 +473,15 @@ void x24_rows_range(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, flo
   const __m512i idx = lane_groups<8, kGroup>();
   for (int64_t t0 = 0; t0 < n_x; t0 += kX24TokenTile) {
     const int64_t t_end = std::min(n_x, t0 + kX24TokenTile);
-    for (int64_t r0 = rb; r0 < re; r0 += kX24Rows) {
-      const int n_rows = static_cast<int>(std::min<int64_t>(kX24Rows, re - r0));
-      const uint32_t* rows[kX24Rows];
-      for (int i = 0; i < n_rows; ++i) {
+    int n_rows = 0;
+    for (int64_t r0 = rb; r0 < re; r0 += n_rows) {
+      n_rows = static_cast<int>(std::min<int64_t>(kX24Rows, re - r0));
+      // Row-grouped matrices: a tile of 4 rows starts on a group (single rows up to it).
+      if (w.row_group == kRowGroup && r0 % kRowGroup != 0)
+        n_rows = std::min(n_rows, static_cast<int>(kRowGroup - r0 % kRowGroup));
+      const RowBlocks rows = row_blocks(w, r0);
+      for (int i = 0; i < n_rows; ++i)
         row_scales_f32(w, r0 + i, gpr, stride, sbuf + i * stride, bbuf + i * stride);
-        rows[i] = w.packed + (r0 + i) * wpr;
-      }
       int64_t t = t0;
       if (n_rows == kX24Rows) {
         for (; t + kX24Tokens <= t_end; t += kX24Tokens)
@@ -480,9 +494,9 @@ void x24_rows_range(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, flo
       } else {
         for (int i = 0; i < n_rows; ++i) {
           for (t = t0; t < t_end; ++t)
-            x24_tile<kGroup, 1, 1>(rows + i, sbuf + i * stride, bbuf + i * stride, stride, xs + t,
-                                   n_blocks, tail_words, gpr, idx, y + t * y_stride, y_stride,
-                                   r0 + i);
+            x24_tile<kGroup, 1, 1>(row_blocks(w, r0 + i), sbuf + i * stride, bbuf + i * stride,
+                                   stride, xs + t, n_blocks, tail_words, gpr, idx, y + t * y_stride,
+                                   y_stride, r0 + i);
         }
       }
     }

@@ -78,6 +78,9 @@ struct KernelTable {
   // qmatvec's integer method where the ISA has it (qmatvec tries it first unless
   // set_integer_exact_product(false)).
   X24Kernels x24;
+  // Whether x24 and qmatmul_q8 read row-grouped matrices (QuantMatrix::row_group) themselves;
+  // dispatch.cpp hands every other kernel row-major copies of the groups it needs.
+  bool reads_row_groups = false;
 };
 
 using Q8Kernel = void (*)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
@@ -229,6 +232,31 @@ inline void with_quant_shape(const QuantMatrix& w, Fn&& fn) {
 
 // Growable, 64-byte aligned per-thread scratch memory for the SIMD files (instead of
 // std::vector<float>, whose instantiations there would be weak symbols, see above).
+// Where the packed words of rows r0, r0 + 1, ... (up to the end of r0's row group when grouped)
+// lie, block by block: at(blk, i) is row r0 + i's block blk (16 words; the last block of a row
+// that is not whole blocks has tail words).
+struct RowBlocks {
+  const uint32_t* base;
+  int64_t blk_stride;   // words from a block to the next (per row, or per group)
+  int64_t row_stride;   // words from a row's full block to the next row's
+  int64_t tail_stride;  // the same in the last, partial block
+  int64_t full_blocks;  // blocks of 16 words in a row
+  int64_t first;        // r0's place in its group (0 in row-major matrices)
+  const uint32_t* at(int64_t blk, int64_t i) const {
+    return base + blk * blk_stride + (first + i) * (blk < full_blocks ? row_stride : tail_stride);
+  }
+};
+
+inline RowBlocks row_blocks(const QuantMatrix& w, int64_t r0) {
+  const int64_t wpr = w.cols * w.bits / 32;
+  if (w.row_group == kRowGroup) {
+    const int64_t g = r0 / kRowGroup;
+    return {
+        w.packed + g * kRowGroup * wpr, 16 * kRowGroup, 16, wpr % 16, wpr / 16, r0 - g * kRowGroup};
+  }
+  return {w.packed + r0 * wpr, 16, wpr, wpr, wpr / 16, 0};
+}
+
 class Scratch {
  public:
   // At least n floats; contents are unspecified after growth.

@@ -362,6 +362,8 @@ class GpuBackend final : public Backend {
 
   std::unique_ptr<QWeight> import_qweight(const HostQuantMatrix& h) override {
     if (h.bits != 4 && h.bits != 8) throw std::invalid_argument("gpu: unsupported bit width");
+    if (h.row_group != 1)
+      throw std::invalid_argument("gpu: row-grouped matrices are the CPU backend's layout");
     if (h.cols % h.group_size != 0 || h.group_size % 32 != 0)
       throw std::invalid_argument("gpu: unsupported group size");
     auto w = std::make_unique<GpuQWeight>();
