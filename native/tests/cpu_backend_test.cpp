@@ -358,7 +358,8 @@ TEST_CASE("resident weights in the row-group layout give the borrowed weights' b
   auto b = make_cpu_backend(2);
   const bool grouped = cpu::row_groups_pay();
   CHECK(b->preferred_row_group() == (grouped ? cpu::kRowGroup : 1));
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{64, 704}, {37, 256}, {2816, 704}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{64, 704}, {37, 256}, {2816, 704}}) {
+    const int64_t rows = shape.first, cols = shape.second;  // not a binding: CAPTURE copies it
     const RandomQuant w(rows, cols, 40 + static_cast<uint64_t>(rows));
     RandomQuant laid_out(rows, cols, 40 + static_cast<uint64_t>(rows));
     if (rows % cpu::kRowGroup == 0) {

@@ -1289,11 +1289,14 @@ TEST_CASE("row groups: every quantized product gives a row-grouped matrix the ro
   // copies), 4- and 8-bit, rows of whole and partial 64-byte blocks, ranges that start and end
   // inside groups. Each product must give exactly the bits it gives the row-major matrix.
   int checked = 0;
-  for (const auto& [isa, integer] : isa_and_product_pairs())
+  for (const auto& pair : isa_and_product_pairs())
     for (int bits : {4, 8})
       for (int gs : {32, 64, 128})
         for (int64_t cols : {int64_t{704}, int64_t{256}, int64_t{2816}}) {
           if (cols % gs != 0) continue;
+          // Not structured bindings: CAPTURE and the lambdas below copy them.
+          const Isa isa = pair.first;
+          const bool integer = pair.second;
           IsaScope scope(isa);
           IntegerProductScope product(integer);
           CAPTURE(std::string(isa_name(isa)));
@@ -1320,8 +1323,9 @@ TEST_CASE("row groups: every quantized product gives a row-grouped matrix the ro
           split.split(x.data(), n_x, cols, cols);
           // Each product on both layouts into outputs prefilled alike; all must match.
           auto same = [&](const char* what, auto&& run) {
-            for (const auto& [rb, re] :
+            for (const auto& range :
                  {std::pair<int64_t, int64_t>{0, 12}, {1, 6}, {3, 9}, {5, 5}, {6, 12}, {9, 10}}) {
+              const int64_t rb = range.first, re = range.second;
               CAPTURE(what);
               CAPTURE(rb);
               CAPTURE(re);

@@ -310,6 +310,12 @@ class CpuBackend final : public Backend {
     return n_rows >= kSplitMinRows && cpu::has_matrix_product() && w.cols % cpu::kSplitK == 0;
   }
   static constexpr int64_t kSplitMinRows = 4;
+  // Row chunks of about 64 KiB of columns, in whole row groups: a chunk that started inside a
+  // group of a row-grouped matrix (cpu::kRowGroup) would take its first rows one at a time.
+  static int64_t product_grain(int64_t cols) {
+    const int64_t base = std::max<int64_t>(4, 65536 / std::max<int64_t>(cols, 1));
+    return (base + cpu::kRowGroup - 1) / cpu::kRowGroup * cpu::kRowGroup;
+  }
   // Row chunks of whole 32-row blocks (the matrix-unit kernel converts weights 32 rows at a time).
   static int64_t split_grain(int64_t cols) {
     const int64_t base = std::max<int64_t>(32, 65536 / std::max<int64_t>(cols, 1));
@@ -329,7 +335,7 @@ class CpuBackend final : public Backend {
     check_product(w, x, y);
     const float* px = f32(x);
     float* py = f32(y);
-    const int64_t grain = std::max<int64_t>(4, 65536 / std::max<int64_t>(w.cols, 1));
+    const int64_t grain = product_grain(w.cols);
     if (use_q8(wq)) {
       // Quantized once here, then shared read-only by every thread.
       if (q8_.empty()) q8_.emplace_back();
@@ -443,8 +449,7 @@ class CpuBackend final : public Backend {
     prepare_x24_inputs();
     for (BatchedProduct& j : batch_)
       if (j.x24 != nullptr && j.x24->cols() == 0) j.x24 = nullptr;  // inf or NaN: float32
-    const int64_t grain =
-        any_split ? split_grain(max_cols) : std::max<int64_t>(4, 65536 / max_cols);
+    const int64_t grain = any_split ? split_grain(max_cols) : product_grain(max_cols);
     pool_.parallel_for(total_rows, grain, [&](int64_t b, int64_t e) {
       for (const BatchedProduct& j : batch_) {
         const int64_t lo = std::max(b, j.first_row) - j.first_row;
