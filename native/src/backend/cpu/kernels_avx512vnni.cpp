@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "backend/cpu/kernels_impl.h"
 
@@ -196,16 +197,22 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
                               b);
       acc[i] = b;
     }
-    for (int64_t blk = 0; blk < n_blocks; ++blk) {
-      const bool partial = blk == n_blocks - 1 && tail_words > 0;
-      const __mmask16 lanes = partial ? first_lanes(tail_words) : static_cast<__mmask16>(0xffff);
+    // Register block blk of the rows, row i's words at p + i * rs: the full blocks in a loop
+    // whose row offsets stay put, then the partial last one (masked), so that no block pays for
+    // picking its addresses (RowBlocks::at) or its kind.
+    auto block = [&](auto partial, int64_t blk, const uint32_t* p, int64_t rs) {
       const int8_t* a = x.q + blk * (kX24 ? 384 : kBits == 4 ? 128 : 64);
       const __m512 d = _mm512_load_ps(x.dl + blk * 16);
       const int64_t g0 = blk * L::kValues / kGroup;
+      REDWING_UNROLL
       for (int i = 0; i < kRows; ++i) {
         if (t == 0) _mm_prefetch(pf + (blk * kRows + i) * 64, _MM_HINT_T0);
-        const __m512i wv = partial ? _mm512_maskz_loadu_epi32(lanes, rows.at(blk, i))
-                                   : _mm512_loadu_si512(rows.at(blk, i));
+        __m512i wv;
+        if constexpr (decltype(partial)::value) {
+          wv = _mm512_maskz_loadu_epi32(first_lanes(tail_words), p + i * rs);
+        } else {
+          wv = _mm512_loadu_si512(p + i * rs);
+        }
         __m512 dots;
         if constexpr (kX24) {
           dots = _mm512_cvtepi32_ps(lane_dots_x24(wv, a));
@@ -220,7 +227,13 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
         }
         acc[i] = _mm512_fmadd_ps(dots, _mm512_mul_ps(s, d), acc[i]);
       }
-    }
+    };
+    const int64_t full_blocks = n_blocks - (tail_words > 0 ? 1 : 0);
+    const uint32_t* p = rows.at(0, 0);
+    for (int64_t blk = 0; blk < full_blocks; ++blk, p += rows.blk_stride)
+      block(std::false_type{}, blk, p, rows.row_stride);
+    if (tail_words > 0)
+      block(std::true_type{}, full_blocks, rows.at(full_blocks, 0), rows.tail_stride);
     float* yt = y + t * y_stride;
     if constexpr (kRows == 4) {
       _mm_storeu_ps(yt + r0, reduce4(acc[0], acc[1], acc[2], acc[3]));
