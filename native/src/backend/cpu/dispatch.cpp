@@ -195,12 +195,12 @@ void by_rows(const QuantMatrix& w, int64_t row_begin, int64_t row_end, Product&&
   }
 }
 
-// by_rows for the kernels that read row groups themselves where the table says so (x24 and
-// qmatmul_q8): w as it is where they do.
+// by_rows for a kernel that may read row groups itself (native: the table's flag for it): w as
+// it is where it does.
 template <typename Product>
-void by_rows_unless_native(const QuantMatrix& w, int64_t row_begin, int64_t row_end,
+void by_rows_unless_native(bool native, const QuantMatrix& w, int64_t row_begin, int64_t row_end,
                            Product&& product) {
-  if (kernels().reads_row_groups)
+  if (native)
     product(w, row_begin, row_end, int64_t{0});
   else
     by_rows(w, row_begin, row_end, product);
@@ -286,7 +286,10 @@ bool row_groups_pay() {
     const char* env = std::getenv("REDWING_ROW_GROUPS");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
-  return allowed && kernels().reads_row_groups;
+  // The decode products: the exact one (the integer method where on) and the 8-bit one.
+  const KernelTable& t = kernels();
+  const bool exact = integer_exact_product_active() ? t.row_groups.x24 : t.row_groups.qmatvec;
+  return allowed && exact && t.row_groups.q8;
 }
 
 void group_rows(const uint32_t* src, uint32_t* dst, int64_t rows, int64_t words_per_row) {
@@ -418,10 +421,11 @@ void qmatvec_x24(const QuantMatrix& w, const X24Buffer& xa, float* y, int64_t ro
                  int64_t row_end) {
   check_x24_input(w, xa, row_begin, row_end, "qmatvec_x24");
   if (row_begin == row_end) return;
-  by_rows_unless_native(
-      w, row_begin, row_end, [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
-        kernels().x24.product(v, xa.limbs_, xa.units_, xa.sums_, y + first, lo, hi);
-      });
+  by_rows_unless_native(kernels().row_groups.x24, w, row_begin, row_end,
+                        [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+                          kernels().x24.product(v, xa.limbs_, xa.units_, xa.sums_, y + first, lo,
+                                                hi);
+                        });
 }
 
 void qmatmul_x24(const QuantMatrix& w, const X24Buffer& xs, float* y, int64_t y_stride,
@@ -432,7 +436,7 @@ void qmatmul_x24(const QuantMatrix& w, const X24Buffer& xs, float* y, int64_t y_
                                 std::to_string(y_stride) + " is under the row end " +
                                 std::to_string(row_end));
   if (row_begin == row_end) return;
-  by_rows_unless_native(w, row_begin, row_end,
+  by_rows_unless_native(kernels().row_groups.x24, w, row_begin, row_end,
                         [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
                           kernels().x24.product_rows(v, xs.limbs_, xs.limb_stride_, xs.units_,
                                                      xs.unit_stride_, xs.sums_, xs.sum_stride_,
@@ -446,16 +450,17 @@ void qmatvec(const QuantMatrix& w, const float* x, float* y, int64_t row_begin, 
   if (row_begin == row_end) return;
   thread_local X24Buffer prepared;  // this call's own x (the backend shares one per product)
   if (w.bits == 4 && prepared.prepare(x, w.cols, w.group_size)) {
-    by_rows_unless_native(w, row_begin, row_end,
+    by_rows_unless_native(kernels().row_groups.x24, w, row_begin, row_end,
                           [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
                             kernels().x24.product(v, prepared.limbs_, prepared.units_,
                                                   prepared.sums_, y + first, lo, hi);
                           });
     return;
   }
-  by_rows(w, row_begin, row_end, [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
-    kernels().qmatvec(v, x, y + first, lo, hi);
-  });
+  by_rows_unless_native(kernels().row_groups.qmatvec, w, row_begin, row_end,
+                        [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
+                          kernels().qmatvec(v, x, y + first, lo, hi);
+                        });
 }
 
 void qmatmul(const QuantMatrix& w, const float* x, int64_t n_rows_x, int64_t x_stride, float* y,
@@ -625,7 +630,7 @@ void check_q8_input(const QuantMatrix& w, const Q8Activation& xa, const char* ke
 
 void q8_product(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
                 int64_t y_stride, int64_t row_begin, int64_t row_end) {
-  by_rows_unless_native(w, row_begin, row_end,
+  by_rows_unless_native(kernels().row_groups.q8, w, row_begin, row_end,
                         [&](const QuantMatrix& v, int64_t lo, int64_t hi, int64_t first) {
                           kernels().qmatmul_q8(v, xa, n_x, y + first, y_stride, lo, hi);
                         });

@@ -167,8 +167,8 @@ void prepare_x(const float* x, int64_t cols, int group_size, float* xt, float* s
 
 // For kRows rows, out[i] (+)= the 8 lane partial sums of x * q over block blk.
 template <int kBits, int kRows>
-inline void block_dot(const uint32_t* const* rows, int64_t blk, const float* xtb, __m256* out,
-                      bool init, const char* prefetch) {
+inline void block_dot(const RowBlocks& rows, int64_t blk, const float* xtb, __m256* out, bool init,
+                      const char* prefetch) {
   using L = Layout<kBits>;
   // Rows are read kRows at a time, which hardware prefetchers follow poorly (several short
   // streams); prefetching a later row group sequentially, one line per row every other 32-byte
@@ -179,7 +179,7 @@ inline void block_dot(const uint32_t* const* rows, int64_t blk, const float* xtb
   }
   __m256i wv[kRows];
   for (int i = 0; i < kRows; ++i) {
-    wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + blk * 8));
+    wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.word(i, blk * 8)));
   }
   for (int k = 0; k < L::kPerWord; ++k) {
     const __m256 xk = _mm256_loadu_ps(xtb + 8 * k);
@@ -209,7 +209,7 @@ void qmv_rows(const QuantMatrix& w, const float* x, const float* xt, const float
   const int64_t wpr = w.cols / L::kPerWord;
   const int64_t gpr = w.cols / kGroup;
   float bias_part[kRows] = {};
-  const uint32_t* rows[kRows];
+  const RowBlocks rows = row_blocks(w, r0);
   prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
   // The rows' scales and biases are contiguous: both widened in one pass each (sbuf holds the
   // kRows rows' scales, then their biases), instead of a call per row with its own short tail.
@@ -223,7 +223,6 @@ void qmv_rows(const QuantMatrix& w, const float* x, const float* xt, const float
   const __m256i tail = first_lanes8(gpr - full);
   __m256 acc[kRows];
   for (int i = 0; i < kRows; ++i) {
-    rows[i] = w.packed + (r0 + i) * wpr;
     const float* b = bbuf + i * gpr;
     __m256 a = _mm256_setzero_ps();
     for (int64_t g = 0; g < full; g += 8)
@@ -265,7 +264,8 @@ void qmv_rows(const QuantMatrix& w, const float* x, const float* xt, const float
       for (int i = 0; i < kRows; ++i) {
         float sxq = 0.0f;
         for (int64_t c = c0; c < w.cols; ++c) {
-          sxq += x[c] * static_cast<float>(quant_at(rows[i], kBits, c));
+          sxq +=
+              x[c] * static_cast<float>(quant_at(rows.word(i, c0 / (32 / kBits)), kBits, c - c0));
         }
         bias_part[i] += sbuf[i * gpr + gpr - 1] * sxq;
       }
@@ -277,10 +277,10 @@ void qmv_rows(const QuantMatrix& w, const float* x, const float* xt, const float
 template <int kBits, int kGroup>
 void qmv_range(const QuantMatrix& w, const float* x, const float* xt, const float* sx, float* y,
                int64_t rb, int64_t re, float* sbuf) {
-  constexpr int kRows = 4;  // rows sharing each load of x: 4 keeps 16 ymm registers busy
-  int64_t r = rb;
-  for (; r + kRows <= re; r += kRows) qmv_rows<kBits, kGroup, kRows>(w, x, xt, sx, r, y, sbuf);
-  for (; r < re; ++r) qmv_rows<kBits, kGroup, 1>(w, x, xt, sx, r, y, sbuf);
+  // 4 rows share each load of x: 4 keeps 16 ymm registers busy.
+  for_row_tiles(
+      w, rb, re, [&](int64_t r) { qmv_rows<kBits, kGroup, 4>(w, x, xt, sx, r, y, sbuf); },
+      [&](int64_t r) { qmv_rows<kBits, kGroup, 1>(w, x, xt, sx, r, y, sbuf); });
 }
 
 template <int kBits, int kGroup>
@@ -356,12 +356,11 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
   const int64_t gpr = w.cols / kGroup;
   const int64_t n_blocks = (w.cols + L::kValues - 1) / L::kValues;
   const int tail_words = static_cast<int>((w.cols % L::kValues) / L::kPerLane);
-  const uint32_t* rows[kRows];
+  const RowBlocks rows = row_blocks(w, r0);
   prefetch_scales(w, (r0 + kPrefetchGroups * kRows) * gpr, kRows * gpr);
   for (int i = 0; i < kRows; ++i) {
     scales_to_f32(w.scales, w.scale_type, (r0 + i) * gpr, gpr, sbuf + i * (gpr + 8));
     sbuf[i * (gpr + 8) + gpr] = 0.0f;  // read by the pair load of a partial last block
-    rows[i] = w.packed + (r0 + i) * wpr;
   }
   const char* pf = reinterpret_cast<const char*>(w.packed + (r0 + kPrefetchGroups * kRows) * wpr);
   // Lane i's group within a block (only 4-bit weights in 32-value groups have two per block).
@@ -380,7 +379,7 @@ void q8_rows(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, int64_t r0
         for (int i = 0; i < kRows; ++i) _mm_prefetch(pf + (blk / 2 * kRows + i) * 64, _MM_HINT_T0);
       }
       for (int i = 0; i < kRows; ++i) {
-        const int32_t* src = reinterpret_cast<const int32_t*>(rows[i] + blk * 8);
+        const int32_t* src = reinterpret_cast<const int32_t*>(rows.word(i, blk * 8));
         const __m256i wv = partial ? _mm256_maskload_epi32(src, tail_lanes)
                                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
         const __m256 dots = _mm256_cvtepi32_ps(lane_dots_q8<kBits>(wv, x.q, blk));
@@ -435,9 +434,10 @@ void q8_range(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* 
   }
   // Each row's scales plus 8 spare floats, so a pair load at the last group stays inside.
   float* sbuf = s_buf.floats(static_cast<size_t>(4 * (gpr + 8)));
-  int64_t r = rb;
-  for (; r + 4 <= re; r += 4) q8_rows<kBits, kGroup, 4>(w, prepared, n_x, r, y, y_stride, sbuf);
-  for (; r < re; ++r) q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf);
+  for_row_tiles(
+      w, rb, re,
+      [&](int64_t r) { q8_rows<kBits, kGroup, 4>(w, prepared, n_x, r, y, y_stride, sbuf); },
+      [&](int64_t r) { q8_rows<kBits, kGroup, 1>(w, prepared, n_x, r, y, y_stride, sbuf); });
 }
 
 void qmatmul_q8_avx2(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
@@ -1120,6 +1120,7 @@ const KernelTable& avx2_kernels() {
     t.qmatmul = qmatmul_avx2;
     t.qdequant_row = qdequant_row_avx2;
     t.qmatmul_q8 = qmatmul_q8_avx2;
+    t.row_groups.qmatvec = t.row_groups.q8 = true;  // qmv_rows and q8_rows read row groups
     t.rms_norm = rms_norm_avx2;
     t.gelu_tanh_mul = gelu_tanh_mul_avx2;
     t.softcap = softcap_avx2;

@@ -431,10 +431,11 @@ const KernelTable& avx512_kernels() {
     KernelTable t = avx2_kernels();
     t.qmatvec = qmatvec_avx512;
     t.qmatmul = qmatmul_avx512;
+    t.row_groups.qmatvec = false;  // the AVX2 table's flag; this one reads rows
     if (cpu_has_avx512_vnni()) {
       t.qmatmul_q8 = avx512_vnni_qmatmul_q8();
       t.x24 = avx512_vnni_x24();
-      t.reads_row_groups = true;  // both read row-grouped matrices (kernels.h)
+      t.row_groups.q8 = t.row_groups.x24 = true;  // both read row groups (kernels.h)
     }
     t.attention_scores = AttentionLoops<Avx512AttentionTiles>::scores;
     t.attention_values = AttentionLoops<Avx512AttentionTiles>::values;

@@ -130,19 +130,6 @@ struct Q8Prepared {
   const float* sums;
 };
 
-// Rows [rb, re) as quad(r) for 4 rows from r and single(r) for one: quads start on a row group
-// in row-grouped matrices (RowBlocks reads at most to the end of r's group). A row's result does
-// not depend on which it took (reduce1 adds in reduce4's order).
-template <typename Quad, typename Single>
-inline void for_row_tiles(const QuantMatrix& w, int64_t rb, int64_t re, Quad&& quad,
-                          Single&& single) {
-  int64_t r = rb;
-  if (w.row_group == kRowGroup)
-    for (; r < re && r % kRowGroup != 0; ++r) single(r);
-  for (; r + 4 <= re; r += 4) quad(r);
-  for (; r < re; ++r) single(r);
-}
-
 // Rows [r0, r0 + kRows) against every prepared activation row. The rows' scales and biases are
 // converted once (sbuf, bbuf: row i at i * (pad16(gpr) + 16), pad16(gpr) floats written, zero
 // past gpr) and their packed weights stay in L1 while each activation row goes by, so a prefill

@@ -78,9 +78,14 @@ struct KernelTable {
   // qmatvec's integer method where the ISA has it (qmatvec tries it first unless
   // set_integer_exact_product(false)).
   X24Kernels x24;
-  // Whether x24 and qmatmul_q8 read row-grouped matrices (QuantMatrix::row_group) themselves;
-  // dispatch.cpp hands every other kernel row-major copies of the groups it needs.
-  bool reads_row_groups = false;
+  // The entries that read row-grouped matrices (QuantMatrix::row_group) themselves; dispatch.cpp
+  // hands the others row-major copies of the groups they need. A table built from another
+  // resets the flags of the entries it replaces.
+  struct RowGroupReaders {
+    bool qmatvec = false;
+    bool q8 = false;  // qmatmul_q8
+    bool x24 = false;
+  } row_groups;
 };
 
 using Q8Kernel = void (*)(const QuantMatrix& w, const Q8Activation* xa, int64_t n_x, float* y,
@@ -245,6 +250,9 @@ struct RowBlocks {
   const uint32_t* at(int64_t blk, int64_t i) const {
     return base + blk * blk_stride + (first + i) * (blk < full_blocks ? row_stride : tail_stride);
   }
+  // Row r0 + i's words from word w on, up to the end of w's 16-word block (the AVX2 kernels
+  // read 8 words at a time, w a multiple of 8).
+  const uint32_t* word(int64_t i, int64_t w) const { return at(w / 16, i) + w % 16; }
 };
 
 inline RowBlocks row_blocks(const QuantMatrix& w, int64_t r0) {
@@ -255,6 +263,19 @@ inline RowBlocks row_blocks(const QuantMatrix& w, int64_t r0) {
         w.packed + g * kRowGroup * wpr, 16 * kRowGroup, 16, wpr % 16, wpr / 16, r0 - g * kRowGroup};
   }
   return {w.packed + r0 * wpr, 16, wpr, wpr, wpr / 16, 0};
+}
+
+// Rows [rb, re) as quad(r) for 4 rows from r and single(r) for one: quads start on a row group
+// in row-grouped matrices (RowBlocks reads at most to the end of r's group). Every kernel gives
+// a row the same bits whichever it took.
+template <typename Quad, typename Single>
+inline void for_row_tiles(const QuantMatrix& w, int64_t rb, int64_t re, Quad&& quad,
+                          Single&& single) {
+  int64_t r = rb;
+  if (w.row_group == kRowGroup)
+    for (; r < re && r % kRowGroup != 0; ++r) single(r);
+  for (; r + 4 <= re; r += 4) quad(r);
+  for (; r < re; ++r) single(r);
 }
 
 class Scratch {

@@ -260,7 +260,8 @@ const KernelTable& scalar_kernels() {
       .f16_to_f32 = f16_to_f32_scalar,
       .bf16_to_f32 = bf16_to_f32_scalar,
       .softmax = softmax_scalar,
-      .x24 = {},  // qmatvec's integer method needs integer dot products (kernels.h)
+      .x24 = {},         // qmatvec's integer method needs integer dot products (kernels.h)
+      .row_groups = {},  // rows one after another: dispatch.cpp copies row groups back to rows
   };
   return table;
 }
