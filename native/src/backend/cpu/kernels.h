@@ -44,11 +44,12 @@ struct QuantMatrix {
 // the packed words move; scales and biases keep their row-major layout.
 inline constexpr int kRowGroup = 4;
 
-// Whether the active ISA's quantized products read row-grouped matrices natively (the integer
-// method and the 8-bit-activation products on AVX512-VNNI). Every kernel accepts both layouts;
-// the others copy the groups they need back to rows first, which is correct but slower, so the
-// CPU backend groups its resident weights only where this holds. REDWING_ROW_GROUPS=0 says no
-// (A/B runs).
+// Whether the active ISA's decode products (the exact one in use and the 8-bit-activation one)
+// read row-grouped matrices natively: AVX512-VNNI (the integer method, its prefill tile and the
+// 8-bit product) and AVX2 (the float32 and 8-bit decode products). Every kernel accepts both
+// layouts; the others copy the groups they need back to rows first, which is correct but slower,
+// so the CPU backend groups its resident weights only where this holds. REDWING_ROW_GROUPS=0
+// says no (A/B runs).
 bool row_groups_pay();
 
 // Writes the row-group layout of the row-major packed words src (rows a multiple of 4) to dst,
