@@ -93,15 +93,11 @@ ResidentExpertSource::ResidentExpertSource(const ModelDir& dir, const Backend* l
     if (layout != nullptr && layout->preferred_row_group() != 1) {
       layer.row_group = layout->preferred_row_group();
       for (int e = 0; e < info.count; ++e) {
-        const std::byte* blob = layer.data.get() + static_cast<uint64_t>(e) * info.stride;
-        for (const QuantTensorInfo* q : {&info.gate, &info.up, &info.down}) {
-          if (q->rows % layer.row_group != 0) continue;
-          const HostQuantMatrix h = host_quant_at(*q, blob);
-          // The same words, writable: the source owns the buffer.
-          auto* packed = reinterpret_cast<uint32_t*>(
-              layer.data.get() + (reinterpret_cast<const std::byte*>(h.packed) - layer.data.get()));
-          layout->lay_out_rows(packed, h.rows, h.cols * h.bits / 32);
-        }
+        std::byte* blob = layer.data.get() + static_cast<uint64_t>(e) * info.stride;
+        for (const QuantTensorInfo* q : {&info.gate, &info.up, &info.down})
+          if (q->rows % layer.row_group == 0)  // the same test as experts_in_memory's
+            layout->lay_out_rows(reinterpret_cast<uint32_t*>(blob + q->weight.offset), q->rows,
+                                 q->cols * q->bits / 32);
       }
     }
     bytes_ += size;

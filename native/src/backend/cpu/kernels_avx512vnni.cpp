@@ -457,7 +457,7 @@ inline void x24_tile(const RowBlocks& rows, const float* sbuf, const float* bbuf
 // Tokens per tile: their limbs (384 bytes per 128 columns) stay in the L2 cache while every row
 // group of the range goes by, and each row group's weights stay in L1 across the tile.
 constexpr int64_t kX24TokenTile = 48;
-constexpr int kX24Rows = 4;    // weight rows per register tile
+constexpr int kX24Rows = 4;    // weight rows per register tile (for_row_tiles' quads)
 constexpr int kX24Tokens = 2;  // tokens per register tile
 
 template <int kGroup>
@@ -473,33 +473,27 @@ void x24_rows_range(const QuantMatrix& w, const Q8Prepared* xs, int64_t n_x, flo
   const __m512i idx = lane_groups<8, kGroup>();
   for (int64_t t0 = 0; t0 < n_x; t0 += kX24TokenTile) {
     const int64_t t_end = std::min(n_x, t0 + kX24TokenTile);
-    int n_rows = 0;
-    for (int64_t r0 = rb; r0 < re; r0 += n_rows) {
-      n_rows = static_cast<int>(std::min<int64_t>(kX24Rows, re - r0));
-      // Row-grouped matrices: a tile of 4 rows starts on a group (single rows up to it).
-      if (w.row_group == kRowGroup && r0 % kRowGroup != 0)
-        n_rows = std::min(n_rows, static_cast<int>(kRowGroup - r0 % kRowGroup));
-      const RowBlocks rows = row_blocks(w, r0);
-      for (int i = 0; i < n_rows; ++i)
-        row_scales_f32(w, r0 + i, gpr, stride, sbuf + i * stride, bbuf + i * stride);
-      int64_t t = t0;
-      if (n_rows == kX24Rows) {
-        for (; t + kX24Tokens <= t_end; t += kX24Tokens)
-          x24_tile<kGroup, kX24Rows, kX24Tokens>(rows, sbuf, bbuf, stride, xs + t, n_blocks,
-                                                 tail_words, gpr, idx, y + t * y_stride, y_stride,
-                                                 r0);
-        for (; t < t_end; ++t)
-          x24_tile<kGroup, kX24Rows, 1>(rows, sbuf, bbuf, stride, xs + t, n_blocks, tail_words, gpr,
-                                        idx, y + t * y_stride, y_stride, r0);
-      } else {
-        for (int i = 0; i < n_rows; ++i) {
-          for (t = t0; t < t_end; ++t)
-            x24_tile<kGroup, 1, 1>(row_blocks(w, r0 + i), sbuf + i * stride, bbuf + i * stride,
-                                   stride, xs + t, n_blocks, tail_words, gpr, idx, y + t * y_stride,
-                                   y_stride, r0 + i);
-        }
-      }
-    }
+    for_row_tiles(
+        w, rb, re,
+        [&](int64_t r0) {
+          for (int i = 0; i < kX24Rows; ++i)
+            row_scales_f32(w, r0 + i, gpr, stride, sbuf + i * stride, bbuf + i * stride);
+          const RowBlocks rows = row_blocks(w, r0);
+          int64_t t = t0;
+          for (; t + kX24Tokens <= t_end; t += kX24Tokens)
+            x24_tile<kGroup, kX24Rows, kX24Tokens>(rows, sbuf, bbuf, stride, xs + t, n_blocks,
+                                                   tail_words, gpr, idx, y + t * y_stride, y_stride,
+                                                   r0);
+          for (; t < t_end; ++t)
+            x24_tile<kGroup, kX24Rows, 1>(rows, sbuf, bbuf, stride, xs + t, n_blocks, tail_words,
+                                          gpr, idx, y + t * y_stride, y_stride, r0);
+        },
+        [&](int64_t r) {
+          row_scales_f32(w, r, gpr, stride, sbuf, bbuf);
+          for (int64_t t = t0; t < t_end; ++t)
+            x24_tile<kGroup, 1, 1>(row_blocks(w, r), sbuf, bbuf, stride, xs + t, n_blocks,
+                                   tail_words, gpr, idx, y + t * y_stride, y_stride, r);
+        });
   }
 }
 
