@@ -277,6 +277,36 @@ TEST_CASE("gather_rows and scatter_add_rows") {
   CHECK(download(*b, *dbuf, 6) == std::vector<float>{9, 8, 10, 10, 20, 22});
 }
 
+TEST_CASE("rows_of: the source itself for all of its rows in order, else the gathered rows") {
+  auto b = make_cpu_backend(1);
+  auto sbuf = upload(*b, {1, 2, 3, 4, 5, 6});  // 3 rows of 2
+  const Mat src{sbuf.get(), 0, 3, 2, 2};
+  auto gbuf = upload(*b, {0, 0, 0, 0, 0, 0});
+  const Mat dst{gbuf.get(), 0, 3, 2, 2};
+  const std::vector<int32_t> all = {0, 1, 2};
+  const Mat same = b->rows_of(src, all, dst);
+  CHECK(same.buf == sbuf.get());
+  CHECK(same.offset == 0);
+  CHECK(same.rows == 3);
+  CHECK(download(*b, *gbuf, 6) == std::vector<float>(6, 0.0f));  // nothing copied
+  // One row of a one-row matrix (a decode step's routed expert) is the matrix too.
+  const Mat row{sbuf.get(), 2, 1, 2, 2};
+  const std::vector<int32_t> first = {0};
+  CHECK(b->rows_of(row, first, dst.row_range(0, 1)).offset == 2);
+  // Any other choice is gathered: a permutation, a subset, a repeat.
+  for (const std::vector<int32_t>& rows :
+       {std::vector<int32_t>{1, 0, 2}, std::vector<int32_t>{0, 1}, std::vector<int32_t>{2, 2, 0}}) {
+    CAPTURE(rows.size());
+    const Mat got = b->rows_of(src, rows, dst.row_range(0, static_cast<int64_t>(rows.size())));
+    CHECK(got.buf == gbuf.get());
+    CHECK(got.rows == static_cast<int64_t>(rows.size()));
+    const auto values = download(*b, *gbuf, 6);
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (size_t c = 0; c < 2; ++c)
+        CHECK(values[i * 2 + c] == static_cast<float>(rows[i] * 2 + static_cast<int32_t>(c) + 1));
+  }
+}
+
 namespace {
 
 // A random 4-bit matrix with f32 scales and biases, and its dequantized values.

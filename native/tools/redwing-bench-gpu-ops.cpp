@@ -336,25 +336,28 @@ int main(int argc, char** argv) try {
                      }});
   }
 
-  // Decode attention of one token over 512 keys (a sliding layer's shape, f16 cache).
-  if (wanted("attention512")) {
-    constexpr int64_t kCapacity = 1024, kPos = 511;
-    const size_t cache = static_cast<size_t>(kCapacity) * kKvHeads * kHeadDim / 2;  // f16 pairs
+  // Decode attention of one token over 512 or 4,096 keys (a sliding layer's shape, f16 cache).
+  for (const int64_t keys : {int64_t{512}, int64_t{4096}}) {
+    const std::string name = "attention" + std::to_string(keys);
+    if (!wanted(name)) continue;
+    const int64_t capacity = std::max<int64_t>(1024, keys), pos = keys - 1;
+    const size_t cache = static_cast<size_t>(capacity) * kKvHeads * kHeadDim / 2;  // f16 pairs
     Buffer* k = keep(random_buffer(b, cache, seed++));
     Buffer* v = keep(random_buffer(b, cache, seed++));
     const int64_t width = static_cast<int64_t>(kQHeads) * kHeadDim;
     Buffer* q = keep(random_buffer(b, static_cast<size_t>(width), seed++));
     const auto outs = outputs_of(static_cast<size_t>(width), outputs);
-    const KvLayerView kv{k, v, kCapacity, false, 0, kKvHeads, kHeadDim, KvDType::f16};
-    cases.push_back({"attention512", "decode attention, 16 heads of 256 over 512 keys (f16)", 0,
-                     [&b, kv, q, outs, width](size_t i) {
-                       b.attention(Mat{q, 0, 1, width, width}, kv, kPos, kQHeads, 1.0f,
-                                   Mat{outs[i], 0, 1, width, width});
-                     },
-                     [&b, outs] {
-                       float f;
-                       b.download(*outs[0], 0, &f, 4);
-                     }});
+    const KvLayerView kv{k, v, capacity, false, 0, kKvHeads, kHeadDim, KvDType::f16};
+    cases.push_back(
+        {name, "decode attention, 16 heads of 256 over " + std::to_string(keys) + " keys (f16)", 0,
+         [&b, kv, q, outs, width, pos](size_t i) {
+           b.attention(Mat{q, 0, 1, width, width}, kv, pos, kQHeads, 1.0f,
+                       Mat{outs[i], 0, 1, width, width});
+         },
+         [&b, outs] {
+           float f;
+           b.download(*outs[0], 0, &f, 4);
+         }});
   }
 
   if (cases.empty()) throw std::invalid_argument("--only names no case");

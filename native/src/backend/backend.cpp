@@ -56,6 +56,15 @@ void Backend::route_to(Mat logits, int top_k, const Buffer& per_expert_scale, Bu
   upload(routes, route_weights_offset(count), weights.data(), count * sizeof(float));
 }
 
+Mat Backend::rows_of(Mat src, std::span<const int32_t> rows, Mat dst) {
+  bool all_in_order = static_cast<int64_t>(rows.size()) == src.rows;
+  for (size_t i = 0; all_in_order && i < rows.size(); ++i)
+    all_in_order = rows[i] == static_cast<int32_t>(i);
+  if (all_in_order) return src;
+  gather_rows(src, rows, dst);
+  return dst;
+}
+
 void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& routes, int top_k,
                              Mat out) {
   const auto* bank = dynamic_cast<const HostExpertBank*>(&bank_base);
@@ -77,9 +86,9 @@ void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& r
   for (const auto& [e, group] : groups) {
     const auto& ex = bank->experts[static_cast<size_t>(e)];
     const int64_t n = static_cast<int64_t>(group.first.size());
-    gather_rows(x, group.first, in.row_range(r0, n));
-    gate_up.push_back({ex.gate.get(), in.row_range(r0, n), g.row_range(r0, n)});
-    gate_up.push_back({ex.up.get(), in.row_range(r0, n), u.row_range(r0, n)});
+    const Mat rows_in = rows_of(x, group.first, in.row_range(r0, n));
+    gate_up.push_back({ex.gate.get(), rows_in, g.row_range(r0, n)});
+    gate_up.push_back({ex.up.get(), rows_in, u.row_range(r0, n)});
     down.push_back({ex.down.get(), g.row_range(r0, n), y.row_range(r0, n)});
     r0 += n;
   }

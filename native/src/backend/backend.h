@@ -392,6 +392,11 @@ class Backend {
   virtual void embed(const QWeight& table, std::span<const int32_t> ids, float scale, Mat out) = 0;
   // dst[i] = src[rows[i]]
   virtual void gather_rows(Mat src, std::span<const int32_t> rows, Mat dst) = 0;
+  // Rows `rows` of src as one matrix: src itself where they are all of its rows in order (a
+  // decode step's routed experts all read its one row), else gathered into dst. Sharing src lets
+  // a batch of products prepare their common input once (qmatmul_batch matches inputs by
+  // address) and keeps that one prepared input in cache while every expert's rows go by.
+  Mat rows_of(Mat src, std::span<const int32_t> rows, Mat dst);
   // dst[rows[i]] += weights[i] * src[i], in order of i.
   virtual void scatter_add_rows(Mat src, std::span<const int32_t> rows,
                                 std::span<const float> weights, Mat dst) = 0;

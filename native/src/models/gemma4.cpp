@@ -593,8 +593,7 @@ class Gemma4 final : public Model {
         const int64_t n = static_cast<int64_t>(rows.size());
         ImportedExpert once;
         const ImportedExpert& e = import_expert(layer, routing.ids[k], mats, once);
-        Mat in = scratch_.get(kExpertRows, n, hidden);
-        backend_.gather_rows(e_in, rows, in);
+        const Mat in = backend_.rows_of(e_in, rows, scratch_.get(kExpertRows, n, hidden));
         Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
         Mat u = scratch_.get(kExpertUp, n, moe.intermediate_size);
         const Backend::QProduct gate_up[] = {{e.gate.get(), in, g}, {e.up.get(), in, u}};
@@ -667,9 +666,9 @@ class Gemma4 final : public Model {
     for (size_t k = 0; k < experts.size(); ++k) {
       const int64_t r0 = first_row[k];
       const int64_t n = first_row[k + 1] - r0;
-      backend.gather_rows(e_in, rows[k], in.row_range(r0, n));
-      gate_up.push_back({experts[k]->gate.get(), in.row_range(r0, n), g.row_range(r0, n)});
-      gate_up.push_back({experts[k]->up.get(), in.row_range(r0, n), u.row_range(r0, n)});
+      const Mat rows_in = backend.rows_of(e_in, rows[k], in.row_range(r0, n));
+      gate_up.push_back({experts[k]->gate.get(), rows_in, g.row_range(r0, n)});
+      gate_up.push_back({experts[k]->up.get(), rows_in, u.row_range(r0, n)});
       down.push_back({experts[k]->down.get(), g.row_range(r0, n), y.row_range(r0, n)});
     }
     backend.qmatmul_batch(gate_up);
