@@ -65,6 +65,23 @@ Mat Backend::rows_of(Mat src, std::span<const int32_t> rows, Mat dst) {
   return dst;
 }
 
+void Backend::expert_products(std::span<const ExpertRows> experts, Mat x, Mat in, Mat g, Mat u,
+                              Mat y) {
+  std::vector<QProduct> gate_up, down;
+  int64_t r0 = 0;
+  for (const ExpertRows& e : experts) {
+    const auto n = static_cast<int64_t>(e.rows.size());
+    const Mat rows_in = rows_of(x, e.rows, in.row_range(r0, n));
+    gate_up.push_back({e.gate, rows_in, g.row_range(r0, n)});
+    gate_up.push_back({e.up, rows_in, u.row_range(r0, n)});
+    down.push_back({e.down, g.row_range(r0, n), y.row_range(r0, n)});
+    r0 += n;
+  }
+  qmatmul_batch(gate_up);
+  gelu_tanh_mul(g, u, g);
+  qmatmul_batch(down);
+}
+
 void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& routes, int top_k,
                              Mat out) {
   const auto* bank = dynamic_cast<const HostExpertBank*>(&bank_base);
@@ -75,26 +92,17 @@ void Backend::routed_experts(const ExpertBank& bank_base, Mat x, const Buffer& r
   const ExpertRowGroups groups =
       group_routes_by_expert(*this, routes, x.rows, top_k, bank->num_experts);
 
-  // Every chosen expert at once: the gate and up products as one batch, then the downs.
+  // Every chosen expert at once, in ascending expert id.
   const int64_t rows = static_cast<int64_t>(count);
-  Mat in = scratch(*this, moe_in_, rows, bank->hidden);
-  Mat g = scratch(*this, moe_gate_, rows, bank->intermediate);
-  Mat u = scratch(*this, moe_up_, rows, bank->intermediate);
-  Mat y = scratch(*this, moe_out_, rows, bank->hidden);
-  std::vector<QProduct> gate_up, down;
-  int64_t r0 = 0;
+  std::vector<ExpertRows> chosen;
   for (const auto& [e, group] : groups) {
     const auto& ex = bank->experts[static_cast<size_t>(e)];
-    const int64_t n = static_cast<int64_t>(group.first.size());
-    const Mat rows_in = rows_of(x, group.first, in.row_range(r0, n));
-    gate_up.push_back({ex.gate.get(), rows_in, g.row_range(r0, n)});
-    gate_up.push_back({ex.up.get(), rows_in, u.row_range(r0, n)});
-    down.push_back({ex.down.get(), g.row_range(r0, n), y.row_range(r0, n)});
-    r0 += n;
+    chosen.push_back({ex.gate.get(), ex.up.get(), ex.down.get(), group.first});
   }
-  qmatmul_batch(gate_up);
-  gelu_tanh_mul(g, u, g);
-  qmatmul_batch(down);
+  Mat y = scratch(*this, moe_out_, rows, bank->hidden);
+  expert_products(chosen, x, scratch(*this, moe_in_, rows, bank->hidden),
+                  scratch(*this, moe_gate_, rows, bank->intermediate),
+                  scratch(*this, moe_up_, rows, bank->intermediate), y);
   scatter_expert_rows(*this, groups, y, out);
 }
 

@@ -489,6 +489,20 @@ class Backend {
     qmatmul_normed(x, norm, normed, std::span<const QProduct>(&router, 1));
     route_to(router.y, top_k, per_expert_scale, routes);
   }
+  // Several experts, each over its rows of x: expert k's rows (rows_of) are rows
+  // [r_k, r_k + n_k) of in, g, u and y (r_k the rows of the experts before it) and its output goes
+  // to those rows of y. The gate and up products of all experts run as one batched product, then
+  // one GeGLU, then all the down products as one batch, so a decode step synchronizes its threads
+  // twice per layer instead of twice per expert. Each expert's rows get the same kernels as a
+  // product of their own (qmatmul_batch), so the bits do not depend on which experts share a
+  // batch. The default routed_experts and the model's own expert paths all run through it.
+  struct ExpertRows {
+    const QWeight* gate;
+    const QWeight* up;
+    const QWeight* down;
+    std::span<const int32_t> rows;  // of x
+  };
+  void expert_products(std::span<const ExpertRows> experts, Mat x, Mat in, Mat g, Mat u, Mat y);
   // out[t] = sum over row t's top_k experts in `routes`, in ascending expert id, of
   // weight * down(gelu_tanh(gate x[t]) * up x[t]); out is overwritten. The default downloads
   // the routes and runs each chosen expert once over the rows that picked it.

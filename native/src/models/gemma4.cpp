@@ -593,13 +593,11 @@ class Gemma4 final : public Model {
         const int64_t n = static_cast<int64_t>(rows.size());
         ImportedExpert once;
         const ImportedExpert& e = import_expert(layer, routing.ids[k], mats, once);
-        const Mat in = backend_.rows_of(e_in, rows, scratch_.get(kExpertRows, n, hidden));
-        Mat g = scratch_.get(kExpertGate, n, moe.intermediate_size);
-        Mat u = scratch_.get(kExpertUp, n, moe.intermediate_size);
-        const Backend::QProduct gate_up[] = {{e.gate.get(), in, g}, {e.up.get(), in, u}};
-        backend_.qmatmul_batch(gate_up);
-        backend_.gelu_tanh_mul(g, u, g);
-        backend_.qmatmul(*e.down, g, y_all.row_range(first_row[k], n));
+        const Backend::ExpertRows one[] = {{e.gate.get(), e.up.get(), e.down.get(), rows}};
+        backend_.expert_products(one, e_in, scratch_.get(kExpertRows, n, hidden),
+                                 scratch_.get(kExpertGate, n, moe.intermediate_size),
+                                 scratch_.get(kExpertUp, n, moe.intermediate_size),
+                                 y_all.row_range(first_row[k], n));
       });
     }
     for (size_t k = 0; k < n_experts; ++k)
@@ -647,33 +645,21 @@ class Gemma4 final : public Model {
     grouped_products(backend_, scratch_, e_in, experts, routing.rows, first_row, y_all);
   }
 
-  // Several experts, each over its rows of e_in, on `backend`: expert k's rows[k] are gathered
-  // into rows [first_row[k], first_row[k + 1]) and its output goes to the same rows of y. The
-  // gate and up products of all experts run as one batched product, then one GeGLU, then all
-  // the down products as one batch, so a decode step synchronizes its threads twice per batch
-  // instead of twice per expert. Each expert's rows get the same kernels as a product of their
-  // own (qmatmul_batch), so the bits do not depend on which experts share a batch.
+  // Several experts, each over its rows of e_in, on `backend` (Backend::expert_products): expert
+  // k's rows[k] are rows [first_row[k], first_row[k + 1]) of y.
   void grouped_products(Backend& backend, Scratch& scratch, Mat e_in,
                         std::span<const ImportedExpert* const> experts,
                         std::span<const std::vector<int32_t>> rows,
                         std::span<const int64_t> first_row, Mat y) {
     const int64_t inter = arch_.moe->intermediate_size;
     const int64_t total = first_row[experts.size()];
-    Mat in = scratch.get(kExpertRows, total, arch_.hidden_size);
-    Mat g = scratch.get(kExpertGate, total, inter);
-    Mat u = scratch.get(kExpertUp, total, inter);
-    std::vector<Backend::QProduct> gate_up, down;
-    for (size_t k = 0; k < experts.size(); ++k) {
-      const int64_t r0 = first_row[k];
-      const int64_t n = first_row[k + 1] - r0;
-      const Mat rows_in = backend.rows_of(e_in, rows[k], in.row_range(r0, n));
-      gate_up.push_back({experts[k]->gate.get(), rows_in, g.row_range(r0, n)});
-      gate_up.push_back({experts[k]->up.get(), rows_in, u.row_range(r0, n)});
-      down.push_back({experts[k]->down.get(), g.row_range(r0, n), y.row_range(r0, n)});
-    }
-    backend.qmatmul_batch(gate_up);
-    backend.gelu_tanh_mul(g, u, g);
-    backend.qmatmul_batch(down);
+    std::vector<Backend::ExpertRows> chosen;
+    for (size_t k = 0; k < experts.size(); ++k)
+      chosen.push_back(
+          {experts[k]->gate.get(), experts[k]->up.get(), experts[k]->down.get(), rows[k]});
+    backend.expert_products(chosen, e_in, scratch.get(kExpertRows, total, arch_.hidden_size),
+                            scratch.get(kExpertGate, total, inter),
+                            scratch.get(kExpertUp, total, inter), y);
   }
 
   Architecture arch_;
