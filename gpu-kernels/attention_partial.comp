@@ -11,6 +11,11 @@
 // many splits over a long context) and prefill calls of fewer rows than
 // AttentionSplit::tiled_min_rows (longer ones take attention_tiled.comp); no score matrix larger
 // than one split is ever held.
+//
+// A workgroup scores p.heads_per_group query heads of one KV head (1 to MAX_GROUP; the host
+// picks a divisor of p.group): each key and value element is loaded once for all of them. Each
+// head's arithmetic, and its order, is the one-head workgroup's, so any p.heads_per_group gives
+// the same bits.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -53,142 +58,32 @@ layout(push_constant) uniform Params {
                     // attention_combine.comp
   uint out_offset;  // out's element of (t = 0, h = 0, j = 0), with combine
   uint out_stride;  // between rows t of out
+  uint heads_per_group;  // query heads a workgroup scores, 1 to MAX_GROUP, dividing group
 } p;
 
 const uint SPLIT = 256u;  // the most keys of one split (scores' size)
 const uint MAX_HEAD_DIM = 512u;
-shared float qs[MAX_HEAD_DIM];
-shared float scores[SPLIT];
-shared float reduce[256];  // THREADS at most
+const uint MAX_GROUP = 4u;  // query heads of one workgroup; heads x head_dim <= MAX_QUERY
+const uint MAX_QUERY = 1024u;
+shared float qs[MAX_QUERY];             // head g's query at [g * d, (g + 1) * d)
+shared float scores[MAX_GROUP * SPLIT];  // head g's at [g * SPLIT, ...)
+shared float reduce[MAX_GROUP * 256];    // head g's at [g * THREADS, ...); THREADS <= 256
 shared uint merges;  // 1: this workgroup is its (t, h)'s last to finish
 
 #include "kv_read.glsl"
 
-void main() {
-  const uint id = linear_group();
-  if (id >= p.rows * p.n_heads * p.splits) return;  // uniform over the workgroup
+// The merge of head head_id's (a row's head among all rows' heads) splits into its output, which
+// starts at out_values[out_base]: attention_combine.comp's merge, the same expressions in the same
+// order of accumulation, so the same bits (a sum written differently, a rounded product then an
+// add where the combine has one fused multiply-add, changed greedy tokens on the H200). Its loads
+// are spread over the workgroup: each thread loads one split's m and l, the weights
+// exp(m_s - M) and the l_s go through shared memory (scores and reduce, free now), and each
+// output element's UNROLL loads are issued before any is used (a first version that read every
+// split's m and l in every thread, one dependent load after another, was 7% slower than two
+// dispatches after 512 tokens). Per chunk of SPLIT splits.
+void merge_head(uint head_id, uint out_base) {
   const uint tid = gl_LocalInvocationID.x;
-  const uint s = id % p.splits;
-  const uint h = (id / p.splits) % p.n_heads;
-  const uint t = id / (p.splits * p.n_heads);
   const uint d = p.head_dim;
-  const uint kv_head = h / p.group;
-  const uint pos = p.pos0 + t;
-  const uint first = first_visible(pos);
-  const uint n = pos - first + 1u;
-  const uint i0 = s * p.split_len;
-  const uint count = i0 < n ? min(p.split_len, n - i0) : 0u;
-  const uint out_base = id * (d + 2u);
-
-  for (uint j = tid; j < d; j += THREADS) qs[j] = q[p.q_offset + t * p.q_stride + h * d + j];
-
-  // Scores: key i of a pass is handled by threads [i * PARTS, (i + 1) * PARTS).
-  const uint part = tid % PARTS;
-  for (uint i0k = 0u; i0k < count; i0k += THREADS / PARTS) {
-    barrier();  // qs written; the previous pass's partial sums read
-    const uint i = i0k + tid / PARTS;
-    float dot_part = 0.0;
-    if (i < count) {
-      const uint key = first + i0 + i;
-      const uint slot = p.ring != 0u ? key % p.capacity : key;
-      const uint base = slot * p.width + kv_head * d;
-      for (uint j0 = part; j0 < d; j0 += PARTS * UNROLL) {
-        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-          const uint j = j0 + u * PARTS;
-          if (j < d) dot_part += qs[j] * cache_value(base + j, true);
-        }
-      }
-    }
-    reduce[tid] = dot_part;
-    barrier();
-    if (part == 0u && i < count) {
-      float dot_qk = 0.0;
-      for (uint k = 0u; k < PARTS; ++k) dot_qk += reduce[tid + k];
-      scores[i] = dot_qk * p.scale;
-    }
-  }
-  barrier();
-
-  float local_max = -3.402823466e38;
-  for (uint i = tid; i < count; i += THREADS) local_max = max(local_max, scores[i]);
-  reduce[tid] = local_max;
-  barrier();
-  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
-    if (tid < r) reduce[tid] = max(reduce[tid], reduce[tid + r]);
-    barrier();
-  }
-  const float m = reduce[0];
-  barrier();
-  float local_sum = 0.0;
-  for (uint i = tid; i < count; i += THREADS) {
-    const float e = exp(scores[i] - m);
-    scores[i] = e;
-    local_sum += e;
-  }
-  reduce[tid] = local_sum;
-  barrier();
-  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
-    if (tid < r) reduce[tid] += reduce[tid + r];
-    barrier();
-  }
-  const float l = reduce[0];
-
-  // With one split and the merge here, o / l is the output (the merge's arithmetic for one
-  // split: exp(m - m) = 1).
-  const bool alone = p.combine != 0u && p.splits == 1u;
-  const uint out_base_t = p.out_offset + t * p.out_stride + h * d;
-  for (uint j = tid; j < d; j += THREADS) {
-    float o = 0.0;
-    for (uint i1 = 0u; i1 < count; i1 += UNROLL) {
-      [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-        const uint i = i1 + u;
-        if (i < count) {
-          const uint key = first + i0 + i;
-          const uint slot = p.ring != 0u ? key % p.capacity : key;
-          o += scores[i] * cache_value(slot * p.width + kv_head * d + j, false);
-        }
-      }
-    }
-    if (alone)
-      out_values[out_base_t + j] = o * (1.0 / l);
-    else
-      partials[out_base + 2u + j] = o;
-  }
-  if (alone || p.combine == 0u) {
-    if (tid == 0u && !alone) {
-      partials[out_base] = count > 0u ? m : -3.402823466e38;
-      partials[out_base + 1u] = l;
-    }
-    return;
-  }
-  if (tid == 0u) {
-    partials[out_base] = count > 0u ? m : -3.402823466e38;
-    partials[out_base + 1u] = l;
-  }
-
-  // Count this workgroup in: once every thread's partials are visible device-wide, one atomic;
-  // the workgroup that brings the count to `splits` is the last and merges.
-  const uint head_id = t * p.n_heads + h;
-  memoryBarrierBuffer();
-  barrier();
-  if (tid == 0u) {
-    const uint before = atomicAdd(counters[head_id], 1u);
-    merges = before == p.splits - 1u ? 1u : 0u;
-    // Every other arrival is in: 0 again for the next dispatch.
-    if (merges != 0u) atomicExchange(counters[head_id], 0u);
-  }
-  barrier();
-  if (merges == 0u) return;  // uniform over the workgroup
-  memoryBarrierBuffer();  // the other workgroups' partials, as their atomics published them
-
-  // attention_combine.comp's merge: the same expressions in the same order of accumulation, so
-  // the same bits (a sum written differently, a rounded product then an add where the combine
-  // has one fused multiply-add, changed greedy tokens on the H200). Its loads are spread over the
-  // workgroup: each thread loads one split's m and l, the weights exp(m_s - M) and the l_s go
-  // through shared memory (scores and reduce, free now), and each output element's UNROLL loads
-  // are issued before any is used (a first version that read every split's m and l in every
-  // thread, one dependent load after another, was 7% slower than two dispatches after 512
-  // tokens). Per chunk of SPLIT splits.
   const uint base = head_id * p.splits * (d + 2u);
   float local_m = -3.402823466e38;
   for (uint s2 = tid; s2 < p.splits; s2 += THREADS) {
@@ -240,5 +135,152 @@ void main() {
   if (tid == 0u) reduce[0] = denominator;
   barrier();
   const float inv = 1.0 / reduce[0];
-  for (uint j = tid; j < d; j += THREADS) out_values[out_base_t + j] = qs[j] * inv;
+  for (uint j = tid; j < d; j += THREADS) out_values[out_base + j] = qs[j] * inv;
+}
+
+void main() {
+  const uint id = linear_group();
+  const uint hg = p.heads_per_group;
+  const uint head_groups = p.n_heads / hg;
+  if (id >= p.rows * head_groups * p.splits) return;  // uniform over the workgroup
+  const uint tid = gl_LocalInvocationID.x;
+  const uint s = id % p.splits;
+  const uint h0 = ((id / p.splits) % head_groups) * hg;  // this workgroup's first query head
+  const uint t = id / (p.splits * head_groups);
+  const uint d = p.head_dim;
+  const uint kv_head = h0 / p.group;
+  const uint pos = p.pos0 + t;
+  const uint first = first_visible(pos);
+  const uint n = pos - first + 1u;
+  const uint i0 = s * p.split_len;
+  const uint count = i0 < n ? min(p.split_len, n - i0) : 0u;
+
+  for (uint j = tid; j < hg * d; j += THREADS) qs[j] = q[p.q_offset + t * p.q_stride + h0 * d + j];
+
+  // Scores: key i of a pass is handled by threads [i * PARTS, (i + 1) * PARTS), each loading its
+  // elements of the key once for every head.
+  const uint part = tid % PARTS;
+  for (uint i0k = 0u; i0k < count; i0k += THREADS / PARTS) {
+    barrier();  // qs written; the previous pass's partial sums read
+    const uint i = i0k + tid / PARTS;
+    float dot_part[MAX_GROUP];
+    [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g) dot_part[g] = 0.0;
+    if (i < count) {
+      const uint key = first + i0 + i;
+      const uint slot = p.ring != 0u ? key % p.capacity : key;
+      const uint base = slot * p.width + kv_head * d;
+      for (uint j0 = part; j0 < d; j0 += PARTS * UNROLL) {
+        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+          const uint j = j0 + u * PARTS;
+          if (j < d) {
+            const float k_j = cache_value(base + j, true);
+            [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g)
+              if (g < hg) dot_part[g] += qs[g * d + j] * k_j;
+          }
+        }
+      }
+    }
+    [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g)
+      if (g < hg) reduce[g * THREADS + tid] = dot_part[g];
+    barrier();
+    if (part == 0u && i < count) {
+      for (uint g = 0u; g < hg; ++g) {
+        float dot_qk = 0.0;
+        for (uint k = 0u; k < PARTS; ++k) dot_qk += reduce[g * THREADS + tid + k];
+        scores[g * SPLIT + i] = dot_qk * p.scale;
+      }
+    }
+  }
+  barrier();
+
+  // Each head's max and sum of exponentials: one tree per head, the heads' trees side by side.
+  for (uint g = 0u; g < hg; ++g) {
+    float local_max = -3.402823466e38;
+    for (uint i = tid; i < count; i += THREADS) local_max = max(local_max, scores[g * SPLIT + i]);
+    reduce[g * THREADS + tid] = local_max;
+  }
+  barrier();
+  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
+    if (tid < r)
+      for (uint g = 0u; g < hg; ++g)
+        reduce[g * THREADS + tid] = max(reduce[g * THREADS + tid], reduce[g * THREADS + tid + r]);
+    barrier();
+  }
+  float m[MAX_GROUP];
+  [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g) m[g] = g < hg ? reduce[g * THREADS] : 0.0;
+  barrier();
+  for (uint g = 0u; g < hg; ++g) {
+    float local_sum = 0.0;
+    for (uint i = tid; i < count; i += THREADS) {
+      const float e = exp(scores[g * SPLIT + i] - m[g]);
+      scores[g * SPLIT + i] = e;
+      local_sum += e;
+    }
+    reduce[g * THREADS + tid] = local_sum;
+  }
+  barrier();
+  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
+    if (tid < r)
+      for (uint g = 0u; g < hg; ++g)
+        reduce[g * THREADS + tid] += reduce[g * THREADS + tid + r];
+    barrier();
+  }
+  float l[MAX_GROUP];
+  [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g) l[g] = g < hg ? reduce[g * THREADS] : 0.0;
+
+  // With one split and the merge here, o / l is the output (the merge's arithmetic for one
+  // split: exp(m - m) = 1).
+  const bool alone = p.combine != 0u && p.splits == 1u;
+  const uint row_head0 = t * p.n_heads + h0;  // (t, h0)'s index among all rows' heads
+  for (uint j = tid; j < d; j += THREADS) {
+    float o[MAX_GROUP];
+    [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g) o[g] = 0.0;
+    for (uint i1 = 0u; i1 < count; i1 += UNROLL) {
+      [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+        const uint i = i1 + u;
+        if (i < count) {
+          const uint key = first + i0 + i;
+          const uint slot = p.ring != 0u ? key % p.capacity : key;
+          const float v_j = cache_value(slot * p.width + kv_head * d + j, false);
+          [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g)
+            if (g < hg) o[g] += scores[g * SPLIT + i] * v_j;
+        }
+      }
+    }
+    [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g) {
+      if (g >= hg) break;
+      if (alone)
+        out_values[p.out_offset + t * p.out_stride + (h0 + g) * d + j] = o[g] * (1.0 / l[g]);
+      else
+        partials[((row_head0 + g) * p.splits + s) * (d + 2u) + 2u + j] = o[g];
+    }
+  }
+  if (tid == 0u && !alone) {
+    for (uint g = 0u; g < hg; ++g) {
+      const uint out_base = ((row_head0 + g) * p.splits + s) * (d + 2u);
+      partials[out_base] = count > 0u ? m[g] : -3.402823466e38;
+      partials[out_base + 1u] = l[g];
+    }
+  }
+  if (alone || p.combine == 0u) return;
+
+  // Count this workgroup in: once every thread's partials are visible device-wide, one atomic;
+  // the workgroup that brings the count to `splits` is the last and merges its heads.
+  const uint group_id = id / p.splits;  // (t, head group)
+  memoryBarrierBuffer();
+  barrier();
+  if (tid == 0u) {
+    const uint before = atomicAdd(counters[group_id], 1u);
+    merges = before == p.splits - 1u ? 1u : 0u;
+    // Every other arrival is in: 0 again for the next dispatch.
+    if (merges != 0u) atomicExchange(counters[group_id], 0u);
+  }
+  barrier();
+  if (merges == 0u) return;  // uniform over the workgroup
+  memoryBarrierBuffer();  // the other workgroups' partials, as their atomics published them
+
+  for (uint g = 0u; g < hg; ++g) {
+    barrier();  // the previous head's output written from qs
+    merge_head(row_head0 + g, p.out_offset + t * p.out_stride + (h0 + g) * d);
+  }
 }

@@ -1899,6 +1899,85 @@ TEST_CASE("gpu: decode attention matches the CPU however its keys are split") {
   }
 }
 
+// Decode attention workgroups that score several query heads of one KV head from one read of
+// each key and value (REDWING_GPU_ATTENTION_HEADS) give the one-head workgroups' bits, and match
+// the CPU: groups of 4 and 2, head_dim 64, 256 and 512 (where the kernel's shared queries allow
+// fewer heads than asked), f32 and f16 caches, a sliding window over a ring that wraps, splits
+// merged in the last workgroup and by the combine, one split and many, decode rows and a few
+// prefill rows. A malformed setting is refused.
+TEST_CASE("gpu: decode attention over several query heads per workgroup gives the one-head bits") {
+  if (const char* api = std::getenv("REDWING_GPU_TEST_API"); api && std::string(api) == "metal")
+    return;  // the Metal device keeps the default
+  check_setting_refused("REDWING_GPU_ATTENTION_HEADS", {"0", "5", "x", "2 heads", "-1"});
+  auto cpu = make_cpu_backend(2);
+  struct Case {
+    int kv_heads, heads, d;
+    KvDType dtype;
+    int64_t capacity, window;  // window > 0: a ring of `capacity` positions
+    const char* split;
+  };
+  for (const Case c : {Case{2, 8, 64, KvDType::f16, 90, 0, ""},
+                       {2, 8, 64, KvDType::f32, 90, 0, "4096,8,separate"},
+                       {1, 4, 256, KvDType::f16, 70, 0, "1,256"},
+                       {4, 8, 256, KvDType::f32, 40, 32, "1024,4"},
+                       {2, 8, 512, KvDType::f16, 90, 0, "2048,8,last"},
+                       {1, 2, 40, KvDType::f16, 300, 0, "65536,1,last"}}) {
+    const std::string shape = std::to_string(c.kv_heads) + " kv heads, " + std::to_string(c.heads) +
+                              " heads, d " + std::to_string(c.d) + ", window " +
+                              std::to_string(c.window) + ", split '" + c.split + "'";
+    CAPTURE(shape);
+    const int64_t width = static_cast<int64_t>(c.kv_heads) * c.d;
+    const int64_t positions = c.window > 0 ? c.capacity + 25 : c.capacity;  // the ring wraps
+    const auto k = randn(static_cast<size_t>(positions * width), 51);
+    const auto v = randn(static_cast<size_t>(positions * width), 52);
+    const auto q1 = randn(static_cast<size_t>(c.heads * c.d), 53);
+    const auto q3 = randn(static_cast<size_t>(3 * c.heads * c.d), 54);
+    const int cache_bytes = c.dtype == KvDType::f16 ? 2 : 4;
+    // outs[backend][call]: backends cpu, then heads per workgroup 1, 2 and 4.
+    std::vector<float> outs[4][3];
+    std::vector<std::unique_ptr<Backend>> gpus;
+    for (const char* heads : {"1", "2", "4"}) {
+      setenv("REDWING_GPU_ATTENTION", c.split, 1);
+      setenv("REDWING_GPU_ATTENTION_HEADS", heads, 1);
+      gpus.push_back(gpu_backend(64));
+      unsetenv("REDWING_GPU_ATTENTION");
+      unsetenv("REDWING_GPU_ATTENTION_HEADS");
+    }
+    int which = 0;
+    for (Backend* b : {cpu.get(), gpus[0].get(), gpus[1].get(), gpus[2].get()}) {
+      auto kc = b->alloc(static_cast<size_t>(c.capacity * width * cache_bytes));
+      auto vc = b->alloc(static_cast<size_t>(c.capacity * width * cache_bytes));
+      KvLayerView kv{kc.get(), vc.get(),   c.capacity, c.window > 0,
+                     c.window, c.kv_heads, c.d,        c.dtype};
+      // Stored in chunks no longer than the ring, as the model stores a prompt.
+      for (int64_t p0 = 0; p0 < positions; p0 += 20) {
+        const int64_t n = std::min<int64_t>(20, positions - p0);
+        const std::vector<float> kpart(k.begin() + p0 * width, k.begin() + (p0 + n) * width);
+        const std::vector<float> vpart(v.begin() + p0 * width, v.begin() + (p0 + n) * width);
+        auto kb = put(*b, kpart), vb = put(*b, vpart);
+        b->kv_store(kv, Mat{kb.get(), 0, n, width, width}, Mat{vb.get(), 0, n, width, width}, p0);
+      }
+      int call = 0;
+      for (const auto* q : {&q1, &q1, &q3}) {
+        const int64_t rows = static_cast<int64_t>(q->size()) / (c.heads * c.d);
+        auto qb = put(*b, *q);
+        auto ob = b->alloc(q->size() * 4);
+        const int64_t qd = static_cast<int64_t>(c.heads) * c.d;
+        b->attention(Mat{qb.get(), 0, rows, qd, qd}, kv, positions - rows, c.heads, 0.125f,
+                     Mat{ob.get(), 0, rows, qd, qd});
+        outs[which][call++] = get(*b, *ob);
+      }
+      ++which;
+    }
+    for (int call = 0; call < 3; ++call) {
+      CAPTURE(call);
+      CHECK(max_rel(outs[1][call], outs[0][call]) < 1e-5);
+      CHECK(outs[2][call] == outs[1][call]);
+      CHECK(outs[3][call] == outs[1][call]);
+    }
+  }
+}
+
 // Prefill attention in tiles (attention_tiled.comp) against the CPU and against the split kernel
 // (REDWING_GPU_ATTENTION_TILES=0) on the same GPU: head_dim 40 (neither a multiple of 4 nor of
 // the 32-column slab), 256 and 512 (the tile rows the host picks shrink with it), f32 and f16

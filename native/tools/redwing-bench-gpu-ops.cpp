@@ -336,28 +336,40 @@ int main(int argc, char** argv) try {
                      }});
   }
 
-  // Decode attention of one token over 512 or 4,096 keys (a sliding layer's shape, f16 cache).
-  for (const int64_t keys : {int64_t{512}, int64_t{4096}}) {
-    const std::string name = "attention" + std::to_string(keys);
+  // Decode attention of one token: a sliding layer's shape (16 heads of 256 over 8 KV heads)
+  // over 512 or 4,096 keys, and a full-attention layer's (16 heads of 512 over 2 KV heads) over
+  // 4,096; f16 caches.
+  struct AttentionCase {
+    const char* name;
+    int kv_heads, head_dim;
+    int64_t keys;
+  };
+  for (const AttentionCase a : {AttentionCase{"attention512", kKvHeads, kHeadDim, 512},
+                                {"attention4096", kKvHeads, kHeadDim, 4096},
+                                {"global4096", 2, 512, 4096}}) {
+    const std::string name = a.name;
     if (!wanted(name)) continue;
-    const int64_t capacity = std::max<int64_t>(1024, keys), pos = keys - 1;
-    const size_t cache = static_cast<size_t>(capacity) * kKvHeads * kHeadDim / 2;  // f16 pairs
+    const int64_t capacity = std::max<int64_t>(1024, a.keys), pos = a.keys - 1;
+    const size_t cache = static_cast<size_t>(capacity) * a.kv_heads * a.head_dim / 2;  // f16 pairs
     Buffer* k = keep(random_buffer(b, cache, seed++));
     Buffer* v = keep(random_buffer(b, cache, seed++));
-    const int64_t width = static_cast<int64_t>(kQHeads) * kHeadDim;
+    const int64_t width = static_cast<int64_t>(kQHeads) * a.head_dim;
     Buffer* q = keep(random_buffer(b, static_cast<size_t>(width), seed++));
     const auto outs = outputs_of(static_cast<size_t>(width), outputs);
-    const KvLayerView kv{k, v, capacity, false, 0, kKvHeads, kHeadDim, KvDType::f16};
-    cases.push_back(
-        {name, "decode attention, 16 heads of 256 over " + std::to_string(keys) + " keys (f16)", 0,
-         [&b, kv, q, outs, width, pos](size_t i) {
-           b.attention(Mat{q, 0, 1, width, width}, kv, pos, kQHeads, 1.0f,
-                       Mat{outs[i], 0, 1, width, width});
-         },
-         [&b, outs] {
-           float f;
-           b.download(*outs[0], 0, &f, 4);
-         }});
+    const KvLayerView kv{k, v, capacity, false, 0, a.kv_heads, a.head_dim, KvDType::f16};
+    cases.push_back({name,
+                     "decode attention, " + std::to_string(kQHeads) + " heads of " +
+                         std::to_string(a.head_dim) + " over " + std::to_string(a.kv_heads) +
+                         " KV heads, " + std::to_string(a.keys) + " keys (f16)",
+                     0,
+                     [&b, kv, q, outs, width, pos](size_t i) {
+                       b.attention(Mat{q, 0, 1, width, width}, kv, pos, kQHeads, 1.0f,
+                                   Mat{outs[i], 0, 1, width, width});
+                     },
+                     [&b, outs] {
+                       float f;
+                       b.download(*outs[0], 0, &f, 4);
+                     }});
   }
 
   if (cases.empty()) throw std::invalid_argument("--only names no case");

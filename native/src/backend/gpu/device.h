@@ -117,6 +117,10 @@ struct AttentionSplit {
   uint32_t workgroups = 1024;
   uint32_t min_keys = 16;
   bool merge_in_last_workgroup = true;
+  // Query heads of one KV head that a decode attention workgroup scores from one read of each
+  // key and value (the backend takes the most up to this that divide the group and fit the
+  // kernel); REDWING_GPU_ATTENTION_HEADS.
+  uint32_t heads_per_workgroup = 1;
   // Calls with at least this many query rows take the tiled prefill kernel
   // (attention_tiled.comp), fewer the split one; 0: never tiled. REDWING_GPU_ATTENTION_TILES.
   uint32_t tiled_min_rows = 16;

@@ -175,7 +175,7 @@ struct AttentionParams {
   AttentionShape shape;
   uint32_t splits;
   float scale;
-  uint32_t split_len, combine, out_offset, out_stride;
+  uint32_t split_len, combine, out_offset, out_stride, heads_per_group;
 };
 struct CombineParams {
   uint32_t rows, n_heads, head_dim, splits, out_offset, out_stride;
@@ -216,6 +216,8 @@ enum ElementOp : uint32_t { kFill = 0, kCopy, kAdd, kScale, kMulCols, kGeluMul, 
 
 constexpr int64_t kAttentionSplit = 256;    // attention_partial.comp's SPLIT
 constexpr int kMaxHeadDim = 512;            // attention_partial.comp's MAX_HEAD_DIM
+constexpr int kMaxAttentionGroup = 4;       // attention_partial.comp's MAX_GROUP
+constexpr int kMaxAttentionQuery = 1024;    // attention_partial.comp's MAX_QUERY
 constexpr int kMaxTopK = 32;                // route.comp's MAX_TOP_K
 constexpr int kMaxExperts = 512;            // route.glsl's RT_MAX_EXPERTS
 constexpr int64_t kMatvecMaxTokens = 4;     // more tokens: the tiled qmatmul kernel
@@ -1040,7 +1042,16 @@ class GpuBackend final : public Backend {
                       u32(split_len),
                       0,
                       0,
-                      0};
+                      0,
+                      1};
+    // Query heads per workgroup: the most (up to the device's choice) that divide the KV head's
+    // group and whose queries fit the kernel's shared memory. The split does not depend on it,
+    // so neither do the bits.
+    const int group = n_heads / kv.num_kv_heads;
+    int heads = std::min({static_cast<int>(shape.heads_per_workgroup), kMaxAttentionGroup, group,
+                          kMaxAttentionQuery / d});
+    while (heads > 1 && group % heads != 0) --heads;
+    p.heads_per_group = u32(std::max(heads, 1));
     const Binding pb{partials_.get(), 0, partial_bytes};
     // Merged in this dispatch by the last workgroup of each (row, head) (one arrival counter
     // each, zero between dispatches: create_buffer zeroes, the merger resets), else by
@@ -1058,7 +1069,7 @@ class GpuBackend final : public Backend {
     }
     const Binding binds[] = {vq.b, whole(kc), whole(vc), pb, merge ? vo.b : Binding{}, counters};
     dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
-                    static_cast<uint64_t>(q.rows) * n_heads * splits);
+                    static_cast<uint64_t>(q.rows) * (n_heads / p.heads_per_group) * splits);
     if (merge) return;
     CombineParams c{u32(q.rows), u32(n_heads), u32(d), u32(splits), vo.offset, u32(out.stride)};
     touch({partials_.get()}, {vo.b.buffer});

@@ -241,6 +241,9 @@ void choose_attention_split(DeviceInfo& info) {
   if (info.software) {
     split.workgroups = 256;
     split.min_keys = 32;
+    // Each workgroup costs a core's time there, and a key read once for the group's query heads
+    // halves the reads (lavapipe, 2 cores: 512 keys 30 -> 16 ms, docs/gpu.md "Twenty-fifth round").
+    split.heads_per_workgroup = 4;
   }
   const char* value = std::getenv("REDWING_GPU_ATTENTION");
   if (value && *value) {
@@ -263,6 +266,14 @@ void choose_attention_split(DeviceInfo& info) {
       if (words[2] != "last" && words[2] != "separate") throw refuse();
       split.merge_in_last_workgroup = words[2] == "last";
     }
+  }
+  if (const char* heads = std::getenv("REDWING_GPU_ATTENTION_HEADS"); heads && *heads) {
+    const std::optional<uint32_t> n = setting_number(heads);
+    if (!n || *n < 1 || *n > 4)
+      throw std::invalid_argument(std::string("REDWING_GPU_ATTENTION_HEADS=") + heads +
+                                  ": expected the query heads a decode attention workgroup "
+                                  "scores together (1-4)");
+    split.heads_per_workgroup = *n;
   }
   if (const char* tiles = std::getenv("REDWING_GPU_ATTENTION_TILES"); tiles && *tiles) {
     const std::optional<uint32_t> rows = setting_number(tiles);
