@@ -119,8 +119,10 @@ struct AttentionSplit {
   bool merge_in_last_workgroup = true;
   // Query heads of one KV head that a decode attention workgroup scores from one read of each
   // key and value (the backend takes the most up to this that divide the group and fit the
-  // kernel); REDWING_GPU_ATTENTION_HEADS.
-  uint32_t heads_per_workgroup = 1;
+  // kernel); REDWING_GPU_ATTENTION_HEADS. 4 (2 on the 26B-A4B's layers) against 1 on the H100:
+  // 512 keys 34 -> 26 us, decode after 512 tokens +8%; lavapipe: 512 keys 30 -> 16 ms
+  // (docs/gpu.md, "Twenty-fifth round").
+  uint32_t heads_per_workgroup = 4;
   // Calls with at least this many query rows take the tiled prefill kernel
   // (attention_tiled.comp), fewer the split one; 0: never tiled. REDWING_GPU_ATTENTION_TILES.
   uint32_t tiled_min_rows = 16;

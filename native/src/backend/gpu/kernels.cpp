@@ -241,9 +241,6 @@ void choose_attention_split(DeviceInfo& info) {
   if (info.software) {
     split.workgroups = 256;
     split.min_keys = 32;
-    // Each workgroup costs a core's time there, and a key read once for the group's query heads
-    // halves the reads (lavapipe, 2 cores: 512 keys 30 -> 16 ms, docs/gpu.md "Twenty-fifth round").
-    split.heads_per_workgroup = 4;
   }
   const char* value = std::getenv("REDWING_GPU_ATTENTION");
   if (value && *value) {
