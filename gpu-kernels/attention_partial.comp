@@ -4,8 +4,8 @@
 // with score_i = scale * q . k_i, written to partials[(t, h, s)] as [m, l, o[0..d)], and
 // merged exactly into out[t, h] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s (M = max_s m_s).
 // Who merges (p.combine): 0, attention_combine.comp in a second dispatch; 1, the last workgroup
-// of each (t, h) to finish, in this dispatch (a counter per (t, h) says which is last; with one
-// split that workgroup writes out at once). Merging here saves a dispatch and the barrier before
+// of each (t, head group) to finish, in this dispatch (a counter per (t, head group) says which is
+// last; with one split that workgroup writes out at once). Merging here saves a dispatch and the barrier before
 // it on every layer's critical path (docs/gpu.md, "Eleventh round"); the arithmetic and its order
 // are attention_combine's, so both give the same bits. The same kernel serves decode (one row,
 // many splits over a long context) and prefill calls of fewer rows than
@@ -32,10 +32,10 @@ const uint UNROLL = 8u;
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer KCache { uint k_cache[]; };
 layout(std430, set = 0, binding = 2) readonly buffer VCache { uint v_cache[]; };
-// coherent: the last workgroup of a (t, h) reads what the others wrote in this dispatch.
+// coherent: the last workgroup of a (t, head group) reads what the others wrote in this dispatch.
 layout(std430, set = 0, binding = 3) coherent buffer Partials { float partials[]; };
 layout(std430, set = 0, binding = 4) writeonly buffer Out { float out_values[]; };
-// One arrival counter per (t, h), 0 between dispatches: the last arrival resets it.
+// One arrival counter per (t, head group), 0 between dispatches: the last arrival resets it.
 layout(std430, set = 0, binding = 5) coherent buffer Counters { uint counters[]; };
 layout(push_constant) uniform Params {
   uint rows;
@@ -54,7 +54,7 @@ layout(push_constant) uniform Params {
   float scale;
   uint split_len;  // keys per split, at most SPLIT (the host picks fewer for few rows: more
                    // workgroups on a short decode context)
-  uint combine;     // 1: merge in the last workgroup of each (t, h); 0: leave it to
+  uint combine;     // 1: merge in the last workgroup of each (t, head group); 0: leave it to
                     // attention_combine.comp
   uint out_offset;  // out's element of (t = 0, h = 0, j = 0), with combine
   uint out_stride;  // between rows t of out
@@ -68,7 +68,7 @@ const uint MAX_QUERY = 1024u;
 shared float qs[MAX_QUERY];             // head g's query at [g * d, (g + 1) * d)
 shared float scores[MAX_GROUP * SPLIT];  // head g's at [g * SPLIT, ...)
 shared float reduce[MAX_GROUP * 256];    // head g's at [g * THREADS, ...); THREADS <= 256
-shared uint merges;  // 1: this workgroup is its (t, h)'s last to finish
+shared uint merges;  // 1: this workgroup is its (t, head group)'s last to finish
 
 #include "kv_read.glsl"
 
