@@ -1053,9 +1053,9 @@ class GpuBackend final : public Backend {
     while (heads > 1 && group % heads != 0) --heads;
     p.heads_per_group = u32(std::max(heads, 1));
     const Binding pb{partials_.get(), 0, partial_bytes};
-    // Merged in this dispatch by the last workgroup of each (row, head) (one arrival counter
-    // each, zero between dispatches: create_buffer zeroes, the merger resets), else by
-    // attention_combine.
+    // Merged in this dispatch by the last workgroup of each (row, head group) (one arrival
+    // counter each, zero between dispatches: create_buffer zeroes, the merger resets; one per
+    // (row, head) is allocated, enough for any group), else by attention_combine.
     const bool merge = shape.merge_in_last_workgroup;
     Binding counters{};
     if (merge) {
