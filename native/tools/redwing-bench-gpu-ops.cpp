@@ -337,14 +337,15 @@ int main(int argc, char** argv) try {
   }
 
   // Decode attention of one token: a sliding layer's shape (16 heads of 256 over 8 KV heads)
-  // over 512 or 4,096 keys, and a full-attention layer's (16 heads of 512 over 2 KV heads) over
-  // 4,096; f16 caches.
+  // over 512, 1,024 (its window) or 4,096 keys, and a full-attention layer's (16 heads of 512
+  // over 2 KV heads) over 4,096; f16 caches.
   struct AttentionCase {
     const char* name;
     int kv_heads, head_dim;
     int64_t keys;
   };
   for (const AttentionCase a : {AttentionCase{"attention512", kKvHeads, kHeadDim, 512},
+                                {"attention1024", kKvHeads, kHeadDim, 1024},
                                 {"attention4096", kKvHeads, kHeadDim, 4096},
                                 {"global4096", 2, 512, 4096}}) {
     const std::string name = a.name;
