@@ -1036,14 +1036,6 @@ class GpuBackend final : public Backend {
     const View vq = view(q), vo = view(out);
     const DeviceBuffer& kc = dev_of(*kv.k);
     const DeviceBuffer& vc = dev_of(*kv.v);
-    AttentionParams p{attention_shape(q, vq.offset, kv, pos0, n_heads),
-                      u32(splits),
-                      scale,
-                      u32(split_len),
-                      0,
-                      0,
-                      0,
-                      1};
     // Query heads per workgroup: the most (up to the device's choice) that divide the KV head's
     // group and whose queries fit the kernel's shared memory. The split does not depend on it,
     // so neither do the bits.
@@ -1051,7 +1043,15 @@ class GpuBackend final : public Backend {
     int heads = std::min({static_cast<int>(shape.heads_per_workgroup), kMaxAttentionGroup, group,
                           kMaxAttentionQuery / d});
     while (heads > 1 && group % heads != 0) --heads;
-    p.heads_per_group = u32(std::max(heads, 1));
+    heads = std::max(heads, 1);
+    AttentionParams p{attention_shape(q, vq.offset, kv, pos0, n_heads),
+                      u32(splits),
+                      scale,
+                      u32(split_len),
+                      0,
+                      0,
+                      0,
+                      u32(heads)};
     const Binding pb{partials_.get(), 0, partial_bytes};
     // Merged in this dispatch by the last workgroup of each (row, head group) (one arrival
     // counter each, zero between dispatches: create_buffer zeroes, the merger resets; one per
@@ -1069,7 +1069,7 @@ class GpuBackend final : public Backend {
     }
     const Binding binds[] = {vq.b, whole(kc), whole(vc), pb, merge ? vo.b : Binding{}, counters};
     dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
-                    static_cast<uint64_t>(q.rows) * (n_heads / p.heads_per_group) * splits);
+                    static_cast<uint64_t>(q.rows) * (n_heads / heads) * splits);
     if (merge) return;
     CombineParams c{u32(q.rows), u32(n_heads), u32(d), u32(splits), vo.offset, u32(out.stride)};
     touch({partials_.get()}, {vo.b.buffer});
