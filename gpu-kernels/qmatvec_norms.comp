@@ -34,7 +34,12 @@ layout(std430, set = 0, binding = 11) coherent buffer Counters { uint counters[]
 
 const uint NORM_HELD = 16u;  // rms_norm.comp's
 void main() {
-  qmatvec_product();
+  // The product over one workgroup per block, or the looping grid (qmatvec.comp's choice): the
+  // arrival below counts the workgroups either way.
+  if (p.loop_groups == 0u)
+    qmatvec_product();
+  else
+    qmatvec_blocks(p.loop_groups);
   const uint t = gl_WorkGroupID.z;
   if (!last_to_arrive(t)) return;  // uniform over the workgroup
 

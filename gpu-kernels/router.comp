@@ -28,7 +28,12 @@ uint token;
 #include "arrival.glsl"
 
 void main() {
-  qmatvec_product();
+  // The product over one workgroup per block, or the looping grid (qmatvec.comp's choice): the
+  // arrival below counts the workgroups either way.
+  if (p.loop_groups == 0u)
+    qmatvec_product();
+  else
+    qmatvec_blocks(p.loop_groups);
   token = gl_WorkGroupID.z;
   // The workgroup that finishes the token's product last routes it.
   if (!last_to_arrive(token)) return;  // uniform over the workgroup

@@ -649,8 +649,9 @@ TEST_CASE("gpu: gate and up in one buffer and the GeGLU inside the down product 
 // blocks. Every row adds the same terms in the same order, so the outputs must be the bits of the
 // one-workgroup-per-block grid (and within 1e-4 of the CPU): plain 4- and 8-bit products, a
 // folded norm, the GeGLU inside the down product, rows wider than one staging chunk (not looped),
-// and the routed experts, for 1 and 3 tokens; the same with 2 and 4 blocks computed at once
-// (REDWING_GPU_MATVEC_LOOP_ROWS). Malformed values are refused.
+// the routed experts, and the products whose last workgroup goes on (the output product with the
+// norms after it, the router with its routing), for 1 and 3 tokens; the same with 2 and 4 blocks
+// computed at once (REDWING_GPU_MATVEC_LOOP_ROWS). Malformed values are refused.
 TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-per-block bits") {
   FOR_EACH_WORKGROUP_SHAPE(threads);
   auto cpu = make_cpu_backend(2);
@@ -694,6 +695,10 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
     const auto x = randn(static_cast<size_t>(t * wide), static_cast<uint64_t>(1520 + t), 2.0f);
     const auto nw = randn(static_cast<size_t>(cols), static_cast<uint64_t>(1530 + t), 0.3f);
     const auto gu = randn(static_cast<size_t>(t * 2 * inter), static_cast<uint64_t>(1540 + t));
+    const auto acc0 = randn(static_cast<size_t>(t * rows), static_cast<uint64_t>(1550 + t));
+    const auto pair_w = randn(static_cast<size_t>(3 * rows), static_cast<uint64_t>(1560 + t), 0.3f);
+    const auto expert_scale = randn(static_cast<size_t>(rows + 1), static_cast<uint64_t>(1570 + t));
+    const int router_top_k = 4;
     std::vector<int32_t> ids;
     std::vector<float> route_w;
     for (int64_t i = 0; i < t * top_k; ++i) {
@@ -732,8 +737,42 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
       b.geglu_qmatmul(*w.wd, both.col_range(0, inter), both.col_range(inter, inter),
                       Mat{yd.get(), 0, t, rows, rows});
       b.routed_experts(*w.bank, xs, *routes, top_k, Mat{ye.get(), 0, t, cols, cols});
-      outs.push_back(
-          {get(b, *y4), get(b, *y8), get(b, *yn), get(b, *yw), get(b, *yd), get(b, *ye)});
+      // The output product's norms (qmatvec_norms.comp): 300 rows, 38 blocks (its own output,
+      // yo, is left undefined).
+      auto acc = put(b, acc0), pw = put(b, pair_w);
+      auto yo = b.alloc(static_cast<size_t>(t * rows) * 4);
+      auto y1 = b.alloc(static_cast<size_t>(t * rows) * 4);
+      auto y2 = b.alloc(static_cast<size_t>(t * rows) * 4);
+      std::vector<float> w_parts[3];
+      std::unique_ptr<Buffer> w_bufs[3];
+      for (int j = 0; j < 3; ++j) {
+        w_parts[j].assign(pair_w.begin() + j * rows, pair_w.begin() + (j + 1) * rows);
+        w_bufs[j] = put(b, w_parts[j]);
+      }
+      auto rm = [&](Buffer* buf) { return Mat{buf, 0, t, rows, rows}; };
+      b.qmatmul_add_rms_norm_pair(*w.w4, xs, rm(yo.get()), w_bufs[0].get(), 1.0f, 1e-6f,
+                                  rm(acc.get()), 0.5f, w_bufs[1].get(), w_bufs[2].get(),
+                                  rm(y1.get()), rm(y2.get()));
+      // The router (router.comp) over 301 experts, 38 blocks, its norm folded.
+      auto es = put(b, expert_scale);
+      auto logits = b.alloc(static_cast<size_t>(t * (rows + 1)) * 4);
+      const size_t picks = static_cast<size_t>(t * router_top_k);
+      auto router_routes = b.alloc(route_buffer_bytes(picks));
+      Backend::InputNorm router_norm;
+      router_norm.weight = nb.get();
+      router_norm.eps = 1e-6f;
+      router_norm.mul_cols = 0.0625f;
+      const Mat router_in{normed.get(), 0, t, cols, cols};
+      const Backend::QProduct router{w.w8.get(), router_in,
+                                     Mat{logits.get(), 0, t, rows + 1, rows + 1}};
+      b.route_product_to(xs, router_norm, router_in, router, router_top_k, *es, *router_routes);
+      std::vector<int32_t> picked(picks);
+      std::vector<float> picked_w(picks);
+      b.download(*router_routes, 0, picked.data(), picks * 4);
+      b.download(*router_routes, route_weights_offset(picks), picked_w.data(), picks * 4);
+      outs.push_back({get(b, *y4), get(b, *y8), get(b, *yn), get(b, *yw), get(b, *yd), get(b, *ye),
+                      get(b, *acc), get(b, *y1), get(b, *y2), get(b, *logits),
+                      std::vector<float>(picked.begin(), picked.end()), picked_w});
     }
     for (size_t k = 0; k < outs[0].size(); ++k) {
       CAPTURE(k);  // the products in the order above

@@ -233,6 +233,65 @@ int main(int argc, char** argv) try {
          }});
   }
 
+  // Products whose last workgroup goes on: attention's output product with the residual add and
+  // the feed-forward's two norms after it (qmatvec_norms.comp), and the router with its routing
+  // (router.comp): a MoE layer's decode runs these instead of the plain "o" and "router".
+  if (wanted("o_norms")) {
+    hosts.push_back(std::make_unique<HostQuant>(kHidden, 4096, 4, seed++));
+    weights.push_back(b.import_qweight(hosts.back()->m));
+    const QWeight* w = weights.back().get();
+    Buffer* x = keep(random_buffer(b, 4096, seed++));
+    Buffer* norm_w = keep(random_buffer(b, kHidden, seed++));
+    const auto accs = outputs_of(kHidden, outputs), ys = outputs_of(kHidden, outputs),
+               y1s = outputs_of(kHidden, outputs), y2s = outputs_of(kHidden, outputs);
+    for (Buffer* a : accs) b.fill_zero(Mat{a, 0, 1, kHidden, kHidden});
+    const double bytes = static_cast<double>(kHidden) * 4096 / 2 + kHidden * (4096 / 64) * 4.0;
+    cases.push_back({"o_norms", "o 2,816 x 4,096 with the residual add and the two norms after it",
+                     bytes,
+                     [&b, w, x, norm_w, accs, ys, y1s, y2s](size_t i) {
+                       auto row = [](Buffer* buf) { return Mat{buf, 0, 1, kHidden, kHidden}; };
+                       b.qmatmul_add_rms_norm_pair(*w, Mat{x, 0, 1, 4096, 4096}, row(ys[i]), norm_w,
+                                                   1.0f, 1e-6f, row(accs[i]), 1.0f, norm_w, norm_w,
+                                                   row(y1s[i]), row(y2s[i]));
+                     },
+                     [&b, y1s] {
+                       float f;
+                       b.download(*y1s[0], 0, &f, 4);
+                     }});
+  }
+  if (wanted("router_route")) {
+    constexpr int64_t kRouterExperts = 128;  // the 26B-A4B's
+    hosts.push_back(std::make_unique<HostQuant>(kRouterExperts, kHidden, 8, seed++));
+    weights.push_back(b.import_qweight(hosts.back()->m));
+    const QWeight* w = weights.back().get();
+    Buffer* x = keep(random_buffer(b, kHidden, seed++));
+    Buffer* norm_w = keep(random_buffer(b, kHidden, seed++));
+    Buffer* expert_scale = keep(random_buffer(b, kRouterExperts, seed++));
+    const auto normed = outputs_of(kHidden, outputs), logits = outputs_of(kRouterExperts, outputs);
+    std::vector<Buffer*> routes;
+    for (size_t i = 0; i < outputs; ++i)
+      routes.push_back(keep(b.alloc(route_weights_offset(kTopK) + kTopK * 4)));
+    const double bytes =
+        static_cast<double>(kRouterExperts) * kHidden + kRouterExperts * (kHidden / 64) * 4.0;
+    cases.push_back(
+        {"router_route", "router 128 x 2,816, 8-bit, with its norm and routing", bytes,
+         [&b, w, x, norm_w, expert_scale, normed, logits, routes](size_t i) {
+           Backend::InputNorm norm;  // the router's: weightless, times a vector and scalar
+           norm.weight = norm_w;
+           norm.eps = 1e-6f;
+           norm.mul_cols = 0.0625f;
+           const Mat in{normed[i], 0, 1, kHidden, kHidden};
+           const Backend::QProduct router{w, in,
+                                          Mat{logits[i], 0, 1, kRouterExperts, kRouterExperts}};
+           b.route_product_to(Mat{x, 0, 1, kHidden, kHidden}, norm, in, router, kTopK,
+                              *expert_scale, *routes[i]);
+         },
+         [&b, routes] {
+           int32_t id;
+           b.download(*routes[0], 0, &id, 4);
+         }});
+  }
+
   // The routed experts of one token: 8 of 128, gate/up then down, one dispatch each.
   if (wanted("experts")) {
     std::vector<HostQuantMatrix> gate, up, down;

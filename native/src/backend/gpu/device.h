@@ -107,14 +107,17 @@ struct MatmulPolicy {
 // How decode attention splits a row's keys (attention_partial.comp, then an exact combine): about
 // `workgroups` workgroups in all (rows x heads x splits), each split at least `min_keys` keys
 // and at most the kernel's 256. The defaults are a GPU's: on the H200 1,024 x 16 decoded 5-7%
-// faster than 256 x 32 (docs/gpu.md, "Tenth round"); a CPU device (lavapipe) keeps 256 x 32,
+// faster than 256 x 32 (docs/gpu.md, "Tenth round"); with two query heads a workgroup, 768 x 16
+// took the H100's sliding attention over 1,024 keys from 42 to 29 us and over 4,096 from 91 to
+// 62, a full-attention layer's over 4,096 from 126 to 102, level over 512 (512 and 384 were
+// slower: "Twenty-sixth round"); a CPU device (lavapipe) keeps 256 x 32,
 // since every workgroup there costs a core's time. The splits are merged by the last workgroup
 // of each (row, head) in the same dispatch (an arrival counter in device memory: docs/gpu.md,
 // "Eleventh round"), or by attention_combine.comp in a second dispatch where the device layer
 // does not promise that one workgroup sees another's writes within a dispatch (Metal).
 // REDWING_GPU_ATTENTION = "workgroups,min_keys[,last|separate]" forces them (A/B runs).
 struct AttentionSplit {
-  uint32_t workgroups = 1024;
+  uint32_t workgroups = 768;
   uint32_t min_keys = 16;
   bool merge_in_last_workgroup = true;
   // Query heads of one KV head that a decode attention workgroup scores from one read of each

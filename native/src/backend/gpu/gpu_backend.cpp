@@ -487,6 +487,7 @@ class GpuBackend final : public Backend {
     DecodeEpilogue e{Kernel::qmatvec_norms,
                      {weight_b, va.b, weight1_b, v1.b, weight2_b, v2.b, counters},
                      /*own_binding5=*/true};
+    e.may_loop = true;
     e.set_tail(fields);
     touch({view(x).b.buffer, w.buf.get(), weight_b.buffer, weight1_b.buffer, weight2_b.buffer,
            va.b.buffer},
@@ -653,6 +654,7 @@ class GpuBackend final : public Backend {
     DecodeEpilogue epilogue{Kernel::router,
                             {whole(pes), route_ids(rb, count), route_weights(rb, count), counters}};
     epilogue.top_k = u32(top_k);
+    epilogue.may_loop = true;
     std::vector<const DeviceBuffer*> reads{view(f ? x : normed).b.buffer, w.buf.get(), &pes};
     if (f && f->weight) reads.push_back(f->weight);
     touch(reads, {view(router.y).b.buffer, &rb, counters.buffer});
@@ -726,6 +728,9 @@ class GpuBackend final : public Backend {
     std::array<Binding, gpu::kMaxBindings> bindings{};
     size_t binding_count;
     bool own_binding5;
+    // The kernel counts its workgroups per token, so it may run the looping grid (router,
+    // qmatvec_norms); qmatvec_heads counts a head's blocks and needs one workgroup per block.
+    bool may_loop = false;
     uint32_t top_k = 0;
     std::array<std::byte, gpu::kMaxPushBytes - sizeof(QuantParams)> tail{};
     size_t tail_bytes = 0;
@@ -790,8 +795,20 @@ class GpuBackend final : public Backend {
             throw std::logic_error("qmatmul: too many epilogue bindings");
           for (size_t i = 0; i < epilogue->binding_count; ++i)
             ebinds[count++] = epilogue->bindings[i];
-          dispatch(epilogue->kernel, std::span<const Binding>(ebinds.data(), count), push.data(),
-                   sizeof p + epilogue->tail_bytes, gx, gy, u32(x.rows));
+          const std::span<const Binding> eb(ebinds.data(), count);
+          const uint32_t loop =
+              epilogue->may_loop ? looping_groups(dev_->info().matvec_loop_groups, groups, w.cols)
+                                 : 0;
+          if (loop) {
+            QuantParams looping = p;
+            looping.loop_groups = loop;
+            std::memcpy(push.data(), &looping, sizeof looping);
+            dispatch(epilogue->kernel, eb, push.data(), sizeof p + epilogue->tail_bytes, loop, 1,
+                     u32(x.rows));
+          } else {
+            dispatch(epilogue->kernel, eb, push.data(), sizeof p + epilogue->tail_bytes, gx, gy,
+                     u32(x.rows));
+          }
           return;
         }
         // Fewer workgroups than blocks, each staging x once for several (qmatvec_blocks).
