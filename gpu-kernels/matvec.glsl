@@ -34,8 +34,12 @@ layout(constant_id = 5) const uint MV_ROW_SUBGROUP = 0u;
 // Blocks of MV_ROWS rows a workgroup of the looping grid (qmatvec_blocks) computes at once: 1, 2
 // or 4 (DeviceInfo::matvec_loop_rows). With more, each thread reads its quads of that many rows
 // against one read of x from shared memory and one sum(x), and their weight loads are in flight
-// together (mv_chunk_rows).
+// together (mv_chunk_rows). A kernel may fix it instead (MV_LOOP_ROWS_FIXED: qmatvec_wide.comp).
+#ifdef MV_LOOP_ROWS_FIXED
+const uint MV_LOOP_ROWS = MV_LOOP_ROWS_FIXED;
+#else
 layout(constant_id = 6) const uint MV_LOOP_ROWS = 2u;
+#endif
 const uint MV_CHUNK = 4096u;  // columns of x per staging pass (a multiple of every group size)
 // x is held as vec4s, with a pad vec4 after every 32 columns: a thread's quad (32 or 16
 // consecutive columns) starts on a vec4, so its x comes in 8 or 4 16-byte shared loads instead

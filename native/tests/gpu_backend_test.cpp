@@ -649,9 +649,10 @@ TEST_CASE("gpu: gate and up in one buffer and the GeGLU inside the down product 
 // blocks. Every row adds the same terms in the same order, so the outputs must be the bits of the
 // one-workgroup-per-block grid (and within 1e-4 of the CPU): plain 4- and 8-bit products, a
 // folded norm, the GeGLU inside the down product, rows wider than one staging chunk (not looped),
-// the routed experts, and the products whose last workgroup goes on (the output product with the
-// norms after it, the router with its routing), for 1 and 3 tokens; the same with 2 and 4 blocks
-// computed at once (REDWING_GPU_MATVEC_LOOP_ROWS). Malformed values are refused.
+// the routed experts, the products whose last workgroup goes on (the output product with the
+// norms after it, the router with its routing), and a product of 16 blocks a workgroup and more
+// (qmatvec_wide: 4 blocks at once whatever the setting), for 1 and 3 tokens; the same with 2 and
+// 4 blocks computed at once (REDWING_GPU_MATVEC_LOOP_ROWS). Malformed values are refused.
 TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-per-block bits") {
   FOR_EACH_WORKGROUP_SHAPE(threads);
   auto cpu = make_cpu_backend(2);
@@ -673,6 +674,8 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
   const int64_t rows = 300, cols = 192, wide = 4096 + 128, inter = 128;
   HostQuant q4(rows, cols, 4, 64, DType::bf16, 1501), q8(rows + 1, cols, 8, 32, DType::f32, 1502);
   HostQuant qw(rows, wide, 4, 64, DType::f16, 1503), qd(rows, inter, 4, 64, DType::bf16, 1504);
+  const int64_t many = 8 * 3 * 17 + 5;  // 52 blocks: 17 a workgroup and a partial one
+  HostQuant qm(many, cols, 4, 32, DType::bf16, 1505);
   const int experts = 4, top_k = 2;
   std::vector<HostQuant> host;  // gate, up, down per expert
   for (int e = 0; e < experts; ++e) {
@@ -682,13 +685,14 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
   }
   const auto [gate, up, down] = expert_parts(host);
   struct Imported {
-    std::unique_ptr<QWeight> w4, w8, ww, wd;
+    std::unique_ptr<QWeight> w4, w8, ww, wd, wm;
     std::unique_ptr<ExpertBank> bank;
   };
   std::vector<Imported> weights;
   for (Backend* b : backends)
     weights.push_back({b->import_qweight(q4.m), b->import_qweight(q8.m), b->import_qweight(qw.m),
-                       b->import_qweight(qd.m), b->import_experts(gate, up, down)});
+                       b->import_qweight(qd.m), b->import_qweight(qm.m),
+                       b->import_experts(gate, up, down)});
 
   for (int64_t t : {1, 3}) {
     CAPTURE(t);
@@ -737,6 +741,8 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
       b.geglu_qmatmul(*w.wd, both.col_range(0, inter), both.col_range(inter, inter),
                       Mat{yd.get(), 0, t, rows, rows});
       b.routed_experts(*w.bank, xs, *routes, top_k, Mat{ye.get(), 0, t, cols, cols});
+      auto ym = b.alloc(static_cast<size_t>(t * many) * 4);
+      b.qmatmul(*w.wm, xs, Mat{ym.get(), 0, t, many, many});
       // The output product's norms (qmatvec_norms.comp): 300 rows, 38 blocks (its own output,
       // yo, is left undefined).
       auto acc = put(b, acc0), pw = put(b, pair_w);
@@ -772,7 +778,7 @@ TEST_CASE("gpu: decode products looping over row blocks give the one-workgroup-p
       b.download(*router_routes, route_weights_offset(picks), picked_w.data(), picks * 4);
       outs.push_back({get(b, *y4), get(b, *y8), get(b, *yn), get(b, *yw), get(b, *yd), get(b, *ye),
                       get(b, *acc), get(b, *y1), get(b, *y2), get(b, *logits),
-                      std::vector<float>(picked.begin(), picked.end()), picked_w});
+                      std::vector<float>(picked.begin(), picked.end()), picked_w, get(b, *ym)});
     }
     for (size_t k = 0; k < outs[0].size(); ++k) {
       CAPTURE(k);  // the products in the order above

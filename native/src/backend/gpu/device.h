@@ -72,6 +72,9 @@ enum class Kernel : int {
   // tiles (choose_matmul_tile, choose_grouped_matmul_tile).
   qmatmul_tiled_r8,
   moe_matmul_tiled_r8,
+  // qmatvec's looping grid with 4 blocks of rows at once (qmatvec_wide.comp), for products of
+  // at least kWideBlocksPerGroup blocks a workgroup where the device's matvec_loop_rows is less.
+  qmatvec_wide,
   count,
 };
 // The name a profile shows.
@@ -263,6 +266,11 @@ constexpr uint32_t kCpuMatvecLoopGroups = 16;
 // the dense gate/up product from 8.8 to 4.5 ms and 16,384 rows from 33 to 17 ms. The GPU's is
 // also the kernels' own default (matvec.glsl), which Metal runs.
 constexpr uint32_t kGpuMatvecLoopRows = 2;
+// Products of at least this many blocks per looping workgroup take Kernel::qmatvec_wide (4
+// blocks at once) where the device's matvec_loop_rows is less: on the H100 4 blocks took the
+// head (124 blocks a workgroup) from 305 to 270 us, left 16,384 rows (8) level and made q, o and
+// the dense MLP (1-2) 1-2 us slower (docs/gpu.md, "Twenty-sixth round").
+constexpr uint32_t kWideBlocksPerGroup = 16;
 constexpr uint32_t kCpuMatvecLoopRows = 4;
 constexpr uint32_t kGpuWorkgroupThreads = 256;
 constexpr uint32_t kCpuWorkgroupThreads = 64;

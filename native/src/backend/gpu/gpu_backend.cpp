@@ -814,7 +814,10 @@ class GpuBackend final : public Backend {
         // Fewer workgroups than blocks, each staging x once for several (qmatvec_blocks).
         if (const uint32_t loop = looping_groups(dev_->info().matvec_loop_groups, groups, w.cols)) {
           p.loop_groups = loop;
-          dispatch(Kernel::qmatvec, binds, &p, sizeof p, loop, 1, u32(x.rows));
+          const bool wide = dev_->info().matvec_loop_rows < 4 &&
+                            groups >= static_cast<uint64_t>(loop) * gpu::kWideBlocksPerGroup;
+          dispatch(wide ? Kernel::qmatvec_wide : Kernel::qmatvec, binds, &p, sizeof p, loop, 1,
+                   u32(x.rows));
           return;
         }
         dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));

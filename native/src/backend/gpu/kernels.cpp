@@ -34,6 +34,7 @@
 #include "gpu_kernels/qmatvec.h"
 #include "gpu_kernels/qmatvec_heads.h"
 #include "gpu_kernels/qmatvec_norms.h"
+#include "gpu_kernels/qmatvec_wide.h"
 #include "gpu_kernels/rms_norm.h"
 #include "gpu_kernels/rope.h"
 #include "gpu_kernels/route.h"
@@ -83,6 +84,7 @@ const KernelCode kKernels[] = {
     {"attention_tiled", spirv_attention_tiled},
     {"qmatmul_tiled_r8", spirv_qmatmul_tiled_r8},
     {"moe_matmul_tiled_r8", spirv_moe_matmul_tiled_r8},
+    {"qmatvec_wide", spirv_qmatvec_wide},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
