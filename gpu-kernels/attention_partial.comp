@@ -16,6 +16,14 @@
 // picks a divisor of p.group): each key and value element is loaded once for all of them. Each
 // head's arithmetic, and its order, is the one-head workgroup's, so any p.heads_per_group gives
 // the same bits.
+//
+// With p.fresh (decode of one row, Backend::attention_from_input), q, k and v come raw from
+// their products: each workgroup norms and rotates its heads' queries itself, and the workgroups
+// of the split that holds the current position norm and rotate its key and norm its value (as
+// qmatvec_heads.comp's last workgroups would, with its arithmetic in its order), round them as the
+// cache stores them and read them from shared memory instead of the cache; one of them stores
+// them in the cache for later tokens. So the products need no per-head epilogue and a layer one
+// dependent step less, with the same bits.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -37,6 +45,17 @@ layout(std430, set = 0, binding = 3) coherent buffer Partials { float partials[]
 layout(std430, set = 0, binding = 4) writeonly buffer Out { float out_values[]; };
 // One arrival counter per (t, head group), 0 between dispatches: the last arrival resets it.
 layout(std430, set = 0, binding = 5) coherent buffer Counters { uint counters[]; };
+// p.fresh: the head norms' weights (bound where p.q_has_weight / p.k_has_weight), the RoPE table
+// of the row (cos at [j], sin at [half + j]), the raw key and value rows, and the caches again,
+// written (the current position's key and value only: no workgroup of this dispatch reads them
+// from the cache).
+layout(std430, set = 0, binding = 6) readonly buffer QNorm { float q_norm_weight[]; };
+layout(std430, set = 0, binding = 7) readonly buffer KNorm { float k_norm_weight[]; };
+layout(std430, set = 0, binding = 8) readonly buffer Table { float cos_sin[]; };
+layout(std430, set = 0, binding = 9) readonly buffer KRaw { float k_raw[]; };
+layout(std430, set = 0, binding = 10) readonly buffer VRaw { float v_raw[]; };
+layout(std430, set = 0, binding = 11) writeonly buffer KStore { uint k_store[]; };
+layout(std430, set = 0, binding = 12) writeonly buffer VStore { uint v_store[]; };
 layout(push_constant) uniform Params {
   uint rows;
   uint n_heads;
@@ -59,6 +78,15 @@ layout(push_constant) uniform Params {
   uint out_offset;  // out's element of (t = 0, h = 0, j = 0), with combine
   uint out_stride;  // between rows t of out
   uint heads_per_group;  // query heads a workgroup scores, 1 to MAX_GROUP, dividing group
+  uint fresh;            // 1: q, k and v raw from their products (one row; the header says how)
+  uint q_has_weight;
+  uint k_has_weight;
+  float weight_offset;
+  float eps;
+  uint v_norm;   // the values normed without a weight
+  uint also_v;   // the values are the keys' raw product (v_raw unused)
+  uint k_offset;  // the raw key row's first element in k_raw (the KV heads side by side)
+  uint v_offset;
 } p;
 
 const uint SPLIT = 256u;  // the most keys of one split (scores' size)
@@ -69,6 +97,9 @@ shared float qs[MAX_QUERY];             // head g's query at [g * d, (g + 1) * d
 shared float scores[MAX_GROUP * SPLIT];  // head g's at [g * SPLIT, ...)
 shared float reduce[MAX_GROUP * 256];    // head g's at [g * THREADS, ...); THREADS <= 256
 shared uint merges;  // 1: this workgroup is its (t, head group)'s last to finish
+// p.fresh: the current position's key and value, rounded as the cache holds them.
+shared float cur_k[MAX_HEAD_DIM];
+shared float cur_v[MAX_HEAD_DIM];
 
 #include "kv_read.glsl"
 
@@ -138,6 +169,100 @@ void merge_head(uint head_id, uint out_base) {
   for (uint j = tid; j < d; j += THREADS) out_values[out_base + j] = qs[j] * inv;
 }
 
+// p.fresh: a head norm's weight factor (qmatvec_heads.comp's weight_factor).
+float q_weight(uint c) { return p.q_has_weight != 0u ? p.weight_offset + q_norm_weight[c] : 1.0; }
+float k_weight(uint c) { return p.k_has_weight != 0u ? p.weight_offset + k_norm_weight[c] : 1.0; }
+
+// x as the cache holds it: an IEEE half's value (kv_store.comp's rounding) or x itself.
+float as_stored(float x) { return p.f16 != 0u ? unpackHalf2x16(f32_to_f16_bits(x)).x : x; }
+
+// p.fresh: the queries in qs normed per head and rotated in place, and where `current` (this
+// workgroup's split holds the current position) the key and value of that position into cur_k
+// and cur_v, rounded as stored, and by one workgroup of the KV head into the caches. Each sum of
+// squares is matvec.glsl's mv_workgroup_sum tree (several side by side), and every expression is
+// qmatvec_heads.comp's, in its order: the same bits as the products' per-head epilogues.
+void fresh_inputs(uint hg, uint h0, uint kv_head, uint d, uint pos, bool current) {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint half_d = d / 2u;
+  barrier();  // qs written
+  for (uint g = 0u; g < hg; ++g) {
+    float ss = 0.0;
+    for (uint c = tid; c < d; c += THREADS) ss += qs[g * d + c] * qs[g * d + c];
+    reduce[g * THREADS + tid] = ss;
+  }
+  barrier();
+  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
+    if (tid < r)
+      for (uint g = 0u; g < hg; ++g) reduce[g * THREADS + tid] += reduce[g * THREADS + tid + r];
+    barrier();
+  }
+  for (uint g = 0u; g < hg; ++g) {
+    const float inv = 1.0 / sqrt(reduce[g * THREADS] / float(d) + p.eps);
+    for (uint j = tid; j < half_d; j += THREADS) {  // each thread owns its pairs
+      const float a = qs[g * d + j] * inv * q_weight(j);
+      const float b = qs[g * d + j + half_d] * inv * q_weight(j + half_d);
+      const float c = cos_sin[j];
+      const float s = cos_sin[half_d + j];
+      qs[g * d + j] = a * c - b * s;
+      qs[g * d + j + half_d] = b * c + a * s;
+    }
+  }
+  if (!current) return;  // uniform over the workgroup
+
+  const uint kb = p.k_offset + kv_head * d;
+  const uint vb = p.v_offset + kv_head * d;
+  const bool v_own = p.also_v == 0u;  // a value row of its own, else the key's raw row
+  barrier();  // the queries' sums read
+  float ssk = 0.0;
+  float ssv = 0.0;
+  for (uint c = tid; c < d; c += THREADS) {
+    ssk += k_raw[kb + c] * k_raw[kb + c];
+    if (v_own) ssv += v_raw[vb + c] * v_raw[vb + c];
+  }
+  reduce[tid] = ssk;
+  reduce[THREADS + tid] = ssv;
+  barrier();
+  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
+    if (tid < r) {
+      reduce[tid] += reduce[tid + r];
+      reduce[THREADS + tid] += reduce[THREADS + tid + r];
+    }
+    barrier();
+  }
+  const float inv_k = 1.0 / sqrt(reduce[0] / float(d) + p.eps);
+  float inv_v = inv_k;  // a raw key row's norm is its value's too
+  if (v_own) inv_v = p.v_norm != 0u ? 1.0 / sqrt(reduce[THREADS] / float(d) + p.eps) : 1.0;
+  for (uint j = tid; j < half_d; j += THREADS) {
+    const float a = k_raw[kb + j] * inv_k * k_weight(j);
+    const float b = k_raw[kb + j + half_d] * inv_k * k_weight(j + half_d);
+    const float c = cos_sin[j];
+    const float s = cos_sin[half_d + j];
+    cur_k[j] = as_stored(a * c - b * s);
+    cur_k[j + half_d] = as_stored(b * c + a * s);
+  }
+  for (uint j = tid; j < d; j += THREADS) {
+    const float raw = v_own ? v_raw[vb + j] : k_raw[kb + j];
+    cur_v[j] = as_stored(p.v_norm != 0u ? raw * inv_v : raw);
+  }
+  barrier();
+  if (h0 % p.group != 0u) return;  // the KV head's first head group stores them
+  const uint slot = p.ring != 0u ? pos % p.capacity : pos;
+  const uint e0 = slot * p.width + kv_head * d;  // the head's first element in a cache
+  if (p.f16 != 0u) {
+    for (uint i = tid; i < half_d; i += THREADS) {
+      k_store[e0 / 2u + i] =
+          f32_to_f16_bits(cur_k[2u * i]) | (f32_to_f16_bits(cur_k[2u * i + 1u]) << 16);
+      v_store[e0 / 2u + i] =
+          f32_to_f16_bits(cur_v[2u * i]) | (f32_to_f16_bits(cur_v[2u * i + 1u]) << 16);
+    }
+  } else {
+    for (uint j = tid; j < d; j += THREADS) {
+      k_store[e0 + j] = floatBitsToUint(cur_k[j]);
+      v_store[e0 + j] = floatBitsToUint(cur_v[j]);
+    }
+  }
+}
+
 void main() {
   const uint id = linear_group();
   const uint hg = p.heads_per_group;
@@ -156,6 +281,9 @@ void main() {
   const uint count = i0 < n ? min(p.split_len, n - i0) : 0u;
 
   for (uint j = tid; j < hg * d; j += THREADS) qs[j] = q[p.q_offset + t * p.q_stride + h0 * d + j];
+  // p.fresh: this split holds the current position (the last visible key) where it ends at n.
+  const bool current = p.fresh != 0u && count > 0u && i0 + count == n;
+  if (p.fresh != 0u) fresh_inputs(hg, h0, kv_head, d, pos, current);  // uniform
 
   // Scores: key i of a pass is handled by threads [i * PARTS, (i + 1) * PARTS), each loading its
   // elements of the key once for every head.
@@ -173,7 +301,7 @@ void main() {
         [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
           const uint j = j0 + u * PARTS;
           if (j < d) {
-            const float k_j = cache_value(base + j, true);
+            const float k_j = current && key == pos ? cur_k[j] : cache_value(base + j, true);
             [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g)
               if (g < hg) dot_part[g] += qs[g * d + j] * k_j;
           }
@@ -241,7 +369,9 @@ void main() {
         if (i < count) {
           const uint key = first + i0 + i;
           const uint slot = p.ring != 0u ? key % p.capacity : key;
-          const float v_j = cache_value(slot * p.width + kv_head * d + j, false);
+          const float v_j = current && key == pos
+                                ? cur_v[j]
+                                : cache_value(slot * p.width + kv_head * d + j, false);
           [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g)
             if (g < hg) o[g] += scores[g * SPLIT + i] * v_j;
         }

@@ -1874,6 +1874,98 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
   }
 }
 
+// A layer's attention from its input (attention_from_input) for one decode row at a time, with
+// the heads normed, rotated and stored inside attention's dispatch (REDWING_GPU_ATTENTION_INPUTS=
+// attention: q, k and v plain products; a CPU device's default) against the products' per-head
+// epilogues (products, a GPU's default) and the CPU, over a run of decode steps (earlier keys from
+// the cache, the current one from the dispatch itself): the outputs and both caches must be the
+// default's bits, and within 1e-4 of the CPU (1e-3 with an f16 cache). Gemma 4's sliding kind
+// (values of their own, normed) and global kind (the keys' raw product as values), Gemma 3's (no
+// value norm); f32 and f16 caches, a ring that wraps, groups of 2 and 4 query heads, head_dim 40
+// (the default's separate ops), 64, 256 and 512; the default split and splits of one key (the
+// current key alone in its split). q.y keeps the raw product where the dispatch did the heads,
+// which says that it did.
+TEST_CASE("gpu: attention from its input with the heads done in attention's dispatch") {
+  FOR_EACH_WORKGROUP_SHAPE(threads);
+  check_setting_refused("REDWING_GPU_ATTENTION_INPUTS",
+                        {"yes", "attention,products", " attention"});
+  auto cpu = make_cpu_backend(2);
+  struct Case {
+    int d, heads;
+    KvDType dtype;
+    bool ring, v_norm, k_eq_v, input_norm;
+    float offset;
+    const char* split;
+  };
+  const int kv_heads = 2;
+  const int64_t hidden = 192, capacity = 8, steps = 11;
+  for (const Case c : {Case{64, 4, KvDType::f16, true, true, false, true, 0.0f, ""},
+                       Case{64, 8, KvDType::f32, false, true, true, false, 1.0f, "64,1"},
+                       Case{256, 4, KvDType::f16, true, false, false, true, 1.0f, ""},
+                       Case{256, 8, KvDType::f32, false, true, true, true, 0.0f, ""},
+                       Case{512, 8, KvDType::f16, false, true, true, true, 0.0f, "64,1"},
+                       Case{40, 4, KvDType::f32, true, true, false, true, 1.0f, ""}}) {
+    CAPTURE(c.d);
+    CAPTURE(c.heads);
+    CAPTURE(c.ring);
+    CAPTURE(c.k_eq_v);
+    CAPTURE(c.split);
+    if (*c.split) setenv("REDWING_GPU_ATTENTION", c.split, 1);
+    setenv("REDWING_GPU_ATTENTION_INPUTS", "products", 1);
+    auto products = gpu_backend(threads);
+    setenv("REDWING_GPU_ATTENTION_INPUTS", "attention", 1);
+    auto inside = gpu_backend(threads);
+    unsetenv("REDWING_GPU_ATTENTION_INPUTS");
+    unsetenv("REDWING_GPU_ATTENTION");
+    const int64_t width = kv_heads * c.d, q_width = c.heads * c.d;
+    HostQuant qw(q_width, hidden, 4, 64, DType::bf16, 1301);
+    HostQuant kw(width, hidden, 4, 32, DType::f16, 1302);
+    HostQuant vw(width, hidden, 8, 64, DType::bf16, 1303);
+    const RopeParams rope{10000, c.d / 2, c.d, 1.0};
+    const auto in_w = randn(static_cast<size_t>(hidden), 1305, 0.3f);
+    const auto q_w = randn(static_cast<size_t>(c.d), 1306, 0.3f);
+    const auto k_w = randn(static_cast<size_t>(c.d), 1307, 0.3f);
+    std::vector<float> outs[3], caches[3][2], raw_q[3];
+    int which = 0;
+    for (Backend* b : {products.get(), inside.get(), cpu.get()}) {
+      const ZeroedKvCache cache = zeroed_kv_cache(*b, capacity, c.ring, kv_heads, c.d, c.dtype);
+      auto wq = b->import_qweight(qw.m), wk = b->import_qweight(kw.m), wv = b->import_qweight(vw.m);
+      auto nb = put(*b, in_w), qnb = put(*b, q_w), knb = put(*b, k_w);
+      auto hb = b->alloc(static_cast<size_t>(hidden) * 4);
+      auto qb = b->alloc(static_cast<size_t>(q_width) * 4);
+      auto kb = b->alloc(static_cast<size_t>(width) * 4),
+           vb = b->alloc(static_cast<size_t>(width) * 4);
+      auto ob = b->alloc(static_cast<size_t>(q_width) * 4);
+      const int64_t positions = c.ring ? steps : capacity;  // a ring wraps; a flat cache fills
+      for (int64_t pos = 0; pos < positions; ++pos) {
+        const auto x = randn(static_cast<size_t>(hidden), static_cast<uint64_t>(1310 + pos));
+        auto xb = put(*b, x);
+        const Mat xm{xb.get(), 0, 1, hidden, hidden};
+        const Mat h = c.input_norm ? Mat{hb.get(), 0, 1, hidden, hidden} : xm;
+        const Backend::QkvProducts qkv{
+            {wq.get(), h, Mat{qb.get(), 0, 1, q_width, q_width}},
+            {wk.get(), h, Mat{kb.get(), 0, 1, width, width}},
+            {c.k_eq_v ? nullptr : wv.get(), h, Mat{vb.get(), 0, 1, width, width}}};
+        const Backend::InputNorm norm{nb.get(), 1.0f, 1e-6f, std::nullopt};
+        b->attention_from_input(xm, c.input_norm ? &norm : nullptr, h, qkv,
+                                {qnb.get(), knb.get(), c.offset, 1e-6f, rope, c.v_norm}, cache.view,
+                                pos, 0.125f, Mat{ob.get(), 0, 1, q_width, q_width});
+        const auto o = get(*b, *ob);
+        outs[which].insert(outs[which].end(), o.begin(), o.end());
+      }
+      raw_q[which] = get(*b, *qb);
+      caches[which][0] = get(*b, *cache.k);
+      caches[which][1] = get(*b, *cache.v);
+      ++which;
+    }
+    CHECK(outs[1] == outs[0]);
+    CHECK(caches[1][0] == caches[0][0]);
+    CHECK(caches[1][1] == caches[0][1]);
+    CHECK(raw_q[1] != raw_q[0]);  // normed and rotated by the default, raw where attention did it
+    CHECK(max_rel(outs[1], outs[2]) < (c.dtype == KvDType::f16 ? 1e-3 : 1e-4));
+  }
+}
+
 // Decode attention split other ways (REDWING_GPU_ATTENTION: a GPU's default 1,024 x 16, many
 // short splits, one long split per row and head, odd minimums) still matches the CPU: the
 // combine is exact for any split. A malformed setting is refused.

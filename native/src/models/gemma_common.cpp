@@ -90,11 +90,10 @@ void attention_block(Backend& backend, const Architecture& arch, int layer,
   const Backend::QkvProducts qkv{
       {w.q_proj.get(), h, q}, {w.k_proj.get(), h, k}, {lc.k_eq_v ? nullptr : w.v_proj.get(), h, v}};
   const Backend::InputNorm norm{w.input_norm.get(), off, eps, std::nullopt};
-  backend.project_attention_inputs(x, input_normed ? nullptr : &norm, h, qkv,
-                                   {w.q_norm.get(), w.k_norm.get(), off, eps, rope, arch.v_norm},
-                                   kv, pos0);
   Mat a = scratch.get(kAttnOut, T, static_cast<int64_t>(heads) * d);
-  backend.attention(q, kv, pos0, heads, arch.attention_scale, a);
+  backend.attention_from_input(x, input_normed ? nullptr : &norm, h, qkv,
+                               {w.q_norm.get(), w.k_norm.get(), off, eps, rope, arch.v_norm}, kv,
+                               pos0, arch.attention_scale, a);
 
   Mat o = scratch.get(kBranch, T, arch.hidden_size);
   if (then_norms) {  // x += post_norm(o), then the feed-forward's two norms of it

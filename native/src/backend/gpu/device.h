@@ -81,7 +81,8 @@ enum class Kernel : int {
 const char* kernel_name(Kernel k);
 // The kernel's source, gpu-kernels/<name>.comp (the function name in the Metal library).
 const char* kernel_source_name(Kernel k);
-constexpr int kMaxBindings = 12;
+// Storage buffers a kernel binds (attention_partial.comp's fresh inputs take 13).
+constexpr int kMaxBindings = 13;
 constexpr size_t kMaxPushBytes = 128;
 
 // The shape of the experts' down product (gpu-kernels/matvec_teams.glsl's specialization

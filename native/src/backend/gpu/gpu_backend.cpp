@@ -176,6 +176,10 @@ struct AttentionParams {
   uint32_t splits;
   float scale;
   uint32_t split_len, combine, out_offset, out_stride, heads_per_group;
+  // attention_partial.comp's p.fresh and what it reads (attention_from_input).
+  uint32_t fresh = 0, q_has_weight = 0, k_has_weight = 0;
+  float weight_offset = 0.0f, eps = 0.0f;
+  uint32_t v_norm = 0, also_v = 0, k_offset = 0, v_offset = 0;
 };
 struct CombineParams {
   uint32_t rows, n_heads, head_dim, splits, out_offset, out_stride;
@@ -278,6 +282,19 @@ class GpuBackend final : public Backend {
     // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
     // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
     // default): every expert's tiles in one moe_matmul dispatch per product.
+    // REDWING_GPU_ATTENTION_INPUTS=attention: a decode row's heads normed, rotated and stored in
+    // attention's dispatch (attention_from_input; q, k and v plain products), the default on a
+    // CPU device (lavapipe: the demo model's decode 40-52 -> 49-55 tok/s, docs/gpu.md
+    // "Twenty-sixth round"); "products", a GPU's default until measured there: in the products'
+    // last workgroups per head.
+    inputs_in_attention_ = dev_->info().software;
+    if (const char* inputs = std::getenv("REDWING_GPU_ATTENTION_INPUTS"); inputs && *inputs) {
+      const std::string i = inputs;
+      if (i != "products" && i != "attention")
+        throw std::invalid_argument("REDWING_GPU_ATTENTION_INPUTS=" + i +
+                                    ": expected products or attention");
+      inputs_in_attention_ = i == "attention";
+    }
     if (const char* moe = std::getenv("REDWING_GPU_MOE_PREFILL"); moe && *moe) {
       const std::string m = moe;
       if (m != "grouped" && m != "per-expert")
@@ -1025,8 +1042,61 @@ class GpuBackend final : public Backend {
     if (qkv.v.w) run(qkv.v, kHeadsValue, nullptr, kv_heads);
   }
 
+  // A decode row's raw attention inputs (attention_partial.comp's p.fresh): the head norms'
+  // weights, the row's RoPE table, the raw key and value rows.
+  struct FreshInputs {
+    const Buffer* q_norm = nullptr;
+    const Buffer* k_norm = nullptr;
+    float weight_offset = 0.0f, eps = 0.0f;
+    bool v_norm = false, also_v = false;
+    Binding table;
+    Mat k, v;  // v unused with also_v
+  };
+
+  // One decode row: the products plain, then attention_partial.comp norming, rotating and storing
+  // the heads (p.fresh), where REDWING_GPU_ATTENTION_INPUTS=attention; else the default.
+  void attention_from_input(Mat x, const InputNorm* norm, Mat normed, const QkvProducts& qkv,
+                            const HeadNorms& hn, const KvLayerView& kv, int64_t pos0, float scale,
+                            Mat out) override {
+    const int d = kv.head_dim;
+    const Mat q = qkv.q.y, k = qkv.k.y, v = qkv.v.y;
+    const uint32_t tiled_from = dev_->info().attention.tiled_min_rows;
+    const bool inside = inputs_in_attention_ && q.rows == 1 && d <= kMaxHeadDim && d % 2 == 0 &&
+                        q.cols % d == 0 && k.cols == int64_t{kv.num_kv_heads} * d &&
+                        (tiled_from == 0 || tiled_from > 1);
+    if (!inside)
+      return attention_from_input_default(x, norm, normed, qkv, hn, kv, pos0, scale, out);
+    check_kv_store_args(kv, k, v, pos0);
+    for (const Buffer* w : {hn.q_norm, hn.k_norm})
+      if (w && w->size_bytes() < sizeof(float) * static_cast<size_t>(d))
+        throw std::logic_error("attention_from_input: head norm weight too short");
+    const QProduct all[] = {qkv.q, qkv.k, qkv.v};
+    const std::span<const QProduct> products(all, qkv.v.w ? 3 : 2);
+    if (norm)
+      qmatmul_normed(x, *norm, normed, products);
+    else
+      qmatmul_batch(products);
+    FreshInputs f{hn.q_norm,
+                  hn.k_norm,
+                  hn.weight_offset,
+                  hn.eps,
+                  hn.v_norm,
+                  qkv.v.w == nullptr,
+                  rope_table(1, d, hn.rope, pos0),
+                  k,
+                  v};
+    split_attention(q, kv, pos0, static_cast<int>(q.cols / d), scale, out, &f);
+  }
+
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
                  Mat out) override {
+    split_attention(q, kv, pos0, n_heads, scale, out, nullptr);
+  }
+
+  // Decode attention (attention_partial.comp), or the tiled prefill kernel for many rows; with
+  // `fresh`, q is a decode row's raw product and the kernel does the heads' inputs too.
+  void split_attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
+                       Mat out, const FreshInputs* fresh) {
     check_attention_args(q, kv, n_heads, out);
     const int d = kv.head_dim;
     if (d > kMaxHeadDim) throw std::logic_error("attention: head_dim above 512");
@@ -1078,18 +1148,40 @@ class GpuBackend final : public Backend {
     // (row, head) is allocated, enough for any group), else by attention_combine.
     const bool merge = shape.merge_in_last_workgroup;
     Binding counters{};
+    std::vector<const DeviceBuffer*> reads{vq.b.buffer, &kc, &vc};
+    std::vector<const DeviceBuffer*> writes{partials_.get()};
     if (merge) {
       counters = arrival_counters(attention_counters_, static_cast<size_t>(rows_heads));
       p.combine = 1;
       p.out_offset = vo.offset;
       p.out_stride = u32(out.stride);
-      touch({vq.b.buffer, &kc, &vc}, {partials_.get(), counters.buffer, vo.b.buffer});
-    } else {
-      touch({vq.b.buffer, &kc, &vc}, {partials_.get()});
+      writes.insert(writes.end(), {counters.buffer, vo.b.buffer});
     }
-    const Binding binds[] = {vq.b, whole(kc), whole(vc), pb, merge ? vo.b : Binding{}, counters};
-    dispatch_linear(Kernel::attention_partial, binds, &p, sizeof p,
-                    static_cast<uint64_t>(q.rows) * (n_heads / heads) * splits);
+    std::array<Binding, gpu::kMaxBindings> binds{
+        vq.b, whole(kc), whole(vc), pb, merge ? vo.b : Binding{}, counters};
+    size_t bound = 6;
+    if (fresh) {
+      const View vk = view(fresh->k), vv = view(fresh->also_v ? fresh->k : fresh->v);
+      p.fresh = 1;
+      p.q_has_weight = fresh->q_norm ? 1u : 0u;
+      p.k_has_weight = fresh->k_norm ? 1u : 0u;
+      p.weight_offset = fresh->weight_offset;
+      p.eps = fresh->eps;
+      p.v_norm = fresh->v_norm ? 1u : 0u;
+      p.also_v = fresh->also_v ? 1u : 0u;
+      p.k_offset = vk.offset;
+      p.v_offset = vv.offset;
+      const Binding qn = fresh->q_norm ? whole(dev_of(*fresh->q_norm)) : Binding{};
+      const Binding kn = fresh->k_norm ? whole(dev_of(*fresh->k_norm)) : Binding{};
+      for (const Binding& b : {qn, kn, fresh->table, vk.b, vv.b, whole(kc), whole(vc)})
+        binds[bound++] = b;
+      for (const Binding& b : {qn, kn, fresh->table, vk.b, vv.b})
+        if (b.buffer) reads.push_back(b.buffer);
+      writes.insert(writes.end(), {&kc, &vc});  // the current position's key and value
+    }
+    touch(reads, writes);
+    dispatch_linear(Kernel::attention_partial, std::span<const Binding>(binds.data(), bound), &p,
+                    sizeof p, static_cast<uint64_t>(q.rows) * (n_heads / heads) * splits);
     if (merge) return;
     CombineParams c{u32(q.rows), u32(n_heads), u32(d), u32(splits), vo.offset, u32(out.stride)};
     touch({partials_.get()}, {vo.b.buffer});
@@ -2076,7 +2168,7 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
   FoldNorms fold_norms_ = FoldNorms::small;
   bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true, fuse_router_ = true,
-       fuse_norm_pair_ = true, fuse_heads_ = true;
+       fuse_norm_pair_ = true, fuse_heads_ = true, inputs_in_attention_ = false;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
