@@ -434,15 +434,20 @@ class Backend {
     RopeParams rope;
     bool v_norm = false;
   };
-  virtual void project_attention_inputs(Mat x, const InputNorm* norm, Mat normed,
-                                        const QkvProducts& qkv, const HeadNorms& heads,
-                                        const KvLayerView& kv, int64_t pos0) {
+  // The q, k and v products alone (v's only where it has a matrix), from `normed` = norm(x)
+  // where norm is given (qmatmul_normed), else from their own x (qmatmul_batch).
+  void qkv_products(Mat x, const InputNorm* norm, Mat normed, const QkvProducts& qkv) {
     const QProduct all[] = {qkv.q, qkv.k, qkv.v};
     const std::span<const QProduct> products(all, qkv.v.w ? 3 : 2);
     if (norm)
       qmatmul_normed(x, *norm, normed, products);
     else
       qmatmul_batch(products);
+  }
+  virtual void project_attention_inputs(Mat x, const InputNorm* norm, Mat normed,
+                                        const QkvProducts& qkv, const HeadNorms& heads,
+                                        const KvLayerView& kv, int64_t pos0) {
+    qkv_products(x, norm, normed, qkv);
     if (!qkv.v.w) copy(qkv.k.y, qkv.v.y);  // the raw projection, before k_norm and RoPE
     const int n_heads = static_cast<int>(qkv.q.y.cols / kv.head_dim);
     rms_norm_rope(qkv.q.y, n_heads, kv.head_dim, heads.q_norm, heads.weight_offset, heads.eps,

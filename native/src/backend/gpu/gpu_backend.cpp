@@ -236,6 +236,20 @@ uint32_t looping_groups(uint32_t groups, uint64_t blocks, int64_t cols) {
   return groups != 0 && blocks > groups && cols <= kMatvecChunkCols ? groups : 0;
 }
 
+// Setting `name` where it is set and not empty: one of `options`, else std::invalid_argument
+// that lists them.
+std::optional<std::string> choice_setting(const char* name,
+                                          std::initializer_list<const char*> options) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return std::nullopt;
+  std::string expected;
+  for (const char* o : options) {
+    if (std::string(value) == o) return std::string(value);
+    expected += (expected.empty() ? "" : ", ") + std::string(o);
+  }
+  throw std::invalid_argument(std::string(name) + "=" + value + ": expected one of " + expected);
+}
+
 // A host range the device reads in place (Backend::map_host_memory), unmapped when it goes.
 class DeviceHostMapping final : public Backend::HostMapping {
  public:
@@ -288,26 +302,12 @@ class GpuBackend final : public Backend {
     // "Twenty-sixth round"); "products", a GPU's default until measured there: in the products'
     // last workgroups per head.
     inputs_in_attention_ = dev_->info().software;
-    if (const char* inputs = std::getenv("REDWING_GPU_ATTENTION_INPUTS"); inputs && *inputs) {
-      const std::string i = inputs;
-      if (i != "products" && i != "attention")
-        throw std::invalid_argument("REDWING_GPU_ATTENTION_INPUTS=" + i +
-                                    ": expected products or attention");
-      inputs_in_attention_ = i == "attention";
-    }
-    if (const char* moe = std::getenv("REDWING_GPU_MOE_PREFILL"); moe && *moe) {
-      const std::string m = moe;
-      if (m != "grouped" && m != "per-expert")
-        throw std::invalid_argument("REDWING_GPU_MOE_PREFILL=" + m +
-                                    ": expected grouped or per-expert");
-      grouped_experts_ = m == "grouped";
-    }
-    if (const char* fold = std::getenv("REDWING_GPU_FOLD_NORMS"); fold && *fold) {
-      const std::string f = fold;
-      if (f != "0" && f != "1" && f != "small")
-        throw std::invalid_argument("REDWING_GPU_FOLD_NORMS=" + f + ": expected 0, 1 or small");
-      fold_norms_ = f == "1" ? FoldNorms::all : f == "small" ? FoldNorms::small : FoldNorms::none;
-    }
+    if (const auto i = choice_setting("REDWING_GPU_ATTENTION_INPUTS", {"products", "attention"}))
+      inputs_in_attention_ = *i == "attention";
+    if (const auto m = choice_setting("REDWING_GPU_MOE_PREFILL", {"grouped", "per-expert"}))
+      grouped_experts_ = *m == "grouped";
+    if (const auto f = choice_setting("REDWING_GPU_FOLD_NORMS", {"0", "1", "small"}))
+      fold_norms_ = *f == "1" ? FoldNorms::all : *f == "small" ? FoldNorms::small : FoldNorms::none;
     dev_->enable_timestamps(profile_);
   }
   ~GpuBackend() override {
@@ -1070,12 +1070,7 @@ class GpuBackend final : public Backend {
     for (const Buffer* w : {hn.q_norm, hn.k_norm})
       if (w && w->size_bytes() < sizeof(float) * static_cast<size_t>(d))
         throw std::logic_error("attention_from_input: head norm weight too short");
-    const QProduct all[] = {qkv.q, qkv.k, qkv.v};
-    const std::span<const QProduct> products(all, qkv.v.w ? 3 : 2);
-    if (norm)
-      qmatmul_normed(x, *norm, normed, products);
-    else
-      qmatmul_batch(products);
+    qkv_products(x, norm, normed, qkv);
     FreshInputs f{hn.q_norm,
                   hn.k_norm,
                   hn.weight_offset,
