@@ -169,6 +169,19 @@ void merge_head(uint head_id, uint out_base) {
   for (uint j = tid; j < d; j += THREADS) out_values[out_base + j] = qs[j] * inv;
 }
 
+// Sums reduce[g * THREADS + i] over i into reduce[g * THREADS] for each g < count: trees side by
+// side, each matvec.glsl's mv_workgroup_sum tree (the same order). Every thread must call it
+// after writing its values (barriers inside).
+void sum_trees(uint count) {
+  const uint tid = gl_LocalInvocationID.x;
+  barrier();
+  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
+    if (tid < r)
+      for (uint g = 0u; g < count; ++g) reduce[g * THREADS + tid] += reduce[g * THREADS + tid + r];
+    barrier();
+  }
+}
+
 // p.fresh: a head norm's weight factor (qmatvec_heads.comp's weight_factor).
 float q_weight(uint c) { return p.q_has_weight != 0u ? p.weight_offset + q_norm_weight[c] : 1.0; }
 float k_weight(uint c) { return p.k_has_weight != 0u ? p.weight_offset + k_norm_weight[c] : 1.0; }
@@ -190,12 +203,7 @@ void fresh_inputs(uint hg, uint h0, uint kv_head, uint d, uint pos, bool current
     for (uint c = tid; c < d; c += THREADS) ss += qs[g * d + c] * qs[g * d + c];
     reduce[g * THREADS + tid] = ss;
   }
-  barrier();
-  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
-    if (tid < r)
-      for (uint g = 0u; g < hg; ++g) reduce[g * THREADS + tid] += reduce[g * THREADS + tid + r];
-    barrier();
-  }
+  sum_trees(hg);
   for (uint g = 0u; g < hg; ++g) {
     const float inv = 1.0 / sqrt(reduce[g * THREADS] / float(d) + p.eps);
     for (uint j = tid; j < half_d; j += THREADS) {  // each thread owns its pairs
@@ -221,14 +229,7 @@ void fresh_inputs(uint hg, uint h0, uint kv_head, uint d, uint pos, bool current
   }
   reduce[tid] = ssk;
   reduce[THREADS + tid] = ssv;
-  barrier();
-  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
-    if (tid < r) {
-      reduce[tid] += reduce[tid + r];
-      reduce[THREADS + tid] += reduce[THREADS + tid + r];
-    }
-    barrier();
-  }
+  sum_trees(2u);
   const float inv_k = 1.0 / sqrt(reduce[0] / float(d) + p.eps);
   float inv_v = inv_k;  // a raw key row's norm is its value's too
   if (v_own) inv_v = p.v_norm != 0u ? 1.0 / sqrt(reduce[THREADS] / float(d) + p.eps) : 1.0;
@@ -346,13 +347,7 @@ void main() {
     }
     reduce[g * THREADS + tid] = local_sum;
   }
-  barrier();
-  for (uint r = THREADS / 2u; r > 0u; r >>= 1u) {
-    if (tid < r)
-      for (uint g = 0u; g < hg; ++g)
-        reduce[g * THREADS + tid] += reduce[g * THREADS + tid + r];
-    barrier();
-  }
+  sum_trees(hg);
   float l[MAX_GROUP];
   [[unroll]] for (uint g = 0u; g < MAX_GROUP; ++g) l[g] = g < hg ? reduce[g * THREADS] : 0.0;
 

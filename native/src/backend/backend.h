@@ -459,16 +459,11 @@ class Backend {
   // the cache into out (q, k and v as there; k.y, v.y and q.y hold unspecified values
   // afterwards). The default runs exactly those two; a GPU may instead, for one decode row, run
   // the products plain and norm, rotate and store the heads inside attention's dispatch.
-  void attention_from_input_default(Mat x, const InputNorm* norm, Mat normed,
+  virtual void attention_from_input(Mat x, const InputNorm* norm, Mat normed,
                                     const QkvProducts& qkv, const HeadNorms& heads,
                                     const KvLayerView& kv, int64_t pos0, float scale, Mat out) {
     project_attention_inputs(x, norm, normed, qkv, heads, kv, pos0);
     attention(qkv.q.y, kv, pos0, static_cast<int>(qkv.q.y.cols / kv.head_dim), scale, out);
-  }
-  virtual void attention_from_input(Mat x, const InputNorm* norm, Mat normed,
-                                    const QkvProducts& qkv, const HeadNorms& heads,
-                                    const KvLayerView& kv, int64_t pos0, float scale, Mat out) {
-    attention_from_input_default(x, norm, normed, qkv, heads, kv, pos0, scale, out);
   }
   // For each row t of q (n_heads * head_dim values, query position pos0 + t) and head h:
   // softmax over visible keys (kv_visible) of scale * q_h . k, in float32, times V; head h

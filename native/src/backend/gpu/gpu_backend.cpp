@@ -800,6 +800,13 @@ class GpuBackend final : public Backend {
         const uint64_t groups =
             static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
         const auto [gx, gy] = grid(groups);
+        // Fewer workgroups than blocks, each staging x once for several (qmatvec_blocks); an
+        // epilogue kernel only where it counts workgroups (may_loop).
+        const uint32_t loop = !epilogue || epilogue->may_loop
+                                  ? looping_groups(dev_->info().matvec_loop_groups, groups, w.cols)
+                                  : 0;
+        p.loop_groups = loop;
+        const uint32_t grid_x = loop ? loop : gx, grid_y = loop ? 1 : gy;
         if (epilogue) {
           p.top_k = epilogue->top_k;
           std::array<std::byte, gpu::kMaxPushBytes> push{};
@@ -812,32 +819,14 @@ class GpuBackend final : public Backend {
             throw std::logic_error("qmatmul: too many epilogue bindings");
           for (size_t i = 0; i < epilogue->binding_count; ++i)
             ebinds[count++] = epilogue->bindings[i];
-          const std::span<const Binding> eb(ebinds.data(), count);
-          const uint32_t loop =
-              epilogue->may_loop ? looping_groups(dev_->info().matvec_loop_groups, groups, w.cols)
-                                 : 0;
-          if (loop) {
-            QuantParams looping = p;
-            looping.loop_groups = loop;
-            std::memcpy(push.data(), &looping, sizeof looping);
-            dispatch(epilogue->kernel, eb, push.data(), sizeof p + epilogue->tail_bytes, loop, 1,
-                     u32(x.rows));
-          } else {
-            dispatch(epilogue->kernel, eb, push.data(), sizeof p + epilogue->tail_bytes, gx, gy,
-                     u32(x.rows));
-          }
+          dispatch(epilogue->kernel, std::span<const Binding>(ebinds.data(), count), push.data(),
+                   sizeof p + epilogue->tail_bytes, grid_x, grid_y, u32(x.rows));
           return;
         }
-        // Fewer workgroups than blocks, each staging x once for several (qmatvec_blocks).
-        if (const uint32_t loop = looping_groups(dev_->info().matvec_loop_groups, groups, w.cols)) {
-          p.loop_groups = loop;
-          const bool wide = dev_->info().matvec_loop_rows < 4 &&
-                            groups >= static_cast<uint64_t>(loop) * gpu::kWideBlocksPerGroup;
-          dispatch(wide ? Kernel::qmatvec_wide : Kernel::qmatvec, binds, &p, sizeof p, loop, 1,
-                   u32(x.rows));
-          return;
-        }
-        dispatch(Kernel::qmatvec, binds, &p, sizeof p, gx, gy, u32(x.rows));
+        const bool wide = loop && dev_->info().matvec_loop_rows < 4 &&
+                          groups >= static_cast<uint64_t>(loop) * gpu::kWideBlocksPerGroup;
+        dispatch(wide ? Kernel::qmatvec_wide : Kernel::qmatvec, binds, &p, sizeof p, grid_x, grid_y,
+                 u32(x.rows));
       } else {
         // The register-tiled product where its tiles fill the device, else the narrow one
         // (device.h's choose_matmul_tile).
@@ -981,9 +970,7 @@ class GpuBackend final : public Backend {
     if (!fused) return Backend::project_attention_inputs(x, norm, normed, qkv, hn, kv, pos0);
     const Mat q = qkv.q.y, k = qkv.k.y, v = qkv.v.y;
     check_kv_store_args(kv, k, v, pos0);
-    for (const Buffer* w : {hn.q_norm, hn.k_norm})
-      if (w && w->size_bytes() < sizeof(float) * static_cast<size_t>(d))
-        throw std::logic_error("project_attention_inputs: head norm weight too short");
+    check_head_norms(hn, d, "project_attention_inputs");
     const int64_t T = q.rows;
     const auto q_heads = static_cast<uint32_t>(q.cols / d);
     const auto kv_heads = static_cast<uint32_t>(kv.num_kv_heads);
@@ -1042,15 +1029,26 @@ class GpuBackend final : public Backend {
     if (qkv.v.w) run(qkv.v, kHeadsValue, nullptr, kv_heads);
   }
 
-  // A decode row's raw attention inputs (attention_partial.comp's p.fresh): the head norms'
-  // weights, the row's RoPE table, the raw key and value rows.
+  static void check_head_norms(const HeadNorms& hn, int d, const char* what) {
+    for (const Buffer* w : {hn.q_norm, hn.k_norm})
+      if (w && w->size_bytes() < sizeof(float) * static_cast<size_t>(d))
+        throw std::logic_error(std::string(what) + ": head norm weight too short");
+  }
+
+  // Whether attention over `rows` query rows takes the tiled prefill kernel
+  // (AttentionSplit::tiled_min_rows) rather than attention_partial.comp.
+  bool tiled_attention_rows(int64_t rows) const {
+    const uint32_t from = dev_->info().attention.tiled_min_rows;
+    return from > 0 && rows >= from;
+  }
+
+  // A decode row's raw attention inputs (attention_partial.comp's p.fresh): the head norms, the
+  // row's RoPE table, the raw key and value rows.
   struct FreshInputs {
-    const Buffer* q_norm = nullptr;
-    const Buffer* k_norm = nullptr;
-    float weight_offset = 0.0f, eps = 0.0f;
-    bool v_norm = false, also_v = false;
+    const HeadNorms& heads;
+    bool also_v;  // the values are the keys' raw product (v unused)
     Binding table;
-    Mat k, v;  // v unused with also_v
+    Mat k, v;
   };
 
   // One decode row: the products plain, then attention_partial.comp norming, rotating and storing
@@ -1060,26 +1058,15 @@ class GpuBackend final : public Backend {
                             Mat out) override {
     const int d = kv.head_dim;
     const Mat q = qkv.q.y, k = qkv.k.y, v = qkv.v.y;
-    const uint32_t tiled_from = dev_->info().attention.tiled_min_rows;
-    const bool inside = inputs_in_attention_ && q.rows == 1 && d <= kMaxHeadDim && d % 2 == 0 &&
-                        q.cols % d == 0 && k.cols == int64_t{kv.num_kv_heads} * d &&
-                        (tiled_from == 0 || tiled_from > 1);
+    const bool inside = inputs_in_attention_ && q.rows == 1 && !tiled_attention_rows(1) &&
+                        d <= kMaxHeadDim && d % 2 == 0 && q.cols % d == 0 &&
+                        k.cols == int64_t{kv.num_kv_heads} * d;
     if (!inside)
-      return attention_from_input_default(x, norm, normed, qkv, hn, kv, pos0, scale, out);
+      return Backend::attention_from_input(x, norm, normed, qkv, hn, kv, pos0, scale, out);
     check_kv_store_args(kv, k, v, pos0);
-    for (const Buffer* w : {hn.q_norm, hn.k_norm})
-      if (w && w->size_bytes() < sizeof(float) * static_cast<size_t>(d))
-        throw std::logic_error("attention_from_input: head norm weight too short");
+    check_head_norms(hn, d, "attention_from_input");
     qkv_products(x, norm, normed, qkv);
-    FreshInputs f{hn.q_norm,
-                  hn.k_norm,
-                  hn.weight_offset,
-                  hn.eps,
-                  hn.v_norm,
-                  qkv.v.w == nullptr,
-                  rope_table(1, d, hn.rope, pos0),
-                  k,
-                  v};
+    const FreshInputs f{hn, qkv.v.w == nullptr, rope_table(1, d, hn.rope, pos0), k, v};
     split_attention(q, kv, pos0, static_cast<int>(q.cols / d), scale, out, &f);
   }
 
@@ -1100,9 +1087,7 @@ class GpuBackend final : public Backend {
     const int64_t last = pos0 + q.rows - 1;
     const int64_t most = last - kv.first_visible(last) + 1;
     if (kv.ring && most > kv.capacity) throw std::logic_error("attention: window exceeds the ring");
-    const uint32_t tiled_from = dev_->info().attention.tiled_min_rows;
-    if (tiled_from > 0 && q.rows >= tiled_from)
-      return tiled_attention(q, kv, pos0, n_heads, scale, out);
+    if (tiled_attention_rows(q.rows)) return tiled_attention(q, kv, pos0, n_heads, scale, out);
     // Keys per split: at most kAttentionSplit, fewer where rows x heads x splits would leave
     // most of a large GPU idle (decode on a short context: one workgroup per head); a multiple
     // of the device's minimum (DeviceInfo::attention). The combine is exact for any split.
@@ -1158,16 +1143,17 @@ class GpuBackend final : public Backend {
     if (fresh) {
       const View vk = view(fresh->k), vv = view(fresh->also_v ? fresh->k : fresh->v);
       p.fresh = 1;
-      p.q_has_weight = fresh->q_norm ? 1u : 0u;
-      p.k_has_weight = fresh->k_norm ? 1u : 0u;
-      p.weight_offset = fresh->weight_offset;
-      p.eps = fresh->eps;
-      p.v_norm = fresh->v_norm ? 1u : 0u;
+      const HeadNorms& hn = fresh->heads;
+      p.q_has_weight = hn.q_norm ? 1u : 0u;
+      p.k_has_weight = hn.k_norm ? 1u : 0u;
+      p.weight_offset = hn.weight_offset;
+      p.eps = hn.eps;
+      p.v_norm = hn.v_norm ? 1u : 0u;
       p.also_v = fresh->also_v ? 1u : 0u;
       p.k_offset = vk.offset;
       p.v_offset = vv.offset;
-      const Binding qn = fresh->q_norm ? whole(dev_of(*fresh->q_norm)) : Binding{};
-      const Binding kn = fresh->k_norm ? whole(dev_of(*fresh->k_norm)) : Binding{};
+      const Binding qn = hn.q_norm ? whole(dev_of(*hn.q_norm)) : Binding{};
+      const Binding kn = hn.k_norm ? whole(dev_of(*hn.k_norm)) : Binding{};
       for (const Binding& b : {qn, kn, fresh->table, vk.b, vv.b, whole(kc), whole(vc)})
         binds[bound++] = b;
       for (const Binding& b : {qn, kn, fresh->table, vk.b, vv.b})
