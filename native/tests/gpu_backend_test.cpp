@@ -1876,8 +1876,8 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
 
 // A layer's attention from its input (attention_from_input) for one decode row at a time, with
 // the heads normed, rotated and stored inside attention's dispatch (REDWING_GPU_ATTENTION_INPUTS=
-// attention: q, k and v plain products; a CPU device's default) against the products' per-head
-// epilogues (products, a GPU's default) and the CPU, over a run of decode steps (earlier keys from
+// attention, the default: q, k and v plain products) against the products' per-head epilogues
+// (products) and the CPU, over a run of decode steps (earlier keys from
 // the cache, the current one from the dispatch itself): the outputs and both caches must be the
 // default's bits, and within 1e-4 of the CPU (1e-3 with an f16 cache). Gemma 4's sliding kind
 // (values of their own, normed) and global kind (the keys' raw product as values), Gemma 3's (no

@@ -296,12 +296,13 @@ class GpuBackend final : public Backend {
     // REDWING_GPU_MOE_PREFILL=per-expert: the routed experts' prefill products one expert at a
     // time (the path of banks too large for one binding), for A/B runs and tests; "grouped" (the
     // default): every expert's tiles in one moe_matmul dispatch per product.
-    // REDWING_GPU_ATTENTION_INPUTS=attention: a decode row's heads normed, rotated and stored in
-    // attention's dispatch (attention_from_input; q, k and v plain products), the default on a
-    // CPU device (lavapipe: the demo model's decode 40-52 -> 49-55 tok/s, docs/gpu.md
-    // "Twenty-sixth round"); "products", a GPU's default until measured there: in the products'
-    // last workgroups per head.
-    inputs_in_attention_ = dev_->info().software;
+    // REDWING_GPU_ATTENTION_INPUTS=attention (the default): a decode row's heads normed, rotated
+    // and stored in attention's dispatch (attention_from_input; q, k and v plain products): one
+    // dependent step a layer fewer (lavapipe: the demo model's decode 40-52 -> 49-55 tok/s; H100:
+    // the 26B after 512 tokens 145 -> 147, after 3,584 131 -> 134, the same logits; docs/gpu.md
+    // "Twenty-seventh round"). "products": in the products' last workgroups per head, as rows
+    // above one still do.
+    inputs_in_attention_ = true;
     if (const auto i = choice_setting("REDWING_GPU_ATTENTION_INPUTS", {"products", "attention"}))
       inputs_in_attention_ = *i == "attention";
     if (const auto m = choice_setting("REDWING_GPU_MOE_PREFILL", {"grouped", "per-expert"}))
