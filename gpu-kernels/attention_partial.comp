@@ -205,14 +205,13 @@ void fresh_inputs(uint hg, uint h0, uint kv_head, uint d, uint pos, bool current
   }
   sum_trees(hg);
   for (uint g = 0u; g < hg; ++g) {
-    const float inv = 1.0 / sqrt(reduce[g * THREADS] / float(d) + p.eps);
+    const float inv = inv_rms(reduce[g * THREADS], d, p.eps);
     for (uint j = tid; j < half_d; j += THREADS) {  // each thread owns its pairs
       const float a = qs[g * d + j] * inv * q_weight(j);
       const float b = qs[g * d + j + half_d] * inv * q_weight(j + half_d);
-      const float c = cos_sin[j];
-      const float s = cos_sin[half_d + j];
-      qs[g * d + j] = a * c - b * s;
-      qs[g * d + j + half_d] = b * c + a * s;
+      const vec2 r = rotate_pair(a, b, cos_sin[j], cos_sin[half_d + j]);
+      qs[g * d + j] = r.x;
+      qs[g * d + j + half_d] = r.y;
     }
   }
   if (!current) return;  // uniform over the workgroup
@@ -230,16 +229,15 @@ void fresh_inputs(uint hg, uint h0, uint kv_head, uint d, uint pos, bool current
   reduce[tid] = ssk;
   reduce[THREADS + tid] = ssv;
   sum_trees(2u);
-  const float inv_k = 1.0 / sqrt(reduce[0] / float(d) + p.eps);
+  const float inv_k = inv_rms(reduce[0], d, p.eps);
   float inv_v = inv_k;  // a raw key row's norm is its value's too
-  if (v_own) inv_v = p.v_norm != 0u ? 1.0 / sqrt(reduce[THREADS] / float(d) + p.eps) : 1.0;
+  if (v_own) inv_v = p.v_norm != 0u ? inv_rms(reduce[THREADS], d, p.eps) : 1.0;
   for (uint j = tid; j < half_d; j += THREADS) {
     const float a = k_raw[kb + j] * inv_k * k_weight(j);
     const float b = k_raw[kb + j + half_d] * inv_k * k_weight(j + half_d);
-    const float c = cos_sin[j];
-    const float s = cos_sin[half_d + j];
-    cur_k[j] = as_stored(a * c - b * s);
-    cur_k[j + half_d] = as_stored(b * c + a * s);
+    const vec2 r = rotate_pair(a, b, cos_sin[j], cos_sin[half_d + j]);
+    cur_k[j] = as_stored(r.x);
+    cur_k[j + half_d] = as_stored(r.y);
   }
   for (uint j = tid; j < d; j += THREADS) {
     const float raw = v_own ? v_raw[vb + j] : k_raw[kb + j];
@@ -251,10 +249,8 @@ void fresh_inputs(uint hg, uint h0, uint kv_head, uint d, uint pos, bool current
   const uint e0 = slot * p.width + kv_head * d;  // the head's first element in a cache
   if (p.f16 != 0u) {
     for (uint i = tid; i < half_d; i += THREADS) {
-      k_store[e0 / 2u + i] =
-          f32_to_f16_bits(cur_k[2u * i]) | (f32_to_f16_bits(cur_k[2u * i + 1u]) << 16);
-      v_store[e0 / 2u + i] =
-          f32_to_f16_bits(cur_v[2u * i]) | (f32_to_f16_bits(cur_v[2u * i + 1u]) << 16);
+      k_store[e0 / 2u + i] = f16_pair_bits(cur_k[2u * i], cur_k[2u * i + 1u]);
+      v_store[e0 / 2u + i] = f16_pair_bits(cur_v[2u * i], cur_v[2u * i + 1u]);
     }
   } else {
     for (uint j = tid; j < d; j += THREADS) {

@@ -50,6 +50,16 @@ uint f32_to_f16_bits(float x) {
   return sign | h;
 }
 
+// Two floats as IEEE halves in one word, the first in the low half: an f16 KV cache's layout.
+uint f16_pair_bits(float lo, float hi) { return f32_to_f16_bits(lo) | (f32_to_f16_bits(hi) << 16); }
+
+// Every RMSNorm's factor: 1 / sqrt(mean square + eps) of n values whose squares sum to ss.
+float inv_rms(float ss, uint n, float eps) { return 1.0 / sqrt(ss / float(n) + eps); }
+
+// RoPE's rotation of the pair (a, b) (elements j and j + half of a head) by the angle whose
+// cosine is c and sine s.
+vec2 rotate_pair(float a, float b, float c, float s) { return vec2(a * c - b * s, b * c + a * s); }
+
 // tanh that stays finite for any input (some drivers compute tanh through exp and overflow).
 float safe_tanh(float x) {
   float e = exp(-2.0 * abs(x));

@@ -116,8 +116,8 @@ void main() {
   }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += vec2(hm[i] * hm[i], he[i] * he[i]);
   const vec2 sums = workgroup_sum(ss);
-  const float inv_m = 1.0 / sqrt(sums.x / float(p.cols) + p.eps);
-  const float inv_e = 1.0 / sqrt(sums.y / float(p.cols) + p.eps);
+  const float inv_m = inv_rms(sums.x, p.cols, p.eps);
+  const float inv_e = inv_rms(sums.y, p.cols, p.eps);
   float t[NORM_HELD];
   float st = 0.0;
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
@@ -127,7 +127,7 @@ void main() {
     t[i] = tid + i * THREADS < p.cols ? a + b : 0.0;
     st += t[i] * t[i];
   }
-  const float inv_t = 1.0 / sqrt(workgroup_sum(vec2(st, 0.0)).x / float(p.cols) + p.eps);
+  const float inv_t = inv_rms(workgroup_sum(vec2(st, 0.0)).x, p.cols, p.eps);
   float xo[NORM_HELD];
   float w3c[NORM_HELD];
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
@@ -150,7 +150,7 @@ void main() {
   if (p.has_next == 0u) return;  // uniform over the workgroup
   // The next layer's input norm of the new x (rms_norm.comp's sum: the thread's held columns in
   // order, then the same tree).
-  const float inv_n = 1.0 / sqrt(workgroup_sum(vec2(sn, 0.0)).x / float(p.cols) + p.eps);
+  const float inv_n = inv_rms(workgroup_sum(vec2(sn, 0.0)).x, p.cols, p.eps);
   const uint hb = p.h_offset + r * p.h_stride;
   float w4c[NORM_HELD];
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) w4c[i] = w4[min(tid + i * THREADS, last)];

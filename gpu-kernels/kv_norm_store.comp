@@ -64,16 +64,15 @@ void main() {
       if (tid < s) partial[tid] += partial[tid + s];
       barrier();
     }
-    inv = 1.0 / sqrt(partial[0] / float(d) + p.eps);
+    inv = inv_rms(partial[0], d, p.eps);
   }
   if (is_k) {
     for (uint j = tid; j < p.half_dim; j += THREADS) {
       const float a = k[base + j] * inv * weight_factor(j);
       const float b = k[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
-      const float c = cos_sin[t * d + j];
-      const float s = cos_sin[t * d + p.half_dim + j];
-      row[j] = a * c - b * s;
-      row[j + p.half_dim] = b * c + a * s;
+      const vec2 r = rotate_pair(a, b, cos_sin[t * d + j], cos_sin[t * d + p.half_dim + j]);
+      row[j] = r.x;
+      row[j + p.half_dim] = r.y;
     }
   } else {
     for (uint j = tid; j < d; j += THREADS) row[j] = p.v_norm != 0u ? v[base + j] * inv : v[base + j];
@@ -85,7 +84,7 @@ void main() {
   const uint first = slot * p.kv_heads * d + h * d;  // the head's first element in the cache
   if (p.f16 != 0u) {
     for (uint i = tid; i < p.half_dim; i += THREADS) {
-      const uint word = f32_to_f16_bits(row[2u * i]) | (f32_to_f16_bits(row[2u * i + 1u]) << 16);
+      const uint word = f16_pair_bits(row[2u * i], row[2u * i + 1u]);
       if (is_k)
         k_cache[first / 2u + i] = word;
       else

@@ -35,8 +35,8 @@ void main() {
   const uint vs = p.v_offset + t * p.v_stride + 2u * j;
   if (p.f16 != 0u) {
     const uint w = slot * pairs + j;
-    k_cache[w] = f32_to_f16_bits(k[ks]) | (f32_to_f16_bits(k[ks + 1u]) << 16);
-    v_cache[w] = f32_to_f16_bits(v[vs]) | (f32_to_f16_bits(v[vs + 1u]) << 16);
+    k_cache[w] = f16_pair_bits(k[ks], k[ks + 1u]);
+    v_cache[w] = f16_pair_bits(v[vs], v[vs + 1u]);
   } else {
     const uint e = slot * p.width + 2u * j;
     k_cache[e] = floatBitsToUint(k[ks]);

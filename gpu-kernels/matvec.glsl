@@ -242,5 +242,5 @@ float mv_workgroup_sum(float v) {
 // factor of an RMSNorm folded into the product (sum_c W[r, c] x[c] f[c] times it is the product
 // with the normed x). Every thread of the workgroup must call it (barriers inside).
 float mv_norm_factor(uint cols, float eps) {
-  return 1.0 / sqrt(mv_workgroup_sum(mv_ss) / float(cols) + eps);
+  return inv_rms(mv_workgroup_sum(mv_ss), cols, eps);
 }

@@ -44,13 +44,12 @@ void main() {
     if (tid < s) partial[tid] += partial[tid + s];
     barrier();
   }
-  const float inv = 1.0 / sqrt(partial[0] / float(d) + p.eps);
+  const float inv = inv_rms(partial[0], d, p.eps);
   for (uint j = tid; j < p.half_dim; j += THREADS) {
     const float a = x[base + j] * inv * weight_factor(j);
     const float b = x[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
-    const float c = cos_sin[t * d + j];
-    const float s = cos_sin[t * d + p.half_dim + j];
-    x[base + j] = a * c - b * s;
-    x[base + j + p.half_dim] = b * c + a * s;
+    const vec2 r = rotate_pair(a, b, cos_sin[t * d + j], cos_sin[t * d + p.half_dim + j]);
+    x[base + j] = r.x;
+    x[base + j + p.half_dim] = r.y;
   }
 }

@@ -51,8 +51,7 @@ void store_head(bool to_value_cache, uint first, uint stage, uint d) {
   const uint tid = gl_LocalInvocationID.x;
   if (p.f16 != 0u) {
     for (uint i = tid; i < d / 2u; i += THREADS) {
-      const uint word = f32_to_f16_bits(mv_x_get(stage + 2u * i)) |
-                        (f32_to_f16_bits(mv_x_get(stage + 2u * i + 1u)) << 16);
+      const uint word = f16_pair_bits(mv_x_get(stage + 2u * i), mv_x_get(stage + 2u * i + 1u));
       if (to_value_cache)
         value_cache[first / 2u + i] = word;
       else
@@ -82,17 +81,16 @@ void main() {
   if (p.target != 2u || p.v_norm != 0u) {  // uniform over the workgroup
     float ss = 0.0;
     for (uint c = tid; c < d; c += THREADS) ss += y[base + c] * y[base + c];
-    inv = 1.0 / sqrt(mv_workgroup_sum(ss) / float(d) + p.eps);
+    inv = inv_rms(mv_workgroup_sum(ss), d, p.eps);
   }
   barrier();  // the product's readers of mv_x4 are done
   if (p.target != 2u) {  // the head normed and rotated, into mv_x4
     for (uint j = tid; j < p.half_dim; j += THREADS) {
       const float a = y[base + j] * inv * weight_factor(j);
       const float b = y[base + j + p.half_dim] * inv * weight_factor(j + p.half_dim);
-      const float c = cos_sin[t * d + j];
-      const float s = cos_sin[t * d + p.half_dim + j];
-      mv_x_set(j, a * c - b * s);
-      mv_x_set(j + p.half_dim, b * c + a * s);
+      const vec2 r = rotate_pair(a, b, cos_sin[t * d + j], cos_sin[t * d + p.half_dim + j]);
+      mv_x_set(j, r.x);
+      mv_x_set(j + p.half_dim, r.y);
     }
   }
   if (p.target == 0u) {  // back into y, in place

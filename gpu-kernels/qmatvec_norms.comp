@@ -56,7 +56,7 @@ void main() {
     held[i] = c < cols ? v : 0.0;
   }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += held[i] * held[i];
-  const float inv = 1.0 / sqrt(mv_workgroup_sum(ss) / float(cols) + p.eps);
+  const float inv = inv_rms(mv_workgroup_sum(ss), cols, p.eps);
   float w[NORM_HELD];
   float a[NORM_HELD];
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
@@ -73,7 +73,7 @@ void main() {
     if (c < cols) acc[ab + c] = held[i];
   }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss2 += held[i] * held[i];
-  const float inv2 = 1.0 / sqrt(mv_workgroup_sum(ss2) / float(cols) + p.eps);
+  const float inv2 = inv_rms(mv_workgroup_sum(ss2), cols, p.eps);
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
     const uint c = min(tid + i * THREADS, last);
     w[i] = weight1[c];

@@ -90,7 +90,7 @@ void main() {
     if (tid < s) partial[tid] += partial[tid + s];
     barrier();
   }
-  const float inv = 1.0 / sqrt(partial[0] / float(p.cols) + p.eps);
+  const float inv = inv_rms(partial[0], p.cols, p.eps);
   const uint yb = p.y_offset + r * p.y_stride;
   const uint y2b = p.y2_offset + r * p.y2_stride;
   // The held columns: every load first (weights, y), then the stores, so that the loads are
@@ -124,7 +124,7 @@ void main() {
       if (tid < s) partial[tid] += partial[tid + s];
       barrier();
     }
-    const float inv2 = 1.0 / sqrt(partial[0] / float(p.cols) + p.eps);
+    const float inv2 = inv_rms(partial[0], p.cols, p.eps);
     const uint y3b = p.y3_offset + r * p.y3_stride;
     const uint y4b = p.y4_offset + r * p.y4_stride;
     [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {

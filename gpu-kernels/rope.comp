@@ -24,10 +24,9 @@ void main() {
   const uint h = (idx / p.half_dim) % p.n_heads;
   const uint t = idx / (p.half_dim * p.n_heads);
   const uint base = p.x_offset + t * p.x_stride + h * 2u * p.half_dim;
-  const float c = cos_sin[t * 2u * p.half_dim + j];
-  const float s = cos_sin[t * 2u * p.half_dim + p.half_dim + j];
-  const float a = x[base + j];
-  const float b = x[base + j + p.half_dim];
-  x[base + j] = a * c - b * s;
-  x[base + j + p.half_dim] = b * c + a * s;
+  const uint angle = t * 2u * p.half_dim + j;  // cos at [angle], sin at [angle + half_dim]
+  const vec2 r = rotate_pair(x[base + j], x[base + j + p.half_dim], cos_sin[angle],
+                             cos_sin[angle + p.half_dim]);
+  x[base + j] = r.x;
+  x[base + j + p.half_dim] = r.y;
 }
