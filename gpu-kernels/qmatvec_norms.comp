@@ -48,22 +48,28 @@ void main() {
   const uint last = cols - 1u;
   const uint yb = p.y_offset + t * p.y_stride;
   const uint ab = p.acc_offset + t * p.acc_stride;
+  // Every load of the epilogue issued at once: the product's row, the residual and the three
+  // norm weights (they come from memory: a round trip each when loaded as needed; the o_norms
+  // op 18.2-18.6 -> 17.5 us on the H200, docs/gpu.md "Twenty-seventh round").
   float held[NORM_HELD];
-  float ss = 0.0;
-  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
-    const uint c = tid + i * THREADS;
-    const float v = y[yb + min(c, last)];
-    held[i] = c < cols ? v : 0.0;
-  }
-  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss += held[i] * held[i];
-  const float inv = inv_rms(mv_workgroup_sum(ss), cols, p.eps);
   float w[NORM_HELD];
   float a[NORM_HELD];
+  float w1[NORM_HELD];
+  float w2[NORM_HELD];
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
     const uint c = min(tid + i * THREADS, last);
+    held[i] = y[yb + c];
     w[i] = norm_weight[c];
     a[i] = acc[ab + c];
+    w1[i] = weight1[c];
+    w2[i] = weight2[c];
   }
+  float ss = 0.0;
+  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
+    held[i] = tid + i * THREADS < cols ? held[i] : 0.0;
+    ss += held[i] * held[i];
+  }
+  const float inv = inv_rms(mv_workgroup_sum(ss), cols, p.eps);
   float ss2 = 0.0;
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
     const uint c = tid + i * THREADS;
@@ -74,18 +80,13 @@ void main() {
   }
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) ss2 += held[i] * held[i];
   const float inv2 = inv_rms(mv_workgroup_sum(ss2), cols, p.eps);
-  [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
-    const uint c = min(tid + i * THREADS, last);
-    w[i] = weight1[c];
-    a[i] = weight2[c];
-  }
   const uint y1b = p.y1_offset + t * p.y1_stride;
   const uint y2b = p.y2_offset + t * p.y2_stride;
   [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) {
     const uint c = tid + i * THREADS;
     if (c < cols) {
-      y2[y2b + c] = held[i] * inv2 * (p.weight_offset + a[i]);
-      y1[y1b + c] = held[i] * inv2 * (p.weight_offset + w[i]);
+      y2[y2b + c] = held[i] * inv2 * (p.weight_offset + w2[i]);
+      y1[y1b + c] = held[i] * inv2 * (p.weight_offset + w1[i]);
     }
   }
 }

