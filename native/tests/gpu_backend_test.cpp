@@ -258,6 +258,46 @@ TEST_CASE("gpu: devices opened one after another share one Vulkan instance and a
   CHECK(gpu::vulkan_instances_created() == 1);
 }
 
+// Every kernel built ahead on a thread of its own (Device::prepare_kernels, a GPU's default,
+// REDWING_GPU_PREPARE_KERNELS=1 here): a backend destroyed while that thread may still run waits
+// for it (a joinable thread left behind terminates the process), and one that computes at once
+// takes the pipelines it built (the first dispatch waits for the thread) and gives the products
+// and a norm within 1e-4 of the CPU, the same bits as a backend building its kernels at first use.
+TEST_CASE("gpu: kernels built ahead on a thread of their own work from the first dispatch") {
+  check_setting_refused("REDWING_GPU_PREPARE_KERNELS", {"yes", "2", "1,0"});
+  auto cpu = make_cpu_backend(2);
+  HostQuant q(72, 256, 4, 64, DType::bf16, 4101);
+  auto wc = cpu->import_qweight(q.m);
+  const auto x = randn(256, 4102);
+  const std::vector<float> y(72, 0.0f), n(256, 0.0f);
+  setenv("REDWING_GPU_PREPARE_KERNELS", "1", 1);
+  for (int i = 0; i < 3; ++i) gpu_backend(64);  // destroyed while preparing, or just after
+  auto prepared = gpu_backend(64);
+  setenv("REDWING_GPU_PREPARE_KERNELS", "0", 1);
+  auto lazy = gpu_backend(64);
+  unsetenv("REDWING_GPU_PREPARE_KERNELS");
+  std::vector<std::vector<float>> outputs;
+  for (Backend* gpu : {prepared.get(), lazy.get()}) {
+    auto wg = gpu->import_qweight(q.m);
+    std::vector<std::unique_ptr<Buffer>> kept;
+    const double d = compare(*cpu, *gpu, {x, y, n}, [&](Backend& b, auto& bufs) {
+      b.qmatmul(&b == cpu.get() ? *wc : *wg, Mat{bufs[0].get(), 0, 1, 256, 256},
+                Mat{bufs[1].get(), 0, 1, 72, 72});
+      b.rms_norm(Mat{bufs[0].get(), 0, 1, 256, 256}, nullptr, 0.0f, 1e-6f,
+                 Mat{bufs[2].get(), 0, 1, 256, 256});
+      if (&b == gpu) {
+        auto joined = get(b, *bufs[1]);
+        const auto normed = get(b, *bufs[2]);
+        joined.insert(joined.end(), normed.begin(), normed.end());
+        outputs.push_back(joined);
+      }
+    });
+    CHECK(d < 1e-4);
+  }
+  REQUIRE(outputs.size() == 2);
+  CHECK(outputs[0] == outputs[1]);
+}
+
 // The prefill products (more than 4 tokens) in the kernels and tiles REDWING_GPU_QMATMUL forces
 // (`modes`), in 64- and 256-thread workgroups, on random shapes: rows and tokens that are not
 // multiples of a tile (edge tiles in both directions), 4 and 8 bits, groups 32/64/128,

@@ -333,6 +333,12 @@ class Device {
   virtual void submit() {}
   // Submissions since the device was created (for tests and benchmarks).
   virtual uint64_t submissions() const = 0;
+  // Starts building every kernel's pipeline on a thread of its own, so that the driver's
+  // compilation (seconds with a cold shader cache: the first run after an install or an update)
+  // overlaps what the caller does next, a model's weight upload, instead of landing in the first
+  // prompt's and tokens' dispatches. The first dispatch after it waits for it. The default, and a
+  // kernel the thread could not build, builds at first use.
+  virtual void prepare_kernels() {}
 
   // Host time the device layer spent since it was created (for profiles): recording commands
   // (dispatch, barrier, write, read's copy), handing command buffers to the GPU, and waiting for

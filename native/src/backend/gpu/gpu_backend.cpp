@@ -310,6 +310,15 @@ class GpuBackend final : public Backend {
     if (const auto f = choice_setting("REDWING_GPU_FOLD_NORMS", {"0", "1", "small"}))
       fold_norms_ = *f == "1" ? FoldNorms::all : *f == "small" ? FoldNorms::small : FoldNorms::none;
     dev_->enable_timestamps(profile_);
+    // Every kernel's pipeline built while the caller loads the model's weights, not in the first
+    // prompt's dispatches: on an H100 with a cold shader cache the first decode after a 512-token
+    // prompt read 21-38 tok/s against 150 (docs/gpu.md, "Twenty-seventh round"). A CPU device
+    // (lavapipe: CI's many short-lived backends) builds the kernels it uses when it uses them;
+    // REDWING_GPU_PREPARE_KERNELS=0|1 decides either way.
+    bool prepare = !dev_->info().software;
+    if (const auto v = choice_setting("REDWING_GPU_PREPARE_KERNELS", {"0", "1"}))
+      prepare = *v == "1";
+    if (prepare) dev_->prepare_kernels();
   }
   ~GpuBackend() override {
     // Device buffers must go before the device.

@@ -33,6 +33,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/gpu/device.h"
@@ -271,6 +272,7 @@ class VulkanDevice final : public Device {
     submit_after_ = schedule_.first;
   }
   uint64_t submissions() const override { return submissions_; }
+  void prepare_kernels() override;
   HostTimes host_times() const override { return host_; }
   void enable_timestamps(bool on) override { timestamps_ = on && timestamp_period_ns_ > 0; }
   std::vector<KernelTime> kernel_times() const override { return times_; }
@@ -305,6 +307,9 @@ class VulkanDevice final : public Device {
   uint32_t memory_type(uint32_t allowed, Memory kind) const;
   VkCommandBuffer commands();
   VkPipeline pipeline(Kernel k);
+  VkPipeline build_pipeline(Kernel k) const;  // throws std::runtime_error
+  // prepare_kernels()'s thread: it alone writes pipelines_ until pipeline() joins it.
+  std::thread preparing_;
   void collect_timestamps();
 
   DeviceInfo info_;
@@ -517,6 +522,7 @@ VulkanDevice::VulkanDevice(int index, uint32_t workgroup_threads)
 }
 
 VulkanDevice::~VulkanDevice() {
+  if (preparing_.joinable()) preparing_.join();  // it uses the device and the layout
   if (recording_ || !in_flight_.empty()) {
     try {
       flush();
@@ -815,9 +821,29 @@ void VulkanDevice::read(const DeviceBuffer& src, size_t offset, void* dst, size_
   std::memcpy(dst, readback_.mapped, bytes);
 }
 
+void VulkanDevice::prepare_kernels() {
+  if (preparing_.joinable()) return;
+  preparing_ = std::thread([this] {
+    for (int k = 0; k < static_cast<int>(Kernel::count); ++k) {
+      VkPipeline& p = pipelines_[static_cast<size_t>(k)];
+      if (p) continue;
+      try {
+        p = build_pipeline(static_cast<Kernel>(k));
+      } catch (...) {
+        // Left for pipeline(), which builds it again at first use and reports the error there.
+      }
+    }
+  });
+}
+
 VkPipeline VulkanDevice::pipeline(Kernel k) {
+  if (preparing_.joinable()) preparing_.join();
   VkPipeline& p = pipelines_[static_cast<size_t>(k)];
-  if (p) return p;
+  if (!p) p = build_pipeline(k);
+  return p;
+}
+
+VkPipeline VulkanDevice::build_pipeline(Kernel k) const {
   const auto code = kernel_spirv(k);
   VkShaderModuleCreateInfo smci{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
   smci.codeSize = code.size_bytes();
@@ -845,6 +871,7 @@ VkPipeline VulkanDevice::pipeline(Kernel k) {
                             constants.data()};
   cpci.stage.pSpecializationInfo = &spec;
   cpci.layout = pipeline_layout_;
+  VkPipeline p = VK_NULL_HANDLE;
   VkResult r = vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &cpci, nullptr, &p);
   vkDestroyShaderModule(device_, module, nullptr);
   check(r, (std::string("vkCreateComputePipelines ") + kernel_name(k)).c_str());
