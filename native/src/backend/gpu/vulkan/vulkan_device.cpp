@@ -33,6 +33,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -308,8 +309,6 @@ class VulkanDevice final : public Device {
   VkCommandBuffer commands();
   VkPipeline pipeline(Kernel k);
   VkPipeline build_pipeline(Kernel k) const;  // throws std::runtime_error
-  // prepare_kernels()'s thread: it alone writes pipelines_ until pipeline() joins it.
-  std::thread preparing_;
   void collect_timestamps();
 
   DeviceInfo info_;
@@ -354,6 +353,8 @@ class VulkanDevice final : public Device {
   uint32_t sets_used_ = 0;
   static constexpr uint32_t kSetsPerPool = 4096;
   std::array<VkPipeline, static_cast<size_t>(Kernel::count)> pipelines_{};
+  // prepare_kernels()'s thread: it alone writes pipelines_ until pipeline() joins it.
+  std::thread preparing_;
   Raw dummy_;  // bound to unused binding slots
 
   // Staging: a reusable arena for small writes (reset at every flush) plus dedicated buffers.
@@ -823,17 +824,21 @@ void VulkanDevice::read(const DeviceBuffer& src, size_t offset, void* dst, size_
 
 void VulkanDevice::prepare_kernels() {
   if (preparing_.joinable()) return;
-  preparing_ = std::thread([this] {
-    for (int k = 0; k < static_cast<int>(Kernel::count); ++k) {
-      VkPipeline& p = pipelines_[static_cast<size_t>(k)];
-      if (p) continue;
-      try {
-        p = build_pipeline(static_cast<Kernel>(k));
-      } catch (...) {
-        // Left for pipeline(), which builds it again at first use and reports the error there.
+  try {
+    preparing_ = std::thread([this] {
+      for (int k = 0; k < static_cast<int>(Kernel::count); ++k) {
+        VkPipeline& p = pipelines_[static_cast<size_t>(k)];
+        if (p) continue;
+        try {
+          p = build_pipeline(static_cast<Kernel>(k));
+        } catch (...) {
+          // Left for pipeline(), which builds it again at first use and reports the error there.
+        }
       }
-    }
-  });
+    });
+  } catch (const std::system_error&) {
+    // No thread to spare: every kernel builds at first use, as without this call.
+  }
 }
 
 VkPipeline VulkanDevice::pipeline(Kernel k) {
