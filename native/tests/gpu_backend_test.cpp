@@ -1924,11 +1924,14 @@ TEST_CASE("gpu: attention's q/k/v products with their heads' norms and store mat
 // value norm); f32 and f16 caches, a ring that wraps, groups of 2 and 4 query heads, head_dim 40
 // (the default's separate ops), 64, 256 and 512; the default split and splits of one key (the
 // current key alone in its split). q.y keeps the raw product where the dispatch did the heads,
-// which says that it did.
+// which says that it did. A third GPU backend reads the layer's used cache first
+// (REDWING_GPU_PREFETCH_KV=1, kv_prefetch.comp): the same bits, one dispatch more at every step
+// with keys in the cache, and not one barrier more (the read must not wait for the step before).
 TEST_CASE("gpu: attention from its input with the heads done in attention's dispatch") {
   FOR_EACH_WORKGROUP_SHAPE(threads);
   check_setting_refused("REDWING_GPU_ATTENTION_INPUTS",
                         {"yes", "attention,products", " attention"});
+  check_setting_refused("REDWING_GPU_PREFETCH_KV", {"yes", "2"});
   auto cpu = make_cpu_backend(2);
   struct Case {
     int d, heads;
@@ -1955,6 +1958,9 @@ TEST_CASE("gpu: attention from its input with the heads done in attention's disp
     auto products = gpu_backend(threads);
     setenv("REDWING_GPU_ATTENTION_INPUTS", "attention", 1);
     auto inside = gpu_backend(threads);
+    setenv("REDWING_GPU_PREFETCH_KV", "1", 1);
+    auto prefetching = gpu_backend(threads);
+    unsetenv("REDWING_GPU_PREFETCH_KV");
     unsetenv("REDWING_GPU_ATTENTION_INPUTS");
     unsetenv("REDWING_GPU_ATTENTION");
     const int64_t width = kv_heads * c.d, q_width = c.heads * c.d;
@@ -1965,9 +1971,10 @@ TEST_CASE("gpu: attention from its input with the heads done in attention's disp
     const auto in_w = randn(static_cast<size_t>(hidden), 1305, 0.3f);
     const auto q_w = randn(static_cast<size_t>(c.d), 1306, 0.3f);
     const auto k_w = randn(static_cast<size_t>(c.d), 1307, 0.3f);
-    std::vector<float> outs[3], caches[3][2], raw_q[3];
+    std::vector<float> outs[4], caches[4][2], raw_q[4];
+    Backend::WorkCounters work[4];
     int which = 0;
-    for (Backend* b : {products.get(), inside.get(), cpu.get()}) {
+    for (Backend* b : {products.get(), inside.get(), cpu.get(), prefetching.get()}) {
       const ZeroedKvCache cache = zeroed_kv_cache(*b, capacity, c.ring, kv_heads, c.d, c.dtype);
       auto wq = b->import_qweight(qw.m), wk = b->import_qweight(kw.m), wv = b->import_qweight(vw.m);
       auto nb = put(*b, in_w), qnb = put(*b, q_w), knb = put(*b, k_w);
@@ -1987,9 +1994,13 @@ TEST_CASE("gpu: attention from its input with the heads done in attention's disp
             {wk.get(), h, Mat{kb.get(), 0, 1, width, width}},
             {c.k_eq_v ? nullptr : wv.get(), h, Mat{vb.get(), 0, 1, width, width}}};
         const Backend::InputNorm norm{nb.get(), 1.0f, 1e-6f, std::nullopt};
+        const Backend::WorkCounters before = b->work_counters();
         b->attention_from_input(xm, c.input_norm ? &norm : nullptr, h, qkv,
                                 {qnb.get(), knb.get(), c.offset, 1e-6f, rope, c.v_norm}, cache.view,
                                 pos, 0.125f, Mat{ob.get(), 0, 1, q_width, q_width});
+        const Backend::WorkCounters after = b->work_counters();
+        work[which].dispatches += after.dispatches - before.dispatches;
+        work[which].barriers += after.barriers - before.barriers;
         const auto o = get(*b, *ob);
         outs[which].insert(outs[which].end(), o.begin(), o.end());
       }
@@ -2003,6 +2014,12 @@ TEST_CASE("gpu: attention from its input with the heads done in attention's disp
     CHECK(caches[1][1] == caches[0][1]);
     CHECK(raw_q[1] != raw_q[0]);  // normed and rotated by the default, raw where attention did it
     CHECK(max_rel(outs[1], outs[2]) < (c.dtype == KvDType::f16 ? 1e-3 : 1e-4));
+    CHECK(outs[3] == outs[1]);
+    CHECK(caches[3][0] == caches[1][0]);
+    CHECK(caches[3][1] == caches[1][1]);
+    const int64_t positions = c.ring ? steps : capacity;
+    CHECK(work[3].dispatches == work[1].dispatches + static_cast<uint64_t>(positions - 1));
+    CHECK(work[3].barriers == work[1].barriers);
   }
 }
 

@@ -421,35 +421,45 @@ int main(int argc, char** argv) try {
 
   // Decode attention of one token: a sliding layer's shape (16 heads of 256 over 8 KV heads)
   // over 512, 1,024 (its window) or 4,096 keys, and a full-attention layer's (16 heads of 512
-  // over 2 KV heads) over 512 and 4,096; f16 caches.
+  // over 2 KV heads) over 512 and 4,096; f16 caches. A case repeats one layer's attention, whose
+  // keys and values then stay in the GPU's L2 cache; the _cold cases take the next of 16 copies
+  // of the caches at each repeat (64 MB and more in all), so that they come from device memory
+  // as in a decode step, where a token's weights pass between two reads of a layer's cache.
   struct AttentionCase {
     const char* name;
     int kv_heads, head_dim;
     int64_t keys;
+    int copies;
   };
-  for (const AttentionCase a : {AttentionCase{"attention512", kKvHeads, kHeadDim, 512},
-                                {"attention1024", kKvHeads, kHeadDim, 1024},
-                                {"attention4096", kKvHeads, kHeadDim, 4096},
-                                {"global512", 2, 512, 512},
-                                {"global4096", 2, 512, 4096}}) {
+  for (const AttentionCase a : {AttentionCase{"attention512", kKvHeads, kHeadDim, 512, 1},
+                                {"attention512_cold", kKvHeads, kHeadDim, 512, 16},
+                                {"attention1024", kKvHeads, kHeadDim, 1024, 1},
+                                {"attention4096", kKvHeads, kHeadDim, 4096, 1},
+                                {"global512", 2, 512, 512, 1},
+                                {"global512_cold", 2, 512, 512, 16},
+                                {"global4096", 2, 512, 4096, 1}}) {
     const std::string name = a.name;
     if (!wanted(name)) continue;
     const int64_t capacity = std::max<int64_t>(1024, a.keys), pos = a.keys - 1;
     const size_t cache = static_cast<size_t>(capacity) * a.kv_heads * a.head_dim / 2;  // f16 pairs
-    Buffer* k = keep(random_buffer(b, cache, seed++));
-    Buffer* v = keep(random_buffer(b, cache, seed++));
+    std::vector<KvLayerView> kvs;
+    for (int c = 0; c < a.copies; ++c) {
+      Buffer* k = keep(random_buffer(b, cache, seed++));
+      Buffer* v = keep(random_buffer(b, cache, seed++));
+      kvs.push_back({k, v, capacity, false, 0, a.kv_heads, a.head_dim, KvDType::f16});
+    }
     const int64_t width = static_cast<int64_t>(kQHeads) * a.head_dim;
     Buffer* q = keep(random_buffer(b, static_cast<size_t>(width), seed++));
     const auto outs = outputs_of(static_cast<size_t>(width), outputs);
-    const KvLayerView kv{k, v, capacity, false, 0, a.kv_heads, a.head_dim, KvDType::f16};
     cases.push_back({name,
                      "decode attention, " + std::to_string(kQHeads) + " heads of " +
                          std::to_string(a.head_dim) + " over " + std::to_string(a.kv_heads) +
-                         " KV heads, " + std::to_string(a.keys) + " keys (f16)",
+                         " KV heads, " + std::to_string(a.keys) + " keys (f16" +
+                         (a.copies > 1 ? std::string(", 16 copies") : std::string()) + ")",
                      0,
-                     [&b, kv, q, outs, width, pos](size_t i) {
-                       b.attention(Mat{q, 0, 1, width, width}, kv, pos, kQHeads, 1.0f,
-                                   Mat{outs[i], 0, 1, width, width});
+                     [&b, kvs, q, outs, width, pos](size_t i) {
+                       b.attention(Mat{q, 0, 1, width, width}, kvs[i % kvs.size()], pos, kQHeads,
+                                   1.0f, Mat{outs[i], 0, 1, width, width});
                      },
                      [&b, outs] {
                        float f;

@@ -75,6 +75,7 @@ enum class Kernel : int {
   // qmatvec's looping grid with 4 blocks of rows at once (qmatvec_wide.comp), for products of
   // at least kWideBlocksPerGroup blocks a workgroup where the device's matvec_loop_rows is less.
   qmatvec_wide,
+  kv_prefetch,
   count,
 };
 // The name a profile shows.

@@ -305,6 +305,12 @@ class GpuBackend final : public Backend {
     inputs_in_attention_ = true;
     if (const auto i = choice_setting("REDWING_GPU_ATTENTION_INPUTS", {"products", "attention"}))
       inputs_in_attention_ = *i == "attention";
+    // REDWING_GPU_PREFETCH_KV=1: before a decode row's attention inputs, kv_prefetch.comp reads
+    // the layer's used keys and values with no barrier before it, so that they reach the L2 cache
+    // while the previous layer's last step runs (built after session 36's last call: off until
+    // a GPU measures it).
+    if (const auto f = choice_setting("REDWING_GPU_PREFETCH_KV", {"0", "1"}))
+      prefetch_kv_ = *f == "1";
     if (const auto m = choice_setting("REDWING_GPU_MOE_PREFILL", {"grouped", "per-expert"}))
       grouped_experts_ = *m == "grouped";
     if (const auto f = choice_setting("REDWING_GPU_FOLD_NORMS", {"0", "1", "small"}))
@@ -1066,6 +1072,7 @@ class GpuBackend final : public Backend {
   void attention_from_input(Mat x, const InputNorm* norm, Mat normed, const QkvProducts& qkv,
                             const HeadNorms& hn, const KvLayerView& kv, int64_t pos0, float scale,
                             Mat out) override {
+    if (prefetch_kv_ && qkv.q.y.rows == 1) prefetch_kv(kv, pos0);
     const int d = kv.head_dim;
     const Mat q = qkv.q.y, k = qkv.k.y, v = qkv.v.y;
     const bool inside = inputs_in_attention_ && q.rows == 1 && !tiled_attention_rows(1) &&
@@ -1078,6 +1085,29 @@ class GpuBackend final : public Backend {
     qkv_products(x, norm, normed, qkv);
     const FreshInputs f{hn, qkv.v.w == nullptr, rope_table(1, d, hn.rope, pos0), k, v};
     split_attention(q, kv, pos0, static_cast<int>(q.cols / d), scale, out, &f);
+  }
+
+  // kv_prefetch.comp over the cache slots positions before pos0 occupy (a ring's whole window
+  // once it wraps), up to kPrefetchMaxBytes a cache; it writes nothing the hazard tracking must
+  // know about, so no barrier precedes it.
+  static constexpr size_t kPrefetchMaxBytes = size_t{8} << 20;
+  void prefetch_kv(const KvLayerView& kv, int64_t pos0) {
+    const int64_t slots = std::min<int64_t>(pos0, kv.capacity);
+    const size_t elem = kv.dtype == KvDType::f16 ? 2 : 4;
+    const size_t bytes = static_cast<size_t>(slots) * static_cast<size_t>(kv.num_kv_heads) *
+                         static_cast<size_t>(kv.head_dim) * elem;
+    if (bytes < 16 || bytes > kPrefetchMaxBytes) return;
+    const DeviceBuffer& kc = dev_of(*kv.k);
+    const DeviceBuffer& vc = dev_of(*kv.v);
+    if (!prefetch_sink_) prefetch_sink_ = dev_->create_buffer(4096);
+    touch({&kc, &vc}, {});
+    struct {
+      uint32_t words, never;
+    } p{u32(static_cast<int64_t>(bytes / 16)), 0xdeadbeefu};
+    const Binding binds[] = {whole(kc), whole(vc), whole(*prefetch_sink_)};
+    // A thread loads one word of each 32 bytes: enough workgroups for a few words a thread.
+    const uint64_t groups = std::clamp<uint64_t>(bytes / (32 * 256 * 4), 1, 256);
+    dispatch_linear(Kernel::kv_prefetch, binds, &p, sizeof p, groups);
   }
 
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
@@ -2159,7 +2189,8 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
   FoldNorms fold_norms_ = FoldNorms::small;
   bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true, fuse_router_ = true,
-       fuse_norm_pair_ = true, fuse_heads_ = true, inputs_in_attention_ = false;
+       fuse_norm_pair_ = true, fuse_heads_ = true, inputs_in_attention_ = false,
+       prefetch_kv_ = false;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
@@ -2177,6 +2208,7 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> router_counters_, norms_counters_;
   // qmatvec_heads.comp's, one per (token, head) of q, then of k, then of v.
   std::unique_ptr<DeviceBuffer> heads_counters_;
+  std::unique_ptr<DeviceBuffer> prefetch_sink_;  // kv_prefetch.comp's binding 2, never written
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
   bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;

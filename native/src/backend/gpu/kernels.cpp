@@ -19,6 +19,7 @@
 #include "gpu_kernels/ffn_tail.h"
 #include "gpu_kernels/gather_rows.h"
 #include "gpu_kernels/kv_norm_store.h"
+#include "gpu_kernels/kv_prefetch.h"
 #include "gpu_kernels/kv_store.h"
 #include "gpu_kernels/moe_combine.h"
 #include "gpu_kernels/moe_matmul.h"
@@ -85,6 +86,7 @@ const KernelCode kKernels[] = {
     {"qmatmul_tiled_r8", spirv_qmatmul_tiled_r8},
     {"moe_matmul_tiled_r8", spirv_moe_matmul_tiled_r8},
     {"qmatvec_wide", spirv_qmatvec_wide},
+    {"kv_prefetch", spirv_kv_prefetch},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
