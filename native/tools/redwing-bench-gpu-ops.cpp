@@ -451,20 +451,21 @@ int main(int argc, char** argv) try {
     const int64_t width = static_cast<int64_t>(kQHeads) * a.head_dim;
     Buffer* q = keep(random_buffer(b, static_cast<size_t>(width), seed++));
     const auto outs = outputs_of(static_cast<size_t>(width), outputs);
-    cases.push_back({name,
-                     "decode attention, " + std::to_string(kQHeads) + " heads of " +
-                         std::to_string(a.head_dim) + " over " + std::to_string(a.kv_heads) +
-                         " KV heads, " + std::to_string(a.keys) + " keys (f16" +
-                         (a.copies > 1 ? std::string(", 16 copies") : std::string()) + ")",
-                     0,
-                     [&b, kvs, q, outs, width, pos](size_t i) {
-                       b.attention(Mat{q, 0, 1, width, width}, kvs[i % kvs.size()], pos, kQHeads,
-                                   1.0f, Mat{outs[i], 0, 1, width, width});
-                     },
-                     [&b, outs] {
-                       float f;
-                       b.download(*outs[0], 0, &f, 4);
-                     }});
+    cases.push_back(
+        {name,
+         "decode attention, " + std::to_string(kQHeads) + " heads of " +
+             std::to_string(a.head_dim) + " over " + std::to_string(a.kv_heads) + " KV heads, " +
+             std::to_string(a.keys) + " keys (f16" +
+             (a.copies > 1 ? ", " + std::to_string(a.copies) + " copies" : std::string()) + ")",
+         0,
+         [&b, kvs, q, outs, width, pos](size_t i) {
+           b.attention(Mat{q, 0, 1, width, width}, kvs[i % kvs.size()], pos, kQHeads, 1.0f,
+                       Mat{outs[i], 0, 1, width, width});
+         },
+         [&b, outs] {
+           float f;
+           b.download(*outs[0], 0, &f, 4);
+         }});
   }
 
   if (cases.empty()) throw std::invalid_argument("--only names no case");
