@@ -46,12 +46,18 @@ std::unique_ptr<Backend> gpu_backend(uint32_t threads = 0) {
   return make_gpu_backend(gpu::open_vulkan_device(0, threads));
 }
 
+// A GPU backend created with these settings (name, value) in the environment, unset after.
+std::unique_ptr<Backend> gpu_backend_with(
+    std::initializer_list<std::pair<const char*, const char*>> settings, uint32_t threads) {
+  for (const auto& setting : settings) setenv(setting.first, setting.second, 1);
+  auto backend = gpu_backend(threads);
+  for (const auto& setting : settings) unsetenv(setting.first);
+  return backend;
+}
+
 // A GPU backend created with REDWING_GPU_UNFUSED=what: those fusions run as separate ops.
 std::unique_ptr<Backend> gpu_backend_unfused(const char* what, uint32_t threads) {
-  setenv("REDWING_GPU_UNFUSED", what, 1);
-  auto backend = gpu_backend(threads);
-  unsetenv("REDWING_GPU_UNFUSED");
-  return backend;
+  return gpu_backend_with({{"REDWING_GPU_UNFUSED", what}}, threads);
 }
 
 // Runs the rest of the test case once per workgroup shape: 64 threads (what a CPU device such
@@ -1953,16 +1959,15 @@ TEST_CASE("gpu: attention from its input with the heads done in attention's disp
     CAPTURE(c.ring);
     CAPTURE(c.k_eq_v);
     CAPTURE(c.split);
-    if (*c.split) setenv("REDWING_GPU_ATTENTION", c.split, 1);
-    setenv("REDWING_GPU_ATTENTION_INPUTS", "products", 1);
-    auto products = gpu_backend(threads);
-    setenv("REDWING_GPU_ATTENTION_INPUTS", "attention", 1);
-    auto inside = gpu_backend(threads);
-    setenv("REDWING_GPU_PREFETCH_KV", "1", 1);
-    auto prefetching = gpu_backend(threads);
-    unsetenv("REDWING_GPU_PREFETCH_KV");
-    unsetenv("REDWING_GPU_ATTENTION_INPUTS");
-    unsetenv("REDWING_GPU_ATTENTION");
+    const char* split = c.split;  // empty: the default split
+    auto products = gpu_backend_with(
+        {{"REDWING_GPU_ATTENTION", split}, {"REDWING_GPU_ATTENTION_INPUTS", "products"}}, threads);
+    auto inside = gpu_backend_with(
+        {{"REDWING_GPU_ATTENTION", split}, {"REDWING_GPU_ATTENTION_INPUTS", "attention"}}, threads);
+    auto prefetching = gpu_backend_with({{"REDWING_GPU_ATTENTION", split},
+                                         {"REDWING_GPU_ATTENTION_INPUTS", "attention"},
+                                         {"REDWING_GPU_PREFETCH_KV", "1"}},
+                                        threads);
     const int64_t width = kv_heads * c.d, q_width = c.heads * c.d;
     HostQuant qw(q_width, hidden, 4, 64, DType::bf16, 1301);
     HostQuant kw(width, hidden, 4, 32, DType::f16, 1302);

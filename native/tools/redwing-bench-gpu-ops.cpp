@@ -329,16 +329,16 @@ int main(int argc, char** argv) try {
                          float f;
                          b.download(*outs[0], 0, &f, 4);
                        }});
-    // The tail's rows: the dense MLP's output m, the residual x and the next layer's input.
-    Buffer* m = keep(random_buffer(b, kHidden, seed++));
-    Buffer* res = keep(random_buffer(b, kHidden, seed++));
-    Buffer* next = keep(random_buffer(b, kHidden, seed++));
-    std::vector<Buffer*> norms;
-    for (int n = 0; n < 4; ++n) norms.push_back(keep(random_buffer(b, kHidden, seed++)));
-    const auto row = [](Buffer* buf) { return Mat{buf, 0, 1, kHidden, kHidden}; };
-    const Backend::FfnTail tail{row(m), norms[0], norms[1], norms[2], 1.0f,
-                                1e-6f,  row(res), 1.0f,     norms[3], row(next)};
-    if (wanted("experts_tail"))
+    if (wanted("experts_tail")) {
+      // The tail's rows: the dense MLP's output m, the residual x and the next layer's input.
+      Buffer* m = keep(random_buffer(b, kHidden, seed++));
+      Buffer* res = keep(random_buffer(b, kHidden, seed++));
+      Buffer* next = keep(random_buffer(b, kHidden, seed++));
+      std::vector<Buffer*> norms;
+      for (int n = 0; n < 4; ++n) norms.push_back(keep(random_buffer(b, kHidden, seed++)));
+      const auto row = [](Buffer* buf) { return Mat{buf, 0, 1, kHidden, kHidden}; };
+      const Backend::FfnTail tail{row(m), norms[0], norms[1], norms[2], 1.0f,
+                                  1e-6f,  row(res), 1.0f,     norms[3], row(next)};
       cases.push_back({"experts_tail",
                        "8 routed experts, 704 x 2,816, then the feed-forward's end (ffn_tail)",
                        bytes,
@@ -350,6 +350,7 @@ int main(int argc, char** argv) try {
                          float f;
                          b.download(*next, 0, &f, 4);
                        }});
+    }
   }
 
   // One expert copied into a GPU slot from host memory (streamed experts, issue 13): from a

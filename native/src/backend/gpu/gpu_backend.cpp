@@ -302,7 +302,6 @@ class GpuBackend final : public Backend {
     // the 26B after 512 tokens 145 -> 147, after 3,584 131 -> 134, the same logits; docs/gpu.md
     // "Twenty-seventh round"). "products": in the products' last workgroups per head, as rows
     // above one still do.
-    inputs_in_attention_ = true;
     if (const auto i = choice_setting("REDWING_GPU_ATTENTION_INPUTS", {"products", "attention"}))
       inputs_in_attention_ = *i == "attention";
     // REDWING_GPU_PREFETCH_KV=1: before a decode row's attention inputs, kv_prefetch.comp reads
@@ -1099,12 +1098,12 @@ class GpuBackend final : public Backend {
     if (bytes < 16 || bytes > kPrefetchMaxBytes) return;
     const DeviceBuffer& kc = dev_of(*kv.k);
     const DeviceBuffer& vc = dev_of(*kv.v);
-    if (!prefetch_sink_) prefetch_sink_ = dev_->create_buffer(4096);
     touch({&kc, &vc}, {});
     struct {
       uint32_t words, never;
     } p{u32(static_cast<int64_t>(bytes / 16)), 0xdeadbeefu};
-    const Binding binds[] = {whole(kc), whole(vc), whole(*prefetch_sink_)};
+    // Binding 2, the store that never happens, is the device's dummy buffer (an empty Binding).
+    const Binding binds[] = {whole(kc), whole(vc), Binding{}};
     // A thread loads one word of each 32 bytes: enough workgroups for a few words a thread.
     const uint64_t groups = std::clamp<uint64_t>(bytes / (32 * 256 * 4), 1, 256);
     dispatch_linear(Kernel::kv_prefetch, binds, &p, sizeof p, groups);
@@ -2189,7 +2188,7 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kFoldSmallRows = 1024;  // REDWING_GPU_FOLD_NORMS=small's limit
   FoldNorms fold_norms_ = FoldNorms::small;
   bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true, fuse_router_ = true,
-       fuse_norm_pair_ = true, fuse_heads_ = true, inputs_in_attention_ = false,
+       fuse_norm_pair_ = true, fuse_heads_ = true, inputs_in_attention_ = true,
        prefetch_kv_ = false;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
@@ -2208,7 +2207,6 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> router_counters_, norms_counters_;
   // qmatvec_heads.comp's, one per (token, head) of q, then of k, then of v.
   std::unique_ptr<DeviceBuffer> heads_counters_;
-  std::unique_ptr<DeviceBuffer> prefetch_sink_;  // kv_prefetch.comp's binding 2, never written
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
   bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;
