@@ -1,7 +1,9 @@
 // The decode product's kernel body (qmatvec.comp, and router.comp, which routes in the product's
 // last workgroup): declarations and qmatvec_product(), which writes y. An including kernel may
 // define QMATVEC_Y_COHERENT (its last workgroup reads what the others wrote to y) and
-// QMATVEC_EXTRA_PARAMS (its own push constants after the shared block, quant_params.glsl).
+// QMATVEC_EXTRA_PARAMS (its own push constants after the shared block, quant_params.glsl), and
+// QMATVEC_STAGE(t) (the looping grid stages token t's x with it instead of mv_stage: a function
+// the kernel declares before this file and defines after it, with mv_stage's barriers).
 
 // Threads per workgroup: 256, or fewer on a CPU device (matvec.glsl; docs/gpu.md).
 layout(constant_id = 0) const uint THREADS = 256u;
@@ -58,7 +60,11 @@ void qmatvec_blocks(uint groups) {
   const uint row_quads = p.cols * p.bits / 128u;
   const uint row_groups = p.cols / p.group_size;
   const uint blocks = (p.rows + MV_ROWS - 1u) / MV_ROWS;
+#ifdef QMATVEC_STAGE
+  QMATVEC_STAGE(t);
+#else
   mv_stage(p.x_offset + t * p.x_stride, 0u, p.cols);
+#endif
   float factor = 1.0;
   if (p.norm_mode != 0u) {  // uniform branch
     factor = mv_norm_factor(p.cols, p.norm_eps);

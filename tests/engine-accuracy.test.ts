@@ -57,12 +57,14 @@ function readF32(path: string): Float32Array {
 /** Mesa's software Vulkan driver: the GPU backend's tests run on it everywhere (docs/gpu.md). */
 const LAVAPIPE = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json";
 
-function engine(args: string[]): string {
+/** `redwing-engine` with these arguments (and extra environment settings), its stdout. */
+function engine(args: string[], settings: Record<string, string> = {}): string {
   const result = spawnSync(nativeBinary("redwing-engine"), args, {
     encoding: "utf8",
     maxBuffer: 1 << 28,
     env: {
       ...process.env,
+      ...settings,
       REDWING_THREADS: process.env.REDWING_THREADS ?? "2",
       // Where lavapipe is installed (not on a Mac, where Vulkan is MoltenVK).
       ...(args.includes("vulkan") && existsSync(LAVAPIPE)
@@ -81,28 +83,40 @@ function greedyContinuation(
   model: string,
   ref: { prompt: number[]; greedy: number[] },
   extra: string[],
+  settings: Record<string, string> = {},
 ): string {
-  return engine([
-    "generate",
-    "--model",
-    model,
-    "--tokens",
-    ref.prompt.join(","),
-    "--max-new",
-    String(ref.greedy.length),
-    "--temperature",
-    "0",
-    "--kv-dtype",
-    "f32",
-    ...(extra.includes("--activations") ? [] : ["--activations", "exact"]),
-    ...extra,
-  ]);
+  return engine(
+    [
+      "generate",
+      "--model",
+      model,
+      "--tokens",
+      ref.prompt.join(","),
+      "--max-new",
+      String(ref.greedy.length),
+      "--temperature",
+      "0",
+      "--kv-dtype",
+      "f32",
+      ...(extra.includes("--activations") ? [] : ["--activations", "exact"]),
+      ...extra,
+    ],
+    settings,
+  );
 }
 
 /** The engine's logits; exact float32 products unless `extra` asks for an activation plan. */
-function engineLogits(model: string, tokens: number[], extra: string[]): number[][] {
+function engineLogits(
+  model: string,
+  tokens: number[],
+  extra: string[],
+  settings: Record<string, string> = {},
+): number[][] {
   const plan = extra.includes("--activations") ? [] : ["--activations", "exact"];
-  const out = engine(["logits", "--model", model, "--tokens", tokens.join(","), ...plan, ...extra]);
+  const out = engine(
+    ["logits", "--model", model, "--tokens", tokens.join(","), ...plan, ...extra],
+    settings,
+  );
   const parsed = JSON.parse(out) as { logits: number[][] };
   return parsed.logits;
 }
@@ -434,6 +448,41 @@ for (const fixture of FIXTURES) {
           misses,
           ...extra,
         ]);
+
+      // The feed-forward's end computed by the next layer's q/k/v products
+      // (REDWING_GPU_FFN_TAIL=next, qmatvec_tail.comp): the same bits as its own dispatch, with
+      // every expert resident (routed slots), streamed (the slots' sum) and split with the CPU,
+      // and one dispatch fewer per MoE layer but the last in every decode step.
+      it("the feed-forward's end inside the next layer's products: the same logits, a step fewer", () => {
+        const tokens = ref.prompt.slice(0, 12);
+        const base = [...gpu, "--mode", "decode", "--kv-dtype", "f32"];
+        for (const placement of [
+          ["--expert-cache-slots", "0"],
+          ["--expert-cache-slots", "2"],
+          ["--expert-cache-slots", "4", "--gpu-expert-slots", "2", "--gpu-misses", "split"],
+        ]) {
+          const own = engineLogits(model, tokens, [...base, ...placement], {
+            REDWING_GPU_FFN_TAIL: "own",
+          });
+          const next = engineLogits(model, tokens, [...base, ...placement], {
+            REDWING_GPU_FFN_TAIL: "next",
+          });
+          expect(own).toHaveLength(tokens.length);
+          expect(next, placement.join(" ")).toEqual(own);
+          const counts = (setting: string) =>
+            JSON.parse(
+              greedyContinuation(model, ref, [...gpu, ...placement], {
+                REDWING_GPU_FFN_TAIL: setting,
+              }),
+            ) as { tokens: number[]; decode_dispatches_per_token: number };
+          const [separate, inside] = [counts("own"), counts("next")];
+          expect(inside.tokens).toEqual(ref.greedy);
+          expect(separate.tokens).toEqual(ref.greedy);
+          expect(separate.decode_dispatches_per_token - inside.decode_dispatches_per_token).toBe(
+            moeLayers - 1,
+          );
+        }
+      });
 
       it("the RAM tier's counters: GPU hits, RAM hits and misses add up to the expert uses", () => {
         // The same greedy tokens as every expert resident.

@@ -295,7 +295,7 @@ int main(int argc, char** argv) try {
   // The routed experts of one token: 8 of 128, gate/up then down, one dispatch each, then their
   // sum (experts) or the feed-forward's end with the next layer's input norm (experts_tail:
   // ffn_tail.comp summing the routed slots' rows; the difference is the tail's cost).
-  if (wanted("experts") || wanted("experts_tail")) {
+  if (wanted("experts") || wanted("experts_tail") || wanted("experts_qkv")) {
     std::vector<HostQuantMatrix> gate, up, down;
     for (int e = 0; e < kExperts; ++e) {
       hosts.push_back(std::make_unique<HostQuant>(kExpertInter, kHidden, 4, seed++));
@@ -349,6 +349,40 @@ int main(int argc, char** argv) try {
                        [&b, next] {
                          float f;
                          b.download(*next, 0, &f, 4);
+                       }});
+    }
+    if (wanted("experts_qkv")) {
+      // experts_tail followed by the next layer's q, k and v products of its h: the tail is its
+      // own dispatch, or inside the products with REDWING_GPU_FFN_TAIL=next (one step fewer).
+      Buffer* m = keep(random_buffer(b, kHidden, seed++));
+      Buffer* res = keep(random_buffer(b, kHidden, seed++));
+      Buffer* next = keep(random_buffer(b, kHidden, seed++));
+      std::vector<Buffer*> norms;
+      for (int n = 0; n < 4; ++n) norms.push_back(keep(random_buffer(b, kHidden, seed++)));
+      const auto row = [](Buffer* buf, int64_t cols = kHidden) {
+        return Mat{buf, 0, 1, cols, cols};
+      };
+      const Backend::FfnTail tail{row(m), norms[0], norms[1], norms[2], 1.0f,
+                                  1e-6f,  row(res), 1.0f,     norms[3], row(next)};
+      std::vector<Backend::QProduct> qkv;
+      double qkv_bytes = 0;
+      for (const int64_t rows : {int64_t{4096}, int64_t{2048}, int64_t{2048}}) {
+        hosts.push_back(std::make_unique<HostQuant>(rows, kHidden, 4, seed++));
+        weights.push_back(b.import_qweight(hosts.back()->m));
+        qkv.push_back({weights.back().get(), row(next), row(keep(b.alloc(rows * 4)), rows)});
+        qkv_bytes += static_cast<double>(rows) * kHidden / 2 + rows * (kHidden / 64) * 4.0;
+      }
+      cases.push_back({"experts_qkv",
+                       "experts_tail, then q, k and v (4,096, 2,048, 2,048 x 2,816) of its h",
+                       bytes + qkv_bytes,
+                       [&b, bank, x, routes, outs, tail, qkv](size_t i) {
+                         b.routed_experts_tail(*bank, Mat{x, 0, 1, kHidden, kHidden}, *routes,
+                                               kTopK, Mat{outs[i], 0, 1, kHidden, kHidden}, tail);
+                         b.qmatmul_batch(qkv);
+                       },
+                       [&b, qkv] {
+                         float f;
+                         b.download(*qkv[0].y.buf, 0, &f, 4);
                        }});
     }
   }

@@ -76,14 +76,18 @@ enum class Kernel : int {
   // at least kWideBlocksPerGroup blocks a workgroup where the device's matvec_loop_rows is less.
   qmatvec_wide,
   kv_prefetch,
+  // One of a decode row's q/k/v products whose workgroups each compute the previous layer's
+  // feed-forward end (ffn_tail's arithmetic) and stage its h as their input (qmatvec_tail.comp),
+  // where workgroups_see_writes and REDWING_GPU_FFN_TAIL=next.
+  qmatvec_tail,
   count,
 };
 // The name a profile shows.
 const char* kernel_name(Kernel k);
 // The kernel's source, gpu-kernels/<name>.comp (the function name in the Metal library).
 const char* kernel_source_name(Kernel k);
-// Storage buffers a kernel binds (attention_partial.comp's fresh inputs take 13).
-constexpr int kMaxBindings = 13;
+// Storage buffers a kernel binds (qmatvec_tail.comp takes 15; Metal gives a kernel 31 buffers).
+constexpr int kMaxBindings = 16;
 constexpr size_t kMaxPushBytes = 128;
 
 // The shape of the experts' down product (gpu-kernels/matvec_teams.glsl's specialization

@@ -27,6 +27,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "backend/rope_tables.h"
@@ -135,6 +136,13 @@ struct FfnTailParams {
   float weight_offset, eps, layer_scalar;
   uint32_t top_k, has_next, h_offset, h_stride;
 };
+// qmatvec_tail.comp's push constants after qmatvec's block.
+struct TailProductFields {
+  uint32_t m_offset, e_offset, e_stride, res_offset, h_offset;
+  float layer_scalar;
+  uint32_t arrivals, writer;
+};
+static_assert(sizeof(QuantParams) + sizeof(TailProductFields) <= gpu::kMaxPushBytes);
 struct NormRopeParams {
   uint32_t rows, n_heads, half_dim, x_offset, x_stride, has_weight;
   float weight_offset, eps;
@@ -310,6 +318,12 @@ class GpuBackend final : public Backend {
     // a GPU measures it).
     if (const auto f = choice_setting("REDWING_GPU_PREFETCH_KV", {"0", "1"}))
       prefetch_kv_ = *f == "1";
+    // REDWING_GPU_FFN_TAIL=next: a decode row's feed-forward end (ffn_tail.comp, one workgroup)
+    // is computed by every workgroup of the next layer's q/k/v products, which stage its h
+    // themselves (qmatvec_tail.comp): a dependent step a MoE layer fewer, the same bits. "own"
+    // (the default until a GPU measures it): its own dispatch.
+    if (const auto f = choice_setting("REDWING_GPU_FFN_TAIL", {"own", "next"}))
+      tail_in_next_products_ = *f == "next";
     if (const auto m = choice_setting("REDWING_GPU_MOE_PREFILL", {"grouped", "per-expert"}))
       grouped_experts_ = *m == "grouped";
     if (const auto f = choice_setting("REDWING_GPU_FOLD_NORMS", {"0", "1", "small"}))
@@ -340,6 +354,7 @@ class GpuBackend final : public Backend {
     router_counters_.reset();
     norms_counters_.reset();
     heads_counters_.reset();
+    tail_counters_.reset();
   }
 
   gpu::Device& device() { return *dev_; }
@@ -376,6 +391,7 @@ class GpuBackend final : public Backend {
   // ---- memory ----
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override {
+    settle_tail();  // a buffer it names may go once this returns (Scratch's growth)
     return std::make_unique<GpuBuffer>(dev_->create_buffer(bytes));
   }
 
@@ -386,10 +402,14 @@ class GpuBackend final : public Backend {
     dev_->write(const_cast<DeviceBuffer&>(d), off, src, bytes);
   }
 
-  void submit() override { dev_->submit(); }
+  void submit() override {
+    settle_tail();
+    dev_->submit();
+  }
 
   void download(const Buffer& src, size_t off, void* dst, size_t bytes) override {
     if (off + bytes > src.size_bytes()) throw std::logic_error("download outside the buffer");
+    settle_tail();
     dev_->read(dev_of(src), off, dst, bytes);
     after_flush();
   }
@@ -553,6 +573,132 @@ class GpuBackend final : public Backend {
       if (w != nullptr && w->size_bytes() < sizeof(float) * cols)
         throw std::logic_error("moe_ffn_tail: weight too short");
     if (rows == 0) return;
+    settle_tail();
+    // A decode row's tail with the next layer's norm waits for that layer's q/k/v products.
+    if (tail_in_next_products_ && rows == 1 && t.next_norm && cols <= kMatvecChunkCols &&
+        top_k <= kMaxTopK && dev_->info().workgroups_see_writes) {
+      pending_tail_ = PendingTail{experts, routes, top_k, t};
+      return;
+    }
+    record_ffn_tail(experts, routes, top_k, t);
+  }
+
+  // Records the pending feed-forward end, if any, as its own dispatch (ffn_tail.comp).
+  void settle_tail() {
+    if (!pending_tail_) return;
+    const PendingTail p = std::move(*pending_tail_);
+    pending_tail_.reset();
+    record_ffn_tail(p.experts, p.routes, p.top_k, p.tail);
+  }
+
+  // Whether the pending feed-forward end can be computed by these products (qmatvec_tail.comp):
+  // decode products of its one row's h with nothing else in common with the tail.
+  bool tail_feeds(std::span<const QProduct> products) const {
+    if (!pending_tail_ || products.empty()) return false;
+    const FfnTail& t = pending_tail_->tail;
+    const Mat h = t.next;
+    std::vector<const Buffer*> tail_buffers{t.m.buf, pending_tail_->experts.buf, t.x.buf, h.buf};
+    for (const QProduct& p : products) {
+      const auto& w = static_cast<const GpuQWeight&>(*p.w);
+      if (p.x.buf != h.buf || p.x.offset != h.offset || p.x.rows != 1 || p.x.cols != h.cols ||
+          w.cols != h.cols || p.y.rows != 1 || p.y.cols != w.rows)
+        return false;
+      for (const Buffer* b : tail_buffers)
+        if (p.y.buf == b) return false;
+      tail_buffers.push_back(p.y.buf);  // nor with each other
+    }
+    return true;
+  }
+
+  // The products of the pending tail's h (tail_feeds), each workgroup computing the tail and
+  // staging h itself (qmatvec_tail.comp): one dependent step instead of two, the same bits. The
+  // products' dispatches share one arrival counter, whose last arrival writes the residual.
+  void products_with_tail(std::span<const QProduct> products) {
+    const PendingTail pt = std::move(*pending_tail_);
+    pending_tail_.reset();
+    const FfnTail& t = pt.tail;
+    const int64_t cols = t.m.cols;
+    struct Part {
+      const GpuQWeight* w;
+      Mat y;
+      int64_t r0, n;
+      Binding packed, scales, biases;
+      uint32_t scale0, groups = 0;
+    };
+    std::vector<Part> parts;
+    uint64_t blocks = 0;
+    for (const QProduct& p : products) {
+      const auto& w = static_cast<const GpuQWeight&>(*p.w);
+      for_each_chunk(w, [&](int64_t r0, int64_t n, const Binding& packed, const Binding& scales,
+                            const Binding& biases, uint32_t scale0) {
+        parts.push_back({&w, p.y, r0, n, packed, scales, biases, scale0});
+        blocks += static_cast<uint64_t>((n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
+      });
+    }
+    // The device's looping grid shared among the parts by their blocks (each computes the tail
+    // once, so fewer workgroups than one per block); one per block where the device loops none.
+    const uint64_t loop = dev_->info().matvec_loop_groups;
+    uint32_t arrivals = 0;
+    for (Part& part : parts) {
+      const uint64_t own =
+          static_cast<uint64_t>((part.n + kMatvecRowsPerGroup - 1) / kMatvecRowsPerGroup);
+      const uint64_t share = loop == 0 ? own : (loop * own + blocks / 2) / blocks;
+      part.groups = u32(static_cast<int64_t>(std::clamp<uint64_t>(share, 1, own)));
+      arrivals += part.groups;
+    }
+    const View vm = view(t.m), ve = view(pt.experts), vx = view(t.x), vh = view(t.next);
+    const Binding counters = arrival_counters(tail_counters_, static_cast<size_t>(1 + cols));
+    const DeviceBuffer &w1 = dev_of(*t.dense_norm), &w2 = dev_of(*t.experts_norm),
+                       &w3 = dev_of(*t.ffn_norm), &w4 = dev_of(*t.next_norm);
+    std::vector<const DeviceBuffer*> reads{vm.b.buffer, ve.b.buffer, vx.b.buffer, &w1,
+                                           &w2,         &w3,         &w4};
+    std::vector<const DeviceBuffer*> writes{vx.b.buffer, vh.b.buffer, counters.buffer};
+    const size_t count = static_cast<size_t>(pt.top_k);
+    Binding ids{}, weights{};
+    if (pt.routes) {
+      reads.push_back(pt.routes);
+      ids = route_ids(*pt.routes, count);
+      weights = route_weights(*pt.routes, count);
+    }
+    for (const Part& part : parts) {
+      reads.push_back(part.w->buf.get());
+      writes.push_back(view(part.y).b.buffer);
+    }
+    touch(reads, writes);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Part& part = parts[i];
+      const View vy = view(part.y);
+      QuantParams p{u32(part.n),
+                    u32(cols),
+                    part.w->bits,
+                    part.w->group_size,
+                    part.w->scale_type,
+                    part.scale0,
+                    0,
+                    0,
+                    vy.offset + u32(part.r0),
+                    u32(part.y.stride),
+                    1};
+      p.norm_offset = t.weight_offset;  // the tail's (no norm is folded: norm_mode 0)
+      p.norm_eps = t.eps;
+      p.top_k = u32(pt.top_k);
+      p.loop_groups = part.groups;
+      const TailProductFields f{vm.offset, ve.offset,       u32(pt.experts.stride),
+                                vx.offset, vh.offset,       t.layer_scalar,
+                                arrivals,  i == 0 ? 1u : 0u};
+      std::array<std::byte, gpu::kMaxPushBytes> push{};
+      std::memcpy(push.data(), &p, sizeof p);
+      std::memcpy(push.data() + sizeof p, &f, sizeof f);
+      const Binding binds[] = {part.packed, part.scales, part.biases, vm.b,      vy.b,
+                               whole(w4),   ve.b,        vx.b,        whole(w1), whole(w2),
+                               whole(w3),   ids,         weights,     vh.b,      counters};
+      dispatch(Kernel::qmatvec_tail, binds, push.data(), sizeof p + sizeof f, part.groups, 1, 1);
+    }
+  }
+
+  // ffn_tail.comp for a checked tail (ffn_tail's arguments).
+  void record_ffn_tail(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
+    const int64_t rows = t.m.rows, cols = t.m.cols;
     const View vm = view(t.m), ve = view(experts), vx = view(t.x);
     const bool next = t.next_norm != nullptr;
     const View vh = next ? view(t.next) : View{};
@@ -697,6 +843,7 @@ class GpuBackend final : public Backend {
   // needs to wait for another, also where their outputs share a buffer (gate and up side by
   // side). A batch where one product reads another's output takes the one-by-one default.
   void qmatmul_batch(std::span<const QProduct> products) override {
+    if (tail_feeds(products)) return products_with_tail(products);
     for (const QProduct& a : products)
       for (const QProduct& b : products)
         if (a.y.buf == b.x.buf) return Backend::qmatmul_batch(products);
@@ -1098,6 +1245,9 @@ class GpuBackend final : public Backend {
     if (bytes < 16 || bytes > kPrefetchMaxBytes) return;
     const DeviceBuffer& kc = dev_of(*kv.k);
     const DeviceBuffer& vc = dev_of(*kv.v);
+    // A feed-forward end waiting for the products after this stays waiting: the read touches
+    // nothing it does.
+    std::optional<PendingTail> held = std::exchange(pending_tail_, std::nullopt);
     touch({&kc, &vc}, {});
     struct {
       uint32_t words, never;
@@ -1107,6 +1257,7 @@ class GpuBackend final : public Backend {
     // A thread loads one word of each 32 bytes: enough workgroups for a few words a thread.
     const uint64_t groups = std::clamp<uint64_t>(bytes / (32 * 256 * 4), 1, 256);
     dispatch_linear(Kernel::kv_prefetch, binds, &p, sizeof p, groups);
+    pending_tail_ = std::move(held);
   }
 
   void attention(Mat q, const KvLayerView& kv, int64_t pos0, int n_heads, float scale,
@@ -2019,6 +2170,7 @@ class GpuBackend final : public Backend {
   }
   void touch(const std::vector<const DeviceBuffer*>& reads,
              const std::vector<const DeviceBuffer*>& writes) {
+    settle_tail();  // every op but the products that take it touches its buffers first
     if (dev_->submissions() != hazard_epoch_) {
       hazard_epoch_ = dev_->submissions();
       written_.clear();
@@ -2047,6 +2199,7 @@ class GpuBackend final : public Backend {
   }
   void dispatch(Kernel k, std::span<const Binding> binds, const void* push, size_t bytes,
                 uint32_t gx, uint32_t gy, uint32_t gz) {
+    settle_tail();  // (recorded already by the op's touch, unless the op touches nothing)
     ++dispatches_;
     dev_->dispatch(k, binds, push, bytes, gx, gy, gz);
   }
@@ -2189,7 +2342,7 @@ class GpuBackend final : public Backend {
   FoldNorms fold_norms_ = FoldNorms::small;
   bool fold_geglu_ = true, fuse_tail_ = true, fuse_kv_ = true, fuse_router_ = true,
        fuse_norm_pair_ = true, fuse_heads_ = true, inputs_in_attention_ = true,
-       prefetch_kv_ = false;
+       prefetch_kv_ = false, tail_in_next_products_ = false;
   bool grouped_experts_ = true;  // REDWING_GPU_MOE_PREFILL (moe_matmul where the bank fits)
   uint64_t dispatches_ = 0;
   uint64_t barriers_ = 0;
@@ -2207,6 +2360,17 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> router_counters_, norms_counters_;
   // qmatvec_heads.comp's, one per (token, head) of q, then of k, then of v.
   std::unique_ptr<DeviceBuffer> heads_counters_;
+  // qmatvec_tail.comp's arrival counter, then the new residual its writer parks.
+  std::unique_ptr<DeviceBuffer> tail_counters_;
+  // A decode row's feed-forward end not yet recorded: the next layer's q/k/v products compute it
+  // (products_with_tail), or the next op that is anything else records it first (settle_tail).
+  struct PendingTail {
+    Mat experts;
+    const DeviceBuffer* routes;
+    int top_k;
+    FfnTail tail;
+  };
+  std::optional<PendingTail> pending_tail_;
   std::unique_ptr<Buffer> moe_in_, moe_gate_up_, moe_hidden_, moe_out_;
   bool slot_decode_path_ = false;  // how the last slot_expert_products ran (for the combine)
   std::unique_ptr<DeviceBuffer> sample_partials_, sample_result_;

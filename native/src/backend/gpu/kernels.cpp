@@ -35,6 +35,7 @@
 #include "gpu_kernels/qmatvec.h"
 #include "gpu_kernels/qmatvec_heads.h"
 #include "gpu_kernels/qmatvec_norms.h"
+#include "gpu_kernels/qmatvec_tail.h"
 #include "gpu_kernels/qmatvec_wide.h"
 #include "gpu_kernels/rms_norm.h"
 #include "gpu_kernels/rope.h"
@@ -87,6 +88,7 @@ const KernelCode kKernels[] = {
     {"moe_matmul_tiled_r8", spirv_moe_matmul_tiled_r8},
     {"qmatvec_wide", spirv_qmatvec_wide},
     {"kv_prefetch", spirv_kv_prefetch},
+    {"qmatvec_tail", spirv_qmatvec_tail},
 };
 static_assert(std::size(kKernels) == static_cast<size_t>(Kernel::count));
 
