@@ -329,16 +329,21 @@ int main(int argc, char** argv) try {
                          float f;
                          b.download(*outs[0], 0, &f, 4);
                        }});
-    if (wanted("experts_tail")) {
-      // The tail's rows: the dense MLP's output m, the residual x and the next layer's input.
+    const auto row = [](Buffer* buf, int64_t cols = kHidden) { return Mat{buf, 0, 1, cols, cols}; };
+    // A feed-forward end of its own: the dense MLP's output m, the residual, the next layer's
+    // input (tail.next) and the four norms' weights.
+    const auto random_tail = [&] {
       Buffer* m = keep(random_buffer(b, kHidden, seed++));
       Buffer* res = keep(random_buffer(b, kHidden, seed++));
       Buffer* next = keep(random_buffer(b, kHidden, seed++));
       std::vector<Buffer*> norms;
       for (int n = 0; n < 4; ++n) norms.push_back(keep(random_buffer(b, kHidden, seed++)));
-      const auto row = [](Buffer* buf) { return Mat{buf, 0, 1, kHidden, kHidden}; };
-      const Backend::FfnTail tail{row(m), norms[0], norms[1], norms[2], 1.0f,
-                                  1e-6f,  row(res), 1.0f,     norms[3], row(next)};
+      return Backend::FfnTail{row(m), norms[0], norms[1], norms[2], 1.0f,
+                              1e-6f,  row(res), 1.0f,     norms[3], row(next)};
+    };
+    if (wanted("experts_tail")) {
+      const Backend::FfnTail tail = random_tail();
+      Buffer* next = tail.next.buf;
       cases.push_back({"experts_tail",
                        "8 routed experts, 704 x 2,816, then the feed-forward's end (ffn_tail)",
                        bytes,
@@ -354,16 +359,8 @@ int main(int argc, char** argv) try {
     if (wanted("experts_qkv")) {
       // experts_tail followed by the next layer's q, k and v products of its h: the tail is its
       // own dispatch, or inside the products with REDWING_GPU_FFN_TAIL=next (one step fewer).
-      Buffer* m = keep(random_buffer(b, kHidden, seed++));
-      Buffer* res = keep(random_buffer(b, kHidden, seed++));
-      Buffer* next = keep(random_buffer(b, kHidden, seed++));
-      std::vector<Buffer*> norms;
-      for (int n = 0; n < 4; ++n) norms.push_back(keep(random_buffer(b, kHidden, seed++)));
-      const auto row = [](Buffer* buf, int64_t cols = kHidden) {
-        return Mat{buf, 0, 1, cols, cols};
-      };
-      const Backend::FfnTail tail{row(m), norms[0], norms[1], norms[2], 1.0f,
-                                  1e-6f,  row(res), 1.0f,     norms[3], row(next)};
+      const Backend::FfnTail tail = random_tail();
+      Buffer* next = tail.next.buf;
       std::vector<Backend::QProduct> qkv;
       double qkv_bytes = 0;
       for (const int64_t rows : {int64_t{4096}, int64_t{2048}, int64_t{2048}}) {
