@@ -20,8 +20,13 @@
 
 const uint NORM_HELD = 16u;
 const uint FT_MAX_TOP_K = 32u;
-shared vec2 ft_partial[256];      // THREADS at most
+// Routed slots whose rows are loaded before any of them is added: their loads are in flight
+// together instead of one round trip per slot (the sum keeps its order, so its bits).
+const uint FT_SLOTS_AT_ONCE = 4u;
+shared vec2 ft_partial[256];         // THREADS at most
 shared uint ft_order[FT_MAX_TOP_K];  // the row's slots by ascending expert id
+shared int ft_ids[FT_MAX_TOP_K];     // the row's routes, loaded once
+shared float ft_weights[FT_MAX_TOP_K];
 
 // One row's tail: where its inputs are and its scalars.
 struct FfnTailRow {
@@ -72,13 +77,19 @@ float ffn_tail_residual(FfnTailRow q, out float xn[NORM_HELD]) {
     }
   } else {
     // The slots in ascending expert id, ties in slot order (moe_combine.comp's insertion sort):
-    // slot j's rank is the number of slots before it in that order.
-    barrier();  // an earlier row's readers of ft_order are done
+    // slot j's rank is the number of slots before it in that order. The routes come into shared
+    // memory in one round trip first (loaded inside the count, they were a round trip per slot).
+    barrier();  // an earlier row's readers of ft_ids, ft_weights and ft_order are done
     if (tid < q.top_k) {
-      const int id = FT_ID(q.first + tid);
+      ft_ids[tid] = FT_ID(q.first + tid);
+      ft_weights[tid] = FT_WEIGHT(q.first + tid);
+    }
+    barrier();
+    if (tid < q.top_k) {
+      const int id = ft_ids[tid];
       uint rank = 0u;
       for (uint j = 0u; j < q.top_k; ++j) {
-        const int other = FT_ID(q.first + j);
+        const int other = ft_ids[j];
         rank += (other < id || (other == id && j < tid)) ? 1u : 0u;
       }
       ft_order[rank] = tid;
@@ -86,12 +97,21 @@ float ffn_tail_residual(FfnTailRow q, out float xn[NORM_HELD]) {
     barrier();
     // moe_combine's sum per column: from zero, acc += weight * y, slots in that order.
     [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) he[i] = 0.0;
-    for (uint j = 0u; j < q.top_k; ++j) {
-      const uint slot = ft_order[j];
-      const float wgt = FT_WEIGHT(q.first + slot);
-      const uint yb = q.eb + slot * q.e_stride;
-      [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i)
-        he[i] += wgt * FT_E(yb + min(tid + i * THREADS, last));
+    for (uint j0 = 0u; j0 < q.top_k; j0 += FT_SLOTS_AT_ONCE) {
+      float v[FT_SLOTS_AT_ONCE][NORM_HELD];
+      float wgt[FT_SLOTS_AT_ONCE];
+      [[unroll]] for (uint u = 0u; u < FT_SLOTS_AT_ONCE; ++u) {
+        const uint slot = ft_order[min(j0 + u, q.top_k - 1u)];  // past top_k: loaded, not added
+        wgt[u] = ft_weights[slot];
+        const uint yb = q.eb + slot * q.e_stride;
+        [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i)
+          v[u][i] = FT_E(yb + min(tid + i * THREADS, last));
+      }
+      [[unroll]] for (uint u = 0u; u < FT_SLOTS_AT_ONCE; ++u) {
+        if (j0 + u < q.top_k) {
+          [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i) he[i] += wgt[u] * v[u][i];
+        }
+      }
     }
     [[unroll]] for (uint i = 0u; i < NORM_HELD; ++i)
       he[i] = tid + i * THREADS < q.cols ? he[i] : 0.0;

@@ -1180,109 +1180,114 @@ TEST_CASE("gpu: routing kept on the device and the routed experts match the CPU"
 // stages its h, one arrival over all the products' dispatches writes the residual. Over three
 // layers' worth of steps (each step's tail reads the residual the one before wrote, so the
 // parked row and the shared counter must be right every time), the routed slots' tail
-// (routed_experts_tail) and the experts' sum (moe_ffn_tail), three products and two (k_eq_v),
-// 4- and 8-bit, a row (hidden 160) that leaves some threads idle: the residual, h and every
-// product must be the separate ffn_tail dispatch's bits, within 1e-4 of the CPU, and each step
-// must record one dispatch and one barrier fewer. An op in between that is not those products
-// records the tail first (the separate dispatch's count and bits).
+// (routed_experts_tail, 3 and 6 slots) and the experts' sum (moe_ffn_tail), three products and
+// two (k_eq_v), 4- and 8-bit, a row (hidden 160) that leaves some threads idle: the residual, h
+// and every product must be the separate ffn_tail dispatch's bits, within 1e-4 of the CPU, and
+// each step must record one dispatch and one barrier fewer. An op in between that is not those
+// products records the tail first (the separate dispatch's count and bits).
 TEST_CASE("gpu: the feed-forward's end inside the next layer's q/k/v products") {
   FOR_EACH_WORKGROUP_SHAPE(threads);
   check_setting_refused("REDWING_GPU_FFN_TAIL", {"yes", "1", "next,own"});
   auto cpu = make_cpu_backend(2);
   auto own = gpu_backend_with({{"REDWING_GPU_FFN_TAIL", "own"}}, threads);
   auto next = gpu_backend_with({{"REDWING_GPU_FFN_TAIL", "next"}}, threads);
-  const int experts = 6, top_k = 3, steps = 3;
-  const int64_t hidden = 160, inter = 96;
-  std::vector<HostQuant> host;  // gate, up, down per expert
-  for (int e = 0; e < experts; ++e) {
-    host.emplace_back(inter, hidden, 4, 32, DType::bf16, static_cast<uint64_t>(2400 + 3 * e));
-    host.emplace_back(inter, hidden, 4, 32, DType::bf16, static_cast<uint64_t>(2401 + 3 * e));
-    host.emplace_back(hidden, inter, 4, 32, DType::bf16, static_cast<uint64_t>(2402 + 3 * e));
+  // 3 routed slots, and 6: a whole batch of the tail's 4 slots loaded at once and a part of one.
+  for (const auto& [experts_of, top_k_of] : {std::pair{6, 3}, std::pair{10, 6}}) {
+    const int experts = experts_of, top_k = top_k_of;  // (plain ints: the lambdas capture them)
+    CAPTURE(top_k);
+    const int steps = 3;
+    const int64_t hidden = 160, inter = 96;
+    std::vector<HostQuant> host;  // gate, up, down per expert
+    for (int e = 0; e < experts; ++e) {
+      host.emplace_back(inter, hidden, 4, 32, DType::bf16, static_cast<uint64_t>(2400 + 3 * e));
+      host.emplace_back(inter, hidden, 4, 32, DType::bf16, static_cast<uint64_t>(2401 + 3 * e));
+      host.emplace_back(hidden, inter, 4, 32, DType::bf16, static_cast<uint64_t>(2402 + 3 * e));
+    }
+    const auto [gate, up, down] = expert_parts(host);
+    HostQuant qw(200, hidden, 4, 32, DType::bf16, 2450);
+    HostQuant kw(72, hidden, 8, 32, DType::f16, 2451);
+    HostQuant vw(40, hidden, 4, 32, DType::f32, 2452);
+    const auto pes = randn(static_cast<size_t>(experts), 2453);
+    const auto norms = randn(static_cast<size_t>(4 * hidden), 2454, 0.3f);
+    const auto res0 = randn(static_cast<size_t>(hidden), 2455);
+    struct Run {
+      std::vector<float> res, h, q, k, v;
+      uint64_t dispatches = 0, barriers = 0;
+    };
+    // interrupt: a download of the residual between the tail and the products.
+    auto run = [&](Backend& b, bool routed, int products, bool interrupt) {
+      Run out;
+      auto bank = b.import_experts(gate, up, down);
+      auto wq = b.import_qweight(qw.m), wk = b.import_qweight(kw.m), wv = b.import_qweight(vw.m);
+      auto pes_b = put(b, pes), res = put(b, res0);
+      std::vector<std::unique_ptr<Buffer>> w;
+      for (int i = 0; i < 4; ++i)
+        w.push_back(put(
+            b, std::vector<float>(norms.begin() + i * hidden, norms.begin() + (i + 1) * hidden)));
+      auto hb = b.alloc(static_cast<size_t>(hidden) * 4);
+      auto sum = b.alloc(static_cast<size_t>(hidden) * 4);
+      auto qb = b.alloc(200 * 4), kb = b.alloc(72 * 4), vb = b.alloc(40 * 4);
+      auto routes = b.alloc(route_buffer_bytes(top_k));
+      auto row = [&](Buffer& buf, int64_t cols) { return Mat{&buf, 0, 1, cols, cols}; };
+      for (int step = 0; step < steps; ++step) {
+        const auto seed = static_cast<uint64_t>(2460 + 10 * step);
+        auto logits = put(b, randn(static_cast<size_t>(experts), seed));
+        auto e_in = put(b, randn(static_cast<size_t>(hidden), seed + 1));
+        auto m = put(b, randn(static_cast<size_t>(hidden), seed + 2));
+        auto e_sum = put(b, randn(static_cast<size_t>(hidden), seed + 3));
+        b.route_to(row(*logits, experts), top_k, *pes_b, *routes);
+        const Backend::FfnTail tail{
+            row(*m, hidden), w[0].get(),        w[1].get(), w[2].get(), 1.0f,
+            1e-6f,           row(*res, hidden), 0.9f,       w[3].get(), row(*hb, hidden)};
+        const Backend::QProduct all[] = {{wq.get(), row(*hb, hidden), row(*qb, 200)},
+                                         {wk.get(), row(*hb, hidden), row(*kb, 72)},
+                                         {wv.get(), row(*hb, hidden), row(*vb, 40)}};
+        const Backend::WorkCounters before = b.work_counters();
+        if (routed)
+          b.routed_experts_tail(*bank, row(*e_in, hidden), *routes, top_k, row(*sum, hidden), tail);
+        else
+          b.moe_ffn_tail(row(*e_sum, hidden), tail);
+        if (interrupt) {
+          std::vector<float> peek(static_cast<size_t>(hidden));
+          b.download(*res, 0, peek.data(), peek.size() * 4);
+        }
+        b.qmatmul_batch(std::span<const Backend::QProduct>(all, static_cast<size_t>(products)));
+        const Backend::WorkCounters after = b.work_counters();
+        out.dispatches += after.dispatches - before.dispatches;
+        out.barriers += after.barriers - before.barriers;
+        const auto q = get(b, *qb), k = get(b, *kb), v = get(b, *vb);
+        out.q.insert(out.q.end(), q.begin(), q.end());
+        out.k.insert(out.k.end(), k.begin(), k.end());
+        out.v.insert(out.v.end(), v.begin(), v.end());
+      }
+      out.res = get(b, *res);
+      out.h = get(b, *hb);
+      return out;
+    };
+    for (const bool routed : {true, false})
+      for (const int products : {3, 2}) {
+        CAPTURE(routed);
+        CAPTURE(products);
+        const Run want = run(*cpu, routed, products, false);
+        const Run separate = run(*own, routed, products, false);
+        const Run inside = run(*next, routed, products, false);
+        const Run interrupted = run(*next, routed, products, true);
+        CHECK(max_rel(separate.res, want.res) < 1e-4);
+        CHECK(max_rel(separate.h, want.h) < 1e-4);
+        CHECK(max_rel(separate.q, want.q) < 1e-4);
+        CHECK(max_rel(separate.k, want.k) < 1e-4);
+        for (const Run* r : {&inside, &interrupted}) {
+          CHECK(r->res == separate.res);
+          CHECK(r->h == separate.h);
+          CHECK(r->q == separate.q);
+          CHECK(r->k == separate.k);
+          if (products == 3) CHECK(r->v == separate.v);
+        }
+        CHECK(inside.dispatches + steps == separate.dispatches);
+        CHECK(inside.barriers + steps == separate.barriers);
+        CHECK(interrupted.dispatches == separate.dispatches);
+      }
   }
-  const auto [gate, up, down] = expert_parts(host);
-  HostQuant qw(200, hidden, 4, 32, DType::bf16, 2450);
-  HostQuant kw(72, hidden, 8, 32, DType::f16, 2451);
-  HostQuant vw(40, hidden, 4, 32, DType::f32, 2452);
-  const auto pes = randn(static_cast<size_t>(experts), 2453);
-  const auto norms = randn(static_cast<size_t>(4 * hidden), 2454, 0.3f);
-  const auto res0 = randn(static_cast<size_t>(hidden), 2455);
-  struct Run {
-    std::vector<float> res, h, q, k, v;
-    uint64_t dispatches = 0, barriers = 0;
-  };
-  // interrupt: a download of the residual between the tail and the products.
-  auto run = [&](Backend& b, bool routed, int products, bool interrupt) {
-    Run out;
-    auto bank = b.import_experts(gate, up, down);
-    auto wq = b.import_qweight(qw.m), wk = b.import_qweight(kw.m), wv = b.import_qweight(vw.m);
-    auto pes_b = put(b, pes), res = put(b, res0);
-    std::vector<std::unique_ptr<Buffer>> w;
-    for (int i = 0; i < 4; ++i)
-      w.push_back(
-          put(b, std::vector<float>(norms.begin() + i * hidden, norms.begin() + (i + 1) * hidden)));
-    auto hb = b.alloc(static_cast<size_t>(hidden) * 4);
-    auto sum = b.alloc(static_cast<size_t>(hidden) * 4);
-    auto qb = b.alloc(200 * 4), kb = b.alloc(72 * 4), vb = b.alloc(40 * 4);
-    auto routes = b.alloc(route_buffer_bytes(top_k));
-    auto row = [&](Buffer& buf, int64_t cols) { return Mat{&buf, 0, 1, cols, cols}; };
-    for (int step = 0; step < steps; ++step) {
-      const auto seed = static_cast<uint64_t>(2460 + 10 * step);
-      auto logits = put(b, randn(static_cast<size_t>(experts), seed));
-      auto e_in = put(b, randn(static_cast<size_t>(hidden), seed + 1));
-      auto m = put(b, randn(static_cast<size_t>(hidden), seed + 2));
-      auto e_sum = put(b, randn(static_cast<size_t>(hidden), seed + 3));
-      b.route_to(row(*logits, experts), top_k, *pes_b, *routes);
-      const Backend::FfnTail tail{
-          row(*m, hidden), w[0].get(),        w[1].get(), w[2].get(), 1.0f,
-          1e-6f,           row(*res, hidden), 0.9f,       w[3].get(), row(*hb, hidden)};
-      const Backend::QProduct all[] = {{wq.get(), row(*hb, hidden), row(*qb, 200)},
-                                       {wk.get(), row(*hb, hidden), row(*kb, 72)},
-                                       {wv.get(), row(*hb, hidden), row(*vb, 40)}};
-      const Backend::WorkCounters before = b.work_counters();
-      if (routed)
-        b.routed_experts_tail(*bank, row(*e_in, hidden), *routes, top_k, row(*sum, hidden), tail);
-      else
-        b.moe_ffn_tail(row(*e_sum, hidden), tail);
-      if (interrupt) {
-        std::vector<float> peek(static_cast<size_t>(hidden));
-        b.download(*res, 0, peek.data(), peek.size() * 4);
-      }
-      b.qmatmul_batch(std::span<const Backend::QProduct>(all, static_cast<size_t>(products)));
-      const Backend::WorkCounters after = b.work_counters();
-      out.dispatches += after.dispatches - before.dispatches;
-      out.barriers += after.barriers - before.barriers;
-      const auto q = get(b, *qb), k = get(b, *kb), v = get(b, *vb);
-      out.q.insert(out.q.end(), q.begin(), q.end());
-      out.k.insert(out.k.end(), k.begin(), k.end());
-      out.v.insert(out.v.end(), v.begin(), v.end());
-    }
-    out.res = get(b, *res);
-    out.h = get(b, *hb);
-    return out;
-  };
-  for (const bool routed : {true, false})
-    for (const int products : {3, 2}) {
-      CAPTURE(routed);
-      CAPTURE(products);
-      const Run want = run(*cpu, routed, products, false);
-      const Run separate = run(*own, routed, products, false);
-      const Run inside = run(*next, routed, products, false);
-      const Run interrupted = run(*next, routed, products, true);
-      CHECK(max_rel(separate.res, want.res) < 1e-4);
-      CHECK(max_rel(separate.h, want.h) < 1e-4);
-      CHECK(max_rel(separate.q, want.q) < 1e-4);
-      CHECK(max_rel(separate.k, want.k) < 1e-4);
-      for (const Run* r : {&inside, &interrupted}) {
-        CHECK(r->res == separate.res);
-        CHECK(r->h == separate.h);
-        CHECK(r->q == separate.q);
-        CHECK(r->k == separate.k);
-        if (products == 3) CHECK(r->v == separate.v);
-      }
-      CHECK(inside.dispatches + steps == separate.dispatches);
-      CHECK(inside.barriers + steps == separate.barriers);
-      CHECK(interrupted.dispatches == separate.dispatches);
-    }
 }
 
 // The routed experts' down product (moe_matvec_down.comp, matvec_teams.glsl) in every shape the
