@@ -1,6 +1,7 @@
 // Mixture-of-experts routing, one workgroup of 64 threads per token row (route.glsl says how).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(local_size_x = 64) in;

@@ -17,7 +17,7 @@
 
 const uint RT_MAX_EXPERTS = 512u;  // the host checks it
 const uint RT_MAX_TOP_K = 32u;
-shared float rt_e[RT_MAX_EXPERTS];  // exp(x - max) per expert
+shared float rt_e[RT_MAX_EXPERTS];  // per expert: its logit x, then exp(x - max)
 shared float rt_max[256];           // RT_THREADS at most (a shared array's size must be a literal)
 shared float rt_inv;
 shared int rt_chosen[RT_MAX_TOP_K];
@@ -26,7 +26,12 @@ shared float rt_chosen_scale[RT_MAX_TOP_K];
 
 void route_row(uint tid, uint experts, uint top_k) {
   float m = -3.402823466e38;
-  for (uint i = tid; i < experts; i += RT_THREADS) m = max(m, RT_LOGIT(i));
+  // The logits are read once (kept in rt_e until their exps replace them: a round trip less).
+  for (uint i = tid; i < experts; i += RT_THREADS) {
+    const float logit = RT_LOGIT(i);
+    rt_e[i] = logit;
+    m = max(m, logit);
+  }
   rt_max[tid] = m;
   barrier();
   for (uint s = RT_THREADS / 2u; s > 0u; s >>= 1u) {
@@ -34,12 +39,20 @@ void route_row(uint tid, uint experts, uint top_k) {
     barrier();
   }
   m = rt_max[0];
-  for (uint i = tid; i < experts; i += RT_THREADS) rt_e[i] = exp(RT_LOGIT(i) - m);
+  for (uint i = tid; i < experts; i += RT_THREADS) rt_e[i] = exp(rt_e[i] - m);  // its own i
   if (tid < top_k) rt_chosen[tid] = -1;  // no candidate (non-finite logits)
   barrier();
   if (tid == 0u) {
+    // In expert order (a sequential loop's bits), 8 values loaded before they are added, so that
+    // the shared loads are not one latency each.
     float sum = 0.0;
-    for (uint i = 0u; i < experts; ++i) sum += rt_e[i];
+    uint i = 0u;
+    for (; i + 8u <= experts; i += 8u) {
+      float v[8];
+      [[unroll]] for (uint k = 0u; k < 8u; ++k) v[k] = rt_e[i + k];
+      [[unroll]] for (uint k = 0u; k < 8u; ++k) sum += v[k];
+    }
+    for (; i < experts; ++i) sum += rt_e[i];
     rt_inv = 1.0 / sum;
   }
   barrier();
