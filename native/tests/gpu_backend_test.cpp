@@ -1203,7 +1203,7 @@ TEST_CASE("gpu: the feed-forward's end inside the next layer's q/k/v products") 
       host.emplace_back(inter, hidden, 4, 32, DType::bf16, static_cast<uint64_t>(2401 + 3 * e));
       host.emplace_back(hidden, inter, 4, 32, DType::bf16, static_cast<uint64_t>(2402 + 3 * e));
     }
-    const auto [gate, up, down] = expert_parts(host);
+    const ExpertParts parts = expert_parts(host);  // (not a structured binding: run captures it)
     HostQuant qw(200, hidden, 4, 32, DType::bf16, 2450);
     HostQuant kw(72, hidden, 8, 32, DType::f16, 2451);
     HostQuant vw(40, hidden, 4, 32, DType::f32, 2452);
@@ -1217,7 +1217,7 @@ TEST_CASE("gpu: the feed-forward's end inside the next layer's q/k/v products") 
     // interrupt: a download of the residual between the tail and the products.
     auto run = [&](Backend& b, bool routed, int products, bool interrupt) {
       Run out;
-      auto bank = b.import_experts(gate, up, down);
+      auto bank = b.import_experts(parts.gate, parts.up, parts.down);
       auto wq = b.import_qweight(qw.m), wk = b.import_qweight(kw.m), wv = b.import_qweight(vw.m);
       auto pes_b = put(b, pes), res = put(b, res0);
       std::vector<std::unique_ptr<Buffer>> w;
