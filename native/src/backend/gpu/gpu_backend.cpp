@@ -646,25 +646,14 @@ class GpuBackend final : public Backend {
       part.groups = u32(static_cast<int64_t>(std::clamp<uint64_t>(share, 1, own)));
       arrivals += part.groups;
     }
-    const View vm = view(t.m), ve = view(pt.experts), vx = view(t.x), vh = view(t.next);
+    TailInputs in = tail_inputs(pt.experts, pt.routes, pt.top_k, t);
     const Binding counters = arrival_counters(tail_counters_, static_cast<size_t>(1 + cols));
-    const DeviceBuffer &w1 = dev_of(*t.dense_norm), &w2 = dev_of(*t.experts_norm),
-                       &w3 = dev_of(*t.ffn_norm), &w4 = dev_of(*t.next_norm);
-    std::vector<const DeviceBuffer*> reads{vm.b.buffer, ve.b.buffer, vx.b.buffer, &w1,
-                                           &w2,         &w3,         &w4};
-    std::vector<const DeviceBuffer*> writes{vx.b.buffer, vh.b.buffer, counters.buffer};
-    const size_t count = static_cast<size_t>(pt.top_k);
-    Binding ids{}, weights{};
-    if (pt.routes) {
-      reads.push_back(pt.routes);
-      ids = route_ids(*pt.routes, count);
-      weights = route_weights(*pt.routes, count);
-    }
+    in.writes.push_back(counters.buffer);
     for (const Part& part : parts) {
-      reads.push_back(part.w->buf.get());
-      writes.push_back(view(part.y).b.buffer);
+      in.reads.push_back(part.w->buf.get());
+      in.writes.push_back(view(part.y).b.buffer);
     }
-    touch(reads, writes);
+    touch(in.reads, in.writes);
     for (size_t i = 0; i < parts.size(); ++i) {
       const Part& part = parts[i];
       const View vy = view(part.y);
@@ -683,15 +672,15 @@ class GpuBackend final : public Backend {
       p.norm_eps = t.eps;
       p.top_k = u32(pt.top_k);
       p.loop_groups = part.groups;
-      const TailProductFields f{vm.offset, ve.offset,       u32(pt.experts.stride),
-                                vx.offset, vh.offset,       t.layer_scalar,
-                                arrivals,  i == 0 ? 1u : 0u};
+      const TailProductFields f{in.m.offset, in.e.offset,     u32(pt.experts.stride),
+                                in.x.offset, in.h.offset,     t.layer_scalar,
+                                arrivals,    i == 0 ? 1u : 0u};
       std::array<std::byte, gpu::kMaxPushBytes> push{};
       std::memcpy(push.data(), &p, sizeof p);
       std::memcpy(push.data() + sizeof p, &f, sizeof f);
-      const Binding binds[] = {part.packed, part.scales, part.biases, vm.b,      vy.b,
-                               whole(w4),   ve.b,        vx.b,        whole(w1), whole(w2),
-                               whole(w3),   ids,         weights,     vh.b,      counters};
+      const Binding binds[] = {part.packed, part.scales, part.biases, in.m.b, vy.b,
+                               in.w4,       in.e.b,      in.x.b,      in.w1,  in.w2,
+                               in.w3,       in.ids,      in.weights,  in.h.b, counters};
       dispatch(Kernel::qmatvec_tail, binds, push.data(), sizeof p + sizeof f, part.groups, 1, 1);
     }
   }
@@ -699,34 +688,25 @@ class GpuBackend final : public Backend {
   // ffn_tail.comp for a checked tail (ffn_tail's arguments).
   void record_ffn_tail(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
     const int64_t rows = t.m.rows, cols = t.m.cols;
-    const View vm = view(t.m), ve = view(experts), vx = view(t.x);
-    const bool next = t.next_norm != nullptr;
-    const View vh = next ? view(t.next) : View{};
-    FfnTailParams p{u32(rows),       u32(cols),       vm.offset,
-                    u32(t.m.stride), ve.offset,       u32(experts.stride),
-                    vx.offset,       u32(t.x.stride), t.weight_offset,
-                    t.eps,           t.layer_scalar,  u32(routes ? top_k : 0),
-                    next ? 1u : 0u,  vh.offset,       u32(t.next.stride)};
-    const DeviceBuffer &w1 = dev_of(*t.dense_norm), &w2 = dev_of(*t.experts_norm),
-                       &w3 = dev_of(*t.ffn_norm);
-    std::vector<const DeviceBuffer*> reads{vm.b.buffer, ve.b.buffer, vx.b.buffer, &w1, &w2, &w3};
-    std::vector<const DeviceBuffer*> writes{vx.b.buffer};
-    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(top_k);
-    Binding ids{}, weights{}, w4{}, h{};
-    if (routes) {
-      reads.push_back(routes);
-      ids = route_ids(*routes, count);
-      weights = route_weights(*routes, count);
-    }
-    if (next) {
-      reads.push_back(&dev_of(*t.next_norm));
-      writes.push_back(vh.b.buffer);
-      w4 = whole(dev_of(*t.next_norm));
-      h = vh.b;
-    }
-    touch(reads, writes);
-    const Binding binds[] = {vm.b,      ve.b, vx.b,    whole(w1), whole(w2),
-                             whole(w3), ids,  weights, w4,        h};
+    const TailInputs in = tail_inputs(experts, routes, top_k, t);
+    FfnTailParams p{u32(rows),
+                    u32(cols),
+                    in.m.offset,
+                    u32(t.m.stride),
+                    in.e.offset,
+                    u32(experts.stride),
+                    in.x.offset,
+                    u32(t.x.stride),
+                    t.weight_offset,
+                    t.eps,
+                    t.layer_scalar,
+                    u32(routes ? top_k : 0),
+                    t.next_norm ? 1u : 0u,
+                    in.h.offset,
+                    u32(t.next.stride)};
+    touch(in.reads, in.writes);
+    const Binding binds[] = {in.m.b, in.e.b, in.x.b,     in.w1, in.w2,
+                             in.w3,  in.ids, in.weights, in.w4, in.h.b};
     dispatch_linear(Kernel::ffn_tail, binds, &p, sizeof p, static_cast<uint64_t>(rows));
   }
 
@@ -2103,6 +2083,42 @@ class GpuBackend final : public Backend {
       throw std::logic_error("gpu: a view larger than one storage binding (" +
                              std::to_string(max_binding_) + " bytes)");
     return {Binding{&d, start, bytes}, u32(static_cast<int64_t>((first - start) / sizeof(float)))};
+  }
+
+  // What a checked tail (ffn_tail's arguments) binds, and the buffers it reads and writes for
+  // the hazard check: ffn_tail.comp's and qmatvec_tail.comp's inputs. Without the next layer's
+  // norm, h and w4 stay empty.
+  struct TailInputs {
+    View m, e, x, h;
+    Binding w1, w2, w3, w4, ids, weights;
+    std::vector<const DeviceBuffer*> reads, writes;
+  };
+  TailInputs tail_inputs(Mat experts, const DeviceBuffer* routes, int top_k, const FfnTail& t) {
+    TailInputs in{};  // (value-initialized: h's offset is 0 without the next norm)
+    in.m = view(t.m);
+    in.e = view(experts);
+    in.x = view(t.x);
+    const DeviceBuffer &w1 = dev_of(*t.dense_norm), &w2 = dev_of(*t.experts_norm),
+                       &w3 = dev_of(*t.ffn_norm);
+    in.w1 = whole(w1);
+    in.w2 = whole(w2);
+    in.w3 = whole(w3);
+    in.reads = {in.m.b.buffer, in.e.b.buffer, in.x.b.buffer, &w1, &w2, &w3};
+    in.writes = {in.x.b.buffer};
+    if (routes) {
+      const size_t count = static_cast<size_t>(t.m.rows) * static_cast<size_t>(top_k);
+      in.reads.push_back(routes);
+      in.ids = route_ids(*routes, count);
+      in.weights = route_weights(*routes, count);
+    }
+    if (t.next_norm) {
+      const DeviceBuffer& w4 = dev_of(*t.next_norm);
+      in.h = view(t.next);
+      in.w4 = whole(w4);
+      in.reads.push_back(&w4);
+      in.writes.push_back(in.h.b.buffer);
+    }
+    return in;
   }
 
   // The ids and the weights of `count` routed entries in a routes buffer (route_to's layout).
