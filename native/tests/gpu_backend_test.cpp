@@ -2077,8 +2077,12 @@ TEST_CASE("gpu: attention from its input with the heads done in attention's disp
     const char* split = c.split;  // empty: the default split
     auto products = gpu_backend_with(
         {{"REDWING_GPU_ATTENTION", split}, {"REDWING_GPU_ATTENTION_INPUTS", "products"}}, threads);
-    auto inside = gpu_backend_with(
-        {{"REDWING_GPU_ATTENTION", split}, {"REDWING_GPU_ATTENTION_INPUTS", "attention"}}, threads);
+    // The read-ahead is a GPU's default (not lavapipe's): off here, so that on any device
+    // `prefetching` records exactly one dispatch more.
+    auto inside = gpu_backend_with({{"REDWING_GPU_ATTENTION", split},
+                                    {"REDWING_GPU_ATTENTION_INPUTS", "attention"},
+                                    {"REDWING_GPU_PREFETCH_KV", "0"}},
+                                   threads);
     auto prefetching = gpu_backend_with({{"REDWING_GPU_ATTENTION", split},
                                          {"REDWING_GPU_ATTENTION_INPUTS", "attention"},
                                          {"REDWING_GPU_PREFETCH_KV", "1"}},

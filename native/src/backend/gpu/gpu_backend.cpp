@@ -312,10 +312,13 @@ class GpuBackend final : public Backend {
     // above one still do.
     if (const auto i = choice_setting("REDWING_GPU_ATTENTION_INPUTS", {"products", "attention"}))
       inputs_in_attention_ = *i == "attention";
-    // REDWING_GPU_PREFETCH_KV=1: before a decode row's attention inputs, kv_prefetch.comp reads
-    // the layer's used keys and values with no barrier before it, so that they reach the L2 cache
-    // while the previous layer's last step runs (built after session 36's last call: off until
-    // a GPU measures it).
+    // REDWING_GPU_PREFETCH_KV=1 (the default on a GPU): before a decode row's attention inputs,
+    // kv_prefetch.comp reads the layer's used keys and values with no barrier before it, so that
+    // they reach the L2 cache while the previous layer's last step (ffn_tail, one workgroup) runs.
+    // H100, the 26B with every expert resident: after 512 tokens 151.9 -> 156.0 tok/s, after
+    // 3,584 138.4 -> 141.6, every pair (docs/gpu.md "Twenty-ninth round"). A CPU device (lavapipe)
+    // would only read the caches twice: "0" there.
+    prefetch_kv_ = !dev_->info().software;
     if (const auto f = choice_setting("REDWING_GPU_PREFETCH_KV", {"0", "1"}))
       prefetch_kv_ = *f == "1";
     // REDWING_GPU_FFN_TAIL=next: a decode row's feed-forward end (ffn_tail.comp, one workgroup)
